@@ -1,0 +1,141 @@
+"""The codec contract and the checks every codec shares.
+
+A codec turns a tensor into a fixed-size 1-D ``torch.uint8`` payload and back.
+The payload size depends only on ``(numel, dtype)`` and is known before encoding
+(``wire_bytes``), so a receiver can allocate its buffer without a size exchange:
+the property that lets a ring forward compressed bytes unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+#: Dtypes a lossy codec accepts as input and can decode to.
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """What every codec offers. Implementations are immutable value objects."""
+
+    name: ClassVar[str]
+    #: True when ``decode(encode(x))`` reproduces ``x`` bit for bit.
+    lossless: ClassVar[bool]
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        """Exact payload size for a tensor of ``numel`` elements of ``dtype``."""
+        ...
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (any shape) -> 1-D uint8 payload of ``wire_bytes(x.numel(), x.dtype)``."""
+        ...
+
+    def decode(
+        self,
+        payload: torch.Tensor,
+        numel: int,
+        dtype: torch.dtype,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Payload -> 1-D tensor of ``numel`` elements of ``dtype`` on the payload's device."""
+        ...
+
+    def error_bound(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-element bound on ``|x - decode(encode(x), dtype=float32)|`` for finite ``x``."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecBase:
+    """Shared plumbing: argument checks and the ``out=`` convention of ``decode``."""
+
+    name: ClassVar[str] = ""
+    lossless: ClassVar[bool] = False
+    #: Input dtypes this codec accepts; ``None`` means any dtype.
+    input_dtypes: ClassVar[tuple[torch.dtype, ...] | None] = FLOAT_DTYPES
+
+    def __str__(self) -> str:
+        """The canonical spec string: the name and every option that differs from its default."""
+        changed = [
+            f"{f.name}={_format_option(getattr(self, f.name))}"
+            for f in dataclasses.fields(self)
+            if f.init and getattr(self, f.name) != f.default
+        ]
+        return self.name + (":" + ",".join(changed) if changed else "")
+
+    def check_dtype(self, dtype: torch.dtype, argument: str) -> None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{argument} must be a torch.dtype, got {dtype!r}")
+        if self.input_dtypes is not None and dtype not in self.input_dtypes:
+            known = ", ".join(str(d).removeprefix("torch.") for d in self.input_dtypes)
+            raise TypeError(
+                f"codec {self.name!r} cannot take {argument}={dtype}; it handles {known}"
+                " (use codec 'none' for other dtypes)"
+            )
+
+    def check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Validate ``x`` and return it as a contiguous 1-D view (or copy)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        self.check_dtype(x.dtype, "x.dtype")
+        return x.reshape(-1)
+
+    def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        if not isinstance(payload, torch.Tensor):
+            raise TypeError(f"payload must be a torch.Tensor, got {type(payload).__name__}")
+        if payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise ValueError(
+                f"payload must be a 1-D torch.uint8 tensor, got {payload.dtype} "
+                f"with shape {tuple(payload.shape)}"
+            )
+        check_numel(numel)
+        self.check_dtype(dtype, "dtype")
+        expected = self.wire_bytes(numel, dtype)
+        if payload.numel() != expected:
+            raise ValueError(
+                f"payload has {payload.numel()} bytes but codec {str(self)!r} encodes "
+                f"numel={numel} of {dtype} into exactly {expected} bytes"
+            )
+
+    def output(
+        self, out: torch.Tensor | None, numel: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """The 1-D destination of a decode: ``out`` (checked) or a new tensor."""
+        if out is None:
+            return torch.empty(numel, dtype=dtype, device=device)
+        if out.dtype != dtype or out.numel() != numel or out.device != device:
+            raise ValueError(
+                f"out must hold {numel} elements of {dtype} on {device}, got "
+                f"{out.numel()} of {out.dtype} on {out.device}"
+            )
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+        return out.view(-1)
+
+
+def check_numel(numel: int) -> None:
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+
+
+def view_as_dtype(payload_bytes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reinterpret a uint8 slice as ``dtype``, copying only when its offset is misaligned.
+
+    Payloads are often slices of a larger receive buffer, whose offsets need not be
+    multiples of ``dtype``'s size.
+    """
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if payload_bytes.storage_offset() % itemsize:
+        payload_bytes = payload_bytes.clone()
+    return payload_bytes.view(dtype)
+
+
+def _format_option(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -1,0 +1,186 @@
+"""Block-wise absmax quantization shared by the int8, int4 and fp8 codecs.
+
+The input is cut into blocks of ``block`` elements (the last one zero-padded).
+Each block stores its absolute maximum ``absmax`` as fp32 and each element as a
+code ``q`` on a grid over ``[-qmax, qmax]``:
+
+    encode:  v = x / absmax * qmax        (|v| <= qmax), q = grid(v)
+    decode:  x_hat = (q / qmax) * absmax
+
+Decoding as ``(q / qmax) * absmax`` makes the extreme code reproduce ``absmax``
+exactly, so blocks that are constant come back bit for bit.
+
+Payload layout: ``[absmax: nblocks x fp32][codes]``; scales first so that they are
+4-byte aligned whenever the payload is.
+
+Non-finite values: a block whose absmax is NaN or +-Inf is stored with that absmax
+and all-zero codes, so *every* element of that block decodes to NaN (0 * Inf and
+anything * NaN are NaN). Non-finite inputs are never turned into finite outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
+from commpress.codecs.kernels import Kernel
+
+IMPLEMENTATIONS = ("fused", "reference")
+#: Slack for fp32 rounding in the scale and unscale steps, as a fraction of absmax.
+FP32_SLACK = 2.0**-20
+
+
+def num_blocks(numel: int, block: int) -> int:
+    return -(-numel // block)
+
+
+def pad_to_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """``flat`` zero-padded to whole blocks, shaped ``(nblocks, block)``."""
+    n = flat.numel()
+    nblocks = num_blocks(n, block)
+    return F.pad(flat, (0, nblocks * block - n)).view(nblocks, block)
+
+
+def split_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 blocks of ``x`` and their absmax, shaped ``(nblocks, block)`` and ``(nblocks, 1)``."""
+    blocks = pad_to_blocks(x.float(), block)
+    return blocks, blocks.abs().amax(dim=1, keepdim=True)
+
+
+def scale_to_grid(blocks: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``blocks / absmax * qmax``; zero where the block is all zero or has a non-finite absmax."""
+    usable = (absmax > 0) & torch.isfinite(absmax)
+    return torch.where(usable, blocks / absmax * qmax, 0.0)
+
+
+def round_to_integers(v: torch.Tensor, noise: torch.Tensor | None, qmax: float) -> torch.Tensor:
+    """Round to nearest (ties to even), or stochastically when ``noise`` ~ U[0, 1) is given.
+
+    ``floor(v + u)`` is unbiased: it rounds up with probability ``frac(v)``. The clamp
+    only catches ``v + u`` rounding up to ``qmax + 1`` in fp32.
+    """
+    if noise is None:
+        return torch.round(v)
+    return torch.clamp(torch.floor(v + noise), -qmax, qmax)
+
+
+def unscale(q: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:
+    return (q / qmax) * absmax
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockScaledCodec(CodecBase):
+    """Base of codecs that store one fp32 absmax per block plus one code per element."""
+
+    #: Elements per block; each block costs 4 extra bytes for its absmax.
+    block: int = 256
+    #: "fused" (torch.compile fast path) or "reference" (plain torch ops, the specification).
+    impl: str = "fused"
+
+    #: Largest code magnitude: the grid spans [-qmax, qmax].
+    qmax: ClassVar[float]
+    #: Rounding error as a fraction of |x| (floating-point grids such as fp8).
+    relative_error: ClassVar[float] = 0.0
+    encode_kernel: ClassVar[Kernel]
+    decode_kernel: ClassVar[Kernel]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            raise ValueError(f"block must be a positive int, got {self.block!r}")
+        if self.impl not in IMPLEMENTATIONS:
+            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+
+    @property
+    def grid_error(self) -> float:
+        """Largest rounding error in grid units (v-space) outside the relative part."""
+        return 0.5
+
+    def code_bytes(self, numel: int) -> int:
+        """Bytes of the codes of ``numel`` elements (after the scales)."""
+        return numel
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        check_numel(numel)
+        self.check_dtype(dtype, "dtype")
+        return 4 * num_blocks(numel, self.block) + self.code_bytes(numel)
+
+    def noise(self, numel: int, device: torch.device) -> torch.Tensor | None:
+        """Uniform noise for stochastic rounding, or None for round-to-nearest."""
+        return None
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        flat = self.check_input(x)
+        if flat.numel() == 0:
+            return torch.empty(0, dtype=torch.uint8, device=flat.device)
+        absmax, codes = self.encode_kernel(
+            flat, self.block, self.noise(flat.numel(), flat.device), fused=self.fused
+        )
+        return torch.cat((absmax.view(torch.uint8), codes))
+
+    def decode(
+        self,
+        payload: torch.Tensor,
+        numel: int,
+        dtype: torch.dtype,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        self.check_payload(payload, numel, dtype)
+        if numel == 0:
+            return self.output(out, numel, dtype, payload.device)
+        scale_bytes = 4 * num_blocks(numel, self.block)
+        absmax = view_as_dtype(payload[:scale_bytes], torch.float32).view(-1, 1)
+        decoded = self.decode_kernel(
+            absmax, payload[scale_bytes:], self.block, numel, dtype, fused=self.fused
+        )
+        if out is None:
+            return decoded
+        return self.output(out, numel, dtype, payload.device).copy_(decoded)
+
+    def error_bound(self, x: torch.Tensor) -> torch.Tensor:
+        flat = self.check_input(x)
+        blocks, absmax = split_blocks(flat, self.block)
+        absmax = absmax.expand_as(blocks).reshape(-1)[: flat.numel()]
+        grid = self.grid_error / self.qmax + FP32_SLACK
+        return flat.float().abs() * self.relative_error + absmax * grid
+
+    @property
+    def fused(self) -> bool:
+        return self.impl == "fused"
+
+
+@dataclasses.dataclass(frozen=True)
+class IntegerBlockCodec(BlockScaledCodec):
+    """Block absmax quantization to signed integers in [-qmax, qmax]."""
+
+    #: Unbiased stochastic rounding instead of round-to-nearest.
+    stochastic: bool = False
+    #: Seed of the stochastic-rounding generator (one generator per device).
+    seed: int = 0
+    _generators: dict[torch.device, torch.Generator] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.stochastic, bool):
+            raise TypeError(f"stochastic must be a bool, got {self.stochastic!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {self.seed!r}")
+
+    @property
+    def grid_error(self) -> float:
+        return 1.0 if self.stochastic else 0.5
+
+    def noise(self, numel: int, device: torch.device) -> torch.Tensor | None:
+        if not self.stochastic:
+            return None
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generators[device] = generator
+        shape = (num_blocks(numel, self.block), self.block)
+        return torch.rand(shape, generator=generator, device=device)

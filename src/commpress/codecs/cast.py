@@ -1,0 +1,49 @@
+"""Codecs that cast to a 16-bit float: one native torch op each way, nothing to fuse.
+
+Casting rounds to nearest even. Values beyond the target's range become +-Inf
+(IEEE overflow): for fp16 that is any magnitude of 65520 or more. Such values are
+never saturated to a finite number; NaN and +-Inf pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatCastCodec(CodecBase):
+    """Encode by casting to ``wire_dtype``; decode by casting back (in fp32 precision)."""
+
+    wire_dtype: ClassVar[torch.dtype]
+    #: Half an ulp, relative: 2**-(mantissa bits + 1).
+    relative_error: ClassVar[float]
+    #: Half the subnormal spacing: the absolute error floor near zero.
+    absolute_error: ClassVar[float]
+    #: Smallest magnitude that rounds to Inf.
+    overflow: ClassVar[float]
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        check_numel(numel)
+        self.check_dtype(dtype, "dtype")
+        return 2 * numel
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        flat = self.check_input(x)
+        return flat.to(self.wire_dtype, copy=True).view(torch.uint8)
+
+    def decode(self, payload, numel, dtype, out=None):
+        self.check_payload(payload, numel, dtype)
+        values = view_as_dtype(payload, self.wire_dtype)
+        if out is None:
+            return values.to(dtype, copy=True)
+        return self.output(out, numel, dtype, payload.device).copy_(values)
+
+    def error_bound(self, x: torch.Tensor) -> torch.Tensor:
+        magnitude = self.check_input(x).float().abs()
+        bound = magnitude * self.relative_error + self.absolute_error
+        return torch.where(magnitude >= self.overflow, torch.inf, bound)
