@@ -48,7 +48,9 @@ def pad_to_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
 def split_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 blocks of ``x`` and their absmax, shaped ``(nblocks, block)`` and ``(nblocks, 1)``."""
     blocks = pad_to_blocks(x.float(), block)
-    return blocks, blocks.abs().amax(dim=1, keepdim=True)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    # One NaN bit pattern on the wire, whichever NaN the input (or the kernel) produced.
+    return blocks, torch.where(torch.isnan(absmax), torch.nan, absmax)
 
 
 def scale_to_grid(blocks: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:

@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+#: Graphs per kernel: input dtype x output dtype x stochastic or not x size-1 specializations.
+#: torch's default of 8 per function is too few for that product.
+RECOMPILE_LIMIT = 64
+
 _fused_available = True
 _lock = threading.Lock()
 
@@ -57,7 +61,8 @@ class Kernel:
         if self._compiled is None:
             self._compiled = torch.compile(self.reference, dynamic=True, fullgraph=True)
         try:
-            return self._compiled(*args)
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return self._compiled(*args)
         except Exception as error:  # compilation failures surface at the first call
             _disable_fused(error)
             return self.reference(*args)

@@ -1,0 +1,212 @@
+"""Edge cases, non-finite values and bad input for every codec."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import commpress as cp
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+LOSSY = ["bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=16"]
+REFERENCE = {"int8", "int4", "fp8"}
+
+
+def make(spec: str):
+    """The reference path for block codecs keeps these tests free of compilation."""
+    return cp.get_codec(spec + ":impl=reference" if spec in REFERENCE else spec)
+
+
+# ---------------------------------------------------------------- registry and specs
+
+
+def test_list_codecs_names_every_codec():
+    assert cp.list_codecs() == ["bf16", "fp16", "fp8", "int4", "int8", "none", "zfp"]
+
+
+def test_spec_options_are_parsed_and_round_trip():
+    codec = cp.get_codec("int8:block=128,stochastic=true,seed=7")
+    assert (codec.block, codec.stochastic, codec.seed) == (128, True, 7)
+    assert str(codec) == "int8:block=128,stochastic=true,seed=7"
+    assert str(cp.get_codec("int8")) == "int8"
+    assert cp.get_codec(str(codec)) == codec
+    assert cp.get_codec(codec) is codec
+
+
+def test_unknown_codec_lists_known_names():
+    with pytest.raises(ValueError, match=r"unknown codec 'int3'.*'int8'"):
+        cp.get_codec("int3")
+
+
+def test_unknown_option_lists_known_options():
+    with pytest.raises(ValueError, match=r"unknown option 'bits'.*'block'.*'stochastic'"):
+        cp.get_codec("int8:bits=4")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("int8:block=abc", "must be an int"),
+        ("int8:block=0", "block must be a positive int"),
+        ("int8:stochastic=maybe", "must be true or false"),
+        ("int8:block", "key=value"),
+        ("int4:block=7", "even block"),
+        ("int8:impl=fast", "impl must be one of"),
+        ("zfp:rate=1", r"rate must be in \[3, 32\]"),
+        ("zfp:rate=x", "must be a float"),
+    ],
+)
+def test_bad_option_values(spec, message):
+    with pytest.raises(ValueError, match=message):
+        cp.get_codec(spec)
+
+
+def test_spec_must_be_a_string():
+    with pytest.raises(TypeError, match="codec spec"):
+        cp.get_codec(8)
+
+
+def test_zfp_without_zfpy_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zfpy", None)
+    with pytest.raises(ImportError, match=r"pip install 'commpress\[zfp\]'"):
+        cp.get_codec("zfp")
+
+
+# ---------------------------------------------------------------- sizes and dtypes
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+@pytest.mark.parametrize("numel", [0, 1, 2, 3, 255, 256, 257, 513])
+def test_any_numel(spec, numel):
+    codec = make(spec)
+    x = torch.randn(numel)
+    payload = codec.encode(x)
+    assert payload.numel() == codec.wire_bytes(numel, torch.float32)
+    decoded = codec.decode(payload, numel, torch.float32)
+    assert decoded.shape == (numel,)
+    assert torch.all((decoded - x).abs() <= codec.error_bound(x))
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int8, torch.uint8, torch.bool, torch.float64, torch.float16]
+)
+def test_none_is_bit_exact_for_any_dtype(dtype):
+    x = (torch.randn(37, 3) * 100).to(dtype)
+    codec = cp.get_codec("none")
+    decoded = codec.decode(codec.encode(x), x.numel(), dtype)
+    assert torch.equal(decoded.view(torch.uint8), x.reshape(-1).view(torch.uint8))
+
+
+def test_none_keeps_nan_payloads_bit_exact():
+    x = torch.tensor([float("nan"), -float("inf"), -0.0, 1.5])
+    decoded = cp.get_codec("none").decode(cp.get_codec("none").encode(x), 4, torch.float32)
+    assert torch.equal(decoded.view(torch.int32), x.view(torch.int32))
+
+
+@pytest.mark.parametrize("spec, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_cast_codec_carries_its_own_dtype_exactly(spec, dtype):
+    x = torch.randn(1001).to(dtype)
+    codec = cp.get_codec(spec)
+    assert torch.equal(codec.decode(codec.encode(x), x.numel(), dtype), x)
+
+
+def test_fp16_overflows_to_signed_infinity_beyond_its_range():
+    x = torch.tensor([65504.0, 65519.0, 65520.0, -1e6, 1e-9, 3e38])
+    codec = cp.get_codec("fp16")
+    decoded = codec.decode(codec.encode(x), x.numel(), torch.float32)
+    expected = torch.tensor([65504.0, 65504.0, float("inf"), -float("inf"), 0.0, float("inf")])
+    assert torch.equal(decoded, expected)
+    assert torch.isinf(codec.error_bound(x)[2:4]).all()
+
+
+def test_encode_does_not_alias_the_input():
+    x = torch.randn(64)
+    for spec in ["none", *LOSSY]:
+        codec = make(spec)
+        payload = codec.encode(x)
+        before = payload.clone()
+        x.add_(1.0)
+        assert torch.equal(payload, before), spec
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_decode_of_misaligned_payload_slice(spec):
+    codec = make(spec)
+    x = torch.randn(300)
+    payload = codec.encode(x)
+    buffer = torch.zeros(payload.numel() + 3, dtype=torch.uint8)
+    buffer[3:] = payload
+    assert torch.equal(
+        codec.decode(buffer[3:], 300, torch.float32), codec.decode(payload, 300, torch.float32)
+    )
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_decode_into_out(spec):
+    codec = make(spec)
+    x = torch.randn(300)
+    payload = codec.encode(x)
+    out = torch.empty(300, dtype=torch.bfloat16)
+    result = codec.decode(payload, 300, torch.bfloat16, out=out) if spec != "none" else None
+    if result is not None:
+        assert result.data_ptr() == out.data_ptr()
+        assert torch.equal(out, codec.decode(payload, 300, torch.bfloat16))
+    with pytest.raises(ValueError, match="out must hold 300 elements"):
+        codec.decode(payload, 300, torch.float32, out=torch.empty(299))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.bool, torch.complex64])
+def test_lossy_codecs_reject_non_float_input(spec, dtype):
+    with pytest.raises(TypeError, match=r"cannot take x.dtype"):
+        make(spec).encode(torch.zeros(8, dtype=dtype))
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_payload_of_the_wrong_size_is_refused(spec):
+    codec = make(spec)
+    payload = codec.encode(torch.randn(100))
+    with pytest.raises(ValueError, match=r"payload has \d+ bytes but .* exactly \d+ bytes"):
+        codec.decode(payload[:-1], 100, torch.float32)
+    with pytest.raises(ValueError, match=r"payload has"):
+        codec.decode(payload, 101, torch.float32)
+
+
+def test_payload_must_be_uint8():
+    with pytest.raises(ValueError, match="1-D torch.uint8"):
+        cp.get_codec("int8").decode(torch.zeros(10, dtype=torch.int8), 2, torch.float32)
+
+
+def test_numel_must_be_non_negative_int():
+    with pytest.raises(ValueError, match="numel must be a non-negative int"):
+        cp.get_codec("int8").wire_bytes(-1, torch.float32)
+
+
+# ---------------------------------------------------------------- NaN and Inf
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_stay_non_finite(spec, dtype, bad):
+    x = torch.randn(1000).to(dtype)
+    positions = torch.tensor([0, 257, 500, 999])
+    x[positions] = bad
+    codec = make(spec)
+    decoded = codec.decode(codec.encode(x), x.numel(), dtype)
+    assert not torch.isfinite(decoded[positions]).any()
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8"])
+def test_a_non_finite_value_poisons_only_its_own_block(spec):
+    codec = cp.get_codec(spec + ":impl=reference,block=8")
+    x = torch.ones(32)
+    x[9] = float("inf")
+    decoded = codec.decode(codec.encode(x), 32, torch.float32)
+    assert torch.isnan(decoded[8:16]).all()
+    assert torch.equal(decoded[:8], x[:8]) and torch.equal(decoded[16:], x[16:])

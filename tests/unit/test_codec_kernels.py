@@ -1,0 +1,96 @@
+"""The fused (torch.compile) path: bit-identical to the reference, compiled once, safe fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import commpress as cp
+from commpress.codecs import kernels
+from commpress.testing import assert_same_bits
+
+FUSED_SPECS = [
+    "int8",
+    "int8:stochastic=true,seed=1",
+    "int8:block=64",
+    "int4",
+    "int4:stochastic=true,seed=2",
+    "fp8",
+]
+SIZES = [1, 255, 256, 4097, 100_003]
+
+
+def reference_twin(spec: str):
+    return cp.get_codec(spec + ("," if ":" in spec else ":") + "impl=reference")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", FUSED_SPECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_equals_reference_bit_for_bit(spec, dtype):
+    fused, reference = cp.get_codec(spec), reference_twin(spec)
+    generator = torch.Generator().manual_seed(0)
+    for numel in SIZES:
+        x = (torch.randn(numel, generator=generator) * 10).to(dtype)
+        if numel > 300:
+            x[numel // 2] = float("nan")
+        payload = fused.encode(x)
+        assert torch.equal(payload, reference.encode(x)), (spec, numel)
+        for out_dtype in (torch.float32, dtype):
+            assert_same_bits(
+                fused.decode(payload, numel, out_dtype),
+                reference.decode(payload, numel, out_dtype),
+                context=(spec, numel, out_dtype),
+            )
+
+
+@pytest.mark.slow
+def test_new_sizes_do_not_recompile():
+    codec = cp.get_codec("int8")
+    for numel in (1000, 3000):  # warm up: the first sizes may settle the dynamic shapes
+        codec.decode(codec.encode(torch.randn(numel)), numel, torch.float32)
+    before = counters["stats"]["unique_graphs"]
+    for numel in (517, 4096, 12_345, 70_001, 1 << 20):
+        codec.decode(codec.encode(torch.randn(numel)), numel, torch.float32)
+    assert counters["stats"]["unique_graphs"] == before
+
+
+def test_compile_failure_warns_once_and_falls_back(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(kernels, "_fused_available", True)
+    calls = []
+    first = kernels.Kernel(lambda x: calls.append("first") or x + 1)
+    second = kernels.Kernel(lambda x: calls.append("second") or x * 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert first(torch.tensor(1)).item() == 2
+        assert first(torch.tensor(1)).item() == 2
+        assert second(torch.tensor(3)).item() == 6
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(runtime) == 1 and "no C++ compiler" in str(runtime[0].message)
+    assert calls == ["first", "first", "second"]
+    assert not kernels.fused_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", ["none", "bf16", "fp16", *FUSED_SPECS])
+def test_cuda_matches_cpu_reference(spec):
+    codec = cp.get_codec(spec)
+    x = torch.randn(100_003) * 10
+    payload = codec.encode(x.cuda())
+    assert payload.is_cuda and payload.numel() == codec.wire_bytes(x.numel(), x.dtype)
+    decoded = codec.decode(payload, x.numel(), torch.float32)
+    assert decoded.is_cuda
+    assert torch.all((decoded.cpu() - x).abs() <= codec.error_bound(x))
+    if "stochastic" not in spec:
+        assert torch.equal(payload.cpu(), codec.encode(x))
