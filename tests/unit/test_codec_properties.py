@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import commpress as cp
-from commpress.codecs.blockwise import BlockScaledCodec
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 LOSSY_SPECS = [

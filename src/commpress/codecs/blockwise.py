@@ -45,12 +45,11 @@ def pad_to_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
     return F.pad(flat, (0, nblocks * block - n)).view(nblocks, block)
 
 
-def split_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 blocks of ``x`` and their absmax, shaped ``(nblocks, block)`` and ``(nblocks, 1)``."""
-    blocks = pad_to_blocks(x.float(), block)
+def block_absmax(blocks: torch.Tensor) -> torch.Tensor:
+    """Per-row absmax of ``(nblocks, block)`` as ``(nblocks, 1)``, with one canonical NaN."""
     absmax = blocks.abs().amax(dim=1, keepdim=True)
     # One NaN bit pattern on the wire, whichever NaN the input (or the kernel) produced.
-    return blocks, torch.where(torch.isnan(absmax), torch.nan, absmax)
+    return torch.where(torch.isnan(absmax), torch.nan, absmax)
 
 
 def scale_to_grid(blocks: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:
@@ -110,18 +109,31 @@ class BlockScaledCodec(CodecBase):
         self.check_dtype(dtype, "dtype")
         return 4 * num_blocks(numel, self.block) + self.code_bytes(numel)
 
-    def noise(self, numel: int, device: torch.device) -> torch.Tensor | None:
-        """Uniform noise for stochastic rounding, or None for round-to-nearest."""
+    def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
+        """Uniform noise for ``rows`` blocks of stochastic rounding; None for round-to-nearest."""
         return None
+
+    def block_rows(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """``flat`` as ``(rows, block)`` matrices: the whole blocks (a view), then the padded tail.
+
+        Kernels see only whole blocks, so the bulk of the data is never copied for padding.
+        """
+        whole = flat.numel() - flat.numel() % self.block
+        rows = [flat[:whole].view(-1, self.block)] if whole else []
+        if whole < flat.numel():
+            rows.append(pad_to_blocks(flat[whole:], self.block))
+        return rows
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         flat = self.check_input(x)
-        if flat.numel() == 0:
-            return torch.empty(0, dtype=torch.uint8, device=flat.device)
-        absmax, codes = self.encode_kernel(
-            flat, self.block, self.noise(flat.numel(), flat.device), fused=self.fused
-        )
-        return torch.cat((absmax.view(torch.uint8), codes))
+        scales, codes = [], []
+        for blocks in self.block_rows(flat):
+            noise = self.noise(blocks.shape[0], flat.device)
+            absmax, block_codes = self.encode_kernel(blocks, noise, fused=self.fused)
+            scales.append(absmax.view(torch.uint8))
+            codes.append(block_codes)
+        payload = torch.cat(scales + codes) if scales else flat.new_empty(0, dtype=torch.uint8)
+        return payload[: self.wire_bytes(flat.numel(), flat.dtype)]  # drop the tail's padding
 
     def decode(
         self,
@@ -131,21 +143,32 @@ class BlockScaledCodec(CodecBase):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self.check_payload(payload, numel, dtype)
-        if numel == 0:
-            return self.output(out, numel, dtype, payload.device)
         scale_bytes = 4 * num_blocks(numel, self.block)
         absmax = view_as_dtype(payload[:scale_bytes], torch.float32).view(-1, 1)
-        decoded = self.decode_kernel(
-            absmax, payload[scale_bytes:], self.block, numel, dtype, fused=self.fused
-        )
-        if out is None:
-            return decoded
-        return self.output(out, numel, dtype, payload.device).copy_(decoded)
+        codes = payload[scale_bytes:]
+        whole_blocks, tail = divmod(numel, self.block)
+        per_block = self.code_bytes(self.block)
+        parts = []
+        if whole_blocks:
+            block_codes = codes[: whole_blocks * per_block].view(whole_blocks, per_block)
+            parts.append(
+                self.decode_kernel(absmax[:whole_blocks], block_codes, dtype, fused=self.fused)
+            )
+        if tail:
+            tail_codes = pad_to_blocks(codes[whole_blocks * per_block :], per_block)
+            decoded = self.decode_kernel(absmax[whole_blocks:], tail_codes, dtype, fused=self.fused)
+            parts.append(decoded[:tail])
+        if out is None and len(parts) == 1:
+            return parts[0]
+        result = self.output(out, numel, dtype, payload.device)
+        if parts:
+            torch.cat(parts, out=result)
+        return result
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         flat = self.check_input(x)
-        blocks, absmax = split_blocks(flat, self.block)
-        absmax = absmax.expand_as(blocks).reshape(-1)[: flat.numel()]
+        blocks = pad_to_blocks(flat.float(), self.block)
+        absmax = block_absmax(blocks).expand_as(blocks).reshape(-1)[: flat.numel()]
         grid = self.grid_error / self.qmax + FP32_SLACK
         return flat.float().abs() * self.relative_error + absmax * grid
 
@@ -177,12 +200,11 @@ class IntegerBlockCodec(BlockScaledCodec):
     def grid_error(self) -> float:
         return 1.0 if self.stochastic else 0.5
 
-    def noise(self, numel: int, device: torch.device) -> torch.Tensor | None:
+    def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         if not self.stochastic:
             return None
         generator = self._generators.get(device)
         if generator is None:
             generator = torch.Generator(device=device).manual_seed(self.seed)
             self._generators[device] = generator
-        shape = (num_blocks(numel, self.block), self.block)
-        return torch.rand(shape, generator=generator, device=device)
+        return torch.rand((rows, self.block), generator=generator, device=device)

@@ -24,17 +24,17 @@ FP8 = torch.float8_e4m3fn
 
 
 @kernel
-def encode_fp8(x: torch.Tensor, block: int, noise: None):
-    blocks, absmax = blockwise.split_blocks(x, block)
+def encode_fp8(blocks: torch.Tensor, noise: None):
+    blocks = blocks.float()
+    absmax = blockwise.block_absmax(blocks)
     v = blockwise.scale_to_grid(blocks, absmax, QMAX)
-    codes = v.to(FP8).view(-1)[: x.numel()].view(torch.uint8)
-    return absmax.view(-1), codes
+    return absmax.view(-1), v.to(FP8).view(torch.uint8).view(-1)
 
 
 @kernel
-def decode_fp8(absmax: torch.Tensor, codes: torch.Tensor, block: int, numel: int, dtype):
-    q = blockwise.pad_to_blocks(codes.view(FP8).float(), block)
-    return blockwise.unscale(q, absmax, QMAX).view(-1)[:numel].to(dtype)
+def decode_fp8(absmax: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype):
+    q = codes.view(FP8).float()
+    return blockwise.unscale(q, absmax, QMAX).view(-1).to(dtype)
 
 
 @register

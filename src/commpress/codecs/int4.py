@@ -23,19 +23,18 @@ OFFSET = 8
 
 
 @kernel
-def encode_int4(x: torch.Tensor, block: int, noise: torch.Tensor | None):
-    blocks, absmax = blockwise.split_blocks(x, block)
+def encode_int4(blocks: torch.Tensor, noise: torch.Tensor | None):
+    blocks = blocks.float()
+    absmax = blockwise.block_absmax(blocks)
     q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
     nibbles = (q + OFFSET).to(torch.uint8).view(-1, 2)
-    packed = nibbles[:, 0] | (nibbles[:, 1] << 4)
-    return absmax.view(-1), packed[: (x.numel() + 1) // 2]
+    return absmax.view(-1), nibbles[:, 0] | (nibbles[:, 1] << 4)
 
 
 @kernel
-def decode_int4(absmax: torch.Tensor, codes: torch.Tensor, block: int, numel: int, dtype):
-    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=1).view(-1)[:numel]
-    q = blockwise.pad_to_blocks(nibbles.float() - OFFSET, block)
-    return blockwise.unscale(q, absmax, QMAX).view(-1)[:numel].to(dtype)
+def decode_int4(absmax: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype):
+    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=2).view(codes.shape[0], -1)
+    return blockwise.unscale(nibbles.float() - OFFSET, absmax, QMAX).view(-1).to(dtype)
 
 
 @register

@@ -20,17 +20,17 @@ QMAX = 127.0
 
 
 @kernel
-def encode_int8(x: torch.Tensor, block: int, noise: torch.Tensor | None):
-    blocks, absmax = blockwise.split_blocks(x, block)
+def encode_int8(blocks: torch.Tensor, noise: torch.Tensor | None):
+    blocks = blocks.float()
+    absmax = blockwise.block_absmax(blocks)
     q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
-    codes = q.to(torch.int8).view(-1)[: x.numel()].view(torch.uint8)
-    return absmax.view(-1), codes
+    return absmax.view(-1), q.to(torch.int8).view(torch.uint8).view(-1)
 
 
 @kernel
-def decode_int8(absmax: torch.Tensor, codes: torch.Tensor, block: int, numel: int, dtype):
-    q = blockwise.pad_to_blocks(codes.view(torch.int8).float(), block)
-    return blockwise.unscale(q, absmax, QMAX).view(-1)[:numel].to(dtype)
+def decode_int8(absmax: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype):
+    q = codes.view(torch.int8).float()
+    return blockwise.unscale(q, absmax, QMAX).view(-1).to(dtype)
 
 
 @register

@@ -1,0 +1,1 @@
+"""Benchmarks: codec throughput now; collectives in later releases."""

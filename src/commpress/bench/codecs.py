@@ -1,0 +1,151 @@
+"""``commpress codecs``: compression ratio, error and single-thread throughput of each codec.
+
+Throughput counts input bytes (fp32) per second; the memcpy rate of the same buffer,
+measured in the same run, is the yardstick. Times are medians over ``repeats``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from commpress.bench import report
+from commpress.codecs import get_codec
+
+DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
+STUDENT_T_DOF = 3.0
+COLUMNS = (
+    ("codec", "codec", ""),
+    ("ratio", "ratio", ".2f"),
+    ("rel_err_gaussian", "rel_err(gauss)", ".2e"),
+    ("rel_err_student_t", "rel_err(t3)", ".2e"),
+    ("encode_gbps", "encode(GB/s)", ".2f"),
+    ("decode_gbps", "decode(GB/s)", ".2f"),
+    ("encode_vs_memcpy", "enc/memcpy", ".2f"),
+    ("decode_vs_memcpy", "dec/memcpy", ".2f"),
+)
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: compilation, allocator, caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def relative_l2_error(spec: str, x: torch.Tensor) -> float:
+    codec = get_codec(spec)
+    decoded = codec.decode(codec.encode(x), x.numel(), x.dtype)
+    return ((decoded.double() - x.double()).norm() / x.double().norm()).item()
+
+
+def run(specs: Sequence[str], numel: int, repeats: int, seed: int = 0) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    gaussian = torch.randn(numel, generator=generator)
+    torch.manual_seed(seed)
+    student_t = torch.distributions.StudentT(STUDENT_T_DOF).sample((numel,))
+    input_bytes = gaussian.numel() * gaussian.element_size()
+    scratch = torch.empty_like(gaussian)
+    memcpy_gbps = input_bytes / median_seconds(lambda: scratch.copy_(gaussian), repeats) / 1e9
+    print(f"memcpy: {memcpy_gbps:.2f} GB/s", file=sys.stderr)
+
+    rows = []
+    for index, spec in enumerate(specs, 1):
+        print(f"[{index}/{len(specs)}] {spec} ...", file=sys.stderr, flush=True)
+        codec = get_codec(spec)
+        payload = codec.encode(gaussian)
+        encode_s = median_seconds(lambda c=codec: c.encode(gaussian), repeats)
+        decode_s = median_seconds(
+            lambda c=codec, p=payload: c.decode(p, numel, torch.float32, out=scratch), repeats
+        )
+        encode_gbps, decode_gbps = input_bytes / encode_s / 1e9, input_bytes / decode_s / 1e9
+        rows.append(
+            {
+                "codec": str(codec),
+                "numel": numel,
+                "wire_bytes": payload.numel(),
+                "ratio": input_bytes / payload.numel(),
+                "rel_err_gaussian": relative_l2_error(spec, gaussian),
+                "rel_err_student_t": relative_l2_error(spec, student_t),
+                "encode_gbps": encode_gbps,
+                "decode_gbps": decode_gbps,
+                "memcpy_gbps": memcpy_gbps,
+                "encode_vs_memcpy": encode_gbps / memcpy_gbps,
+                "decode_vs_memcpy": decode_gbps / memcpy_gbps,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    return rows
+
+
+def available_default_codecs() -> list[str]:
+    """The default list, without zfp where zfpy is not installed (said on stderr)."""
+    specs = []
+    for spec in DEFAULT_CODECS:
+        try:
+            get_codec(spec)
+        except ImportError as missing:
+            print(f"skipping {spec}: {missing}", file=sys.stderr)
+            continue
+        specs.append(spec)
+    return specs
+
+
+def main(args) -> int:
+    specs = args.codec or available_default_codecs()
+    for spec in specs:
+        get_codec(spec)  # fail on a bad spec before minutes of benchmarking
+    torch.set_num_threads(args.threads)
+    rows = run(specs, args.numel, args.repeats, args.seed)
+    print(
+        f"# {args.numel} fp32 values ({args.numel * 4 / 2**20:.0f} MiB), "
+        f"{args.threads} thread(s), median of {args.repeats}; "
+        f"memcpy {rows[0]['memcpy_gbps']:.2f} GB/s"
+    )
+    print(report.format_table(rows, COLUMNS))
+    if args.json:
+        report.write_json(args.json, rows)
+    if args.markdown:
+        report.write_markdown(args.markdown, "Codec throughput and error", rows, COLUMNS)
+    return 0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--codec",
+        action="append",
+        metavar="SPEC",
+        help="codec spec to measure (repeatable); default: all built-in codecs",
+    )
+    parser.add_argument(
+        "--numel",
+        type=_positive_int,
+        default=1 << 24,
+        help="fp32 values per tensor (default: 16M = 64 MiB)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=7,
+        help="timed repeats; the median is reported (default: 7)",
+    )
+    parser.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch intra-op threads (default: 1)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,69 @@
+"""Tables, JSON and provenance shared by every benchmark."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+import commpress
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """Right-aligned plain-text table. ``columns``: (key, header, format spec)."""
+    cells = [[header for _, header, _ in columns]]
+    cells += [[format(row[key], spec) for key, _, spec in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells
+    )
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |"]
+    lines.append("|" + "---:|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(format(row[k], spec) for k, _, spec in columns) + " |")
+    return "\n".join(lines)
+
+
+def provenance() -> dict[str, str]:
+    """What a reader needs to reproduce a figure: command, machine, versions, date."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    return {
+        "command": " ".join(["commpress", *map(shlex.quote, sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "versions": (
+            f"commpress {commpress.__version__}, torch {torch.__version__}, "
+            f"Python {platform.python_version()}"
+        ),
+    }
+
+
+def write_json(path: str | Path, rows: Sequence[dict]) -> None:
+    Path(path).write_text(json.dumps({"provenance": provenance(), "rows": list(rows)}, indent=2))
+
+
+def write_markdown(
+    path: str | Path, title: str, rows: Sequence[dict], columns, notes: str = ""
+) -> None:
+    meta = provenance()
+    header = "\n".join(
+        f"- **{key}**: `{value}`" if key == "command" else f"- **{key}**: {value}"
+        for key, value in meta.items()
+    )
+    body = f"# {title}\n\n{header}\n\n{markdown_table(rows, columns)}\n"
+    Path(path).write_text(body + (f"\n{notes.strip()}\n" if notes else ""))

@@ -1,0 +1,34 @@
+"""The ``commpress`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from commpress.bench import codecs as codec_bench
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="commpress", description="Cheaper communication for distributed PyTorch training."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    codecs = commands.add_parser(
+        "codecs", help="benchmark every codec: ratio, error, encode/decode GB/s vs memcpy"
+    )
+    codec_bench.add_arguments(codecs)
+    codecs.set_defaults(handler=codec_bench.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, TypeError, ImportError) as error:
+        print(f"commpress {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
