@@ -210,3 +210,23 @@ def test_a_non_finite_value_poisons_only_its_own_block(spec):
     decoded = codec.decode(codec.encode(x), 32, torch.float32)
     assert torch.isnan(decoded[8:16]).all()
     assert torch.equal(decoded[:8], x[:8]) and torch.equal(decoded[16:], x[16:])
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+@pytest.mark.parametrize("offset", [0, 3])
+def test_encode_into_a_slice_of_a_send_buffer(spec, offset):
+    codec = make(spec)
+    x = torch.randn(517)
+    size = codec.wire_bytes(x.numel(), x.dtype)
+    buffer = torch.zeros(size + offset + 5, dtype=torch.uint8)
+    result = codec.encode(x, out=buffer[offset : offset + size])
+    assert result.data_ptr() == buffer.data_ptr() + offset
+    assert torch.equal(buffer[offset : offset + size], codec.encode(x))
+    assert not buffer[:offset].any() and not buffer[offset + size :].any()
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_encode_out_of_the_wrong_size_is_refused(spec):
+    codec = make(spec)
+    with pytest.raises(ValueError, match=r"out must be a 1-D torch.uint8 tensor of \d+ bytes"):
+        codec.encode(torch.randn(100), out=torch.empty(7, dtype=torch.uint8))

@@ -29,8 +29,11 @@ class Codec(Protocol):
         """Exact payload size for a tensor of ``numel`` elements of ``dtype``."""
         ...
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (any shape) -> 1-D uint8 payload of ``wire_bytes(x.numel(), x.dtype)``."""
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` (any shape) -> 1-D uint8 payload of ``wire_bytes(x.numel(), x.dtype)``.
+
+        ``out``: a preallocated payload buffer to fill (a send buffer, say).
+        """
         ...
 
     def decode(
@@ -100,6 +103,20 @@ class CodecBase:
                 f"numel={numel} of {dtype} into exactly {expected} bytes"
             )
 
+    def payload_buffer(self, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """The destination of an encode: ``out`` (checked) or a new uint8 tensor."""
+        size = self.wire_bytes(x.numel(), x.dtype)
+        if out is None:
+            return torch.empty(size, dtype=torch.uint8, device=x.device)
+        if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != size:
+            raise ValueError(
+                f"out must be a 1-D torch.uint8 tensor of {size} bytes, got {out.dtype} "
+                f"with shape {tuple(out.shape)}"
+            )
+        if out.device != x.device or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous and on {x.device}, like x")
+        return out
+
     def output(
         self, out: torch.Tensor | None, numel: int, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
@@ -121,14 +138,18 @@ def check_numel(numel: int) -> None:
         raise ValueError(f"numel must be a non-negative int, got {numel!r}")
 
 
-def view_as_dtype(payload_bytes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Reinterpret a uint8 slice as ``dtype``, copying only when its offset is misaligned.
+def is_aligned(payload_bytes: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a uint8 slice can be viewed as ``dtype`` (its offset is a multiple of the size).
 
-    Payloads are often slices of a larger receive buffer, whose offsets need not be
-    multiples of ``dtype``'s size.
+    Payloads are often slices of a larger buffer, whose offsets need not be aligned.
     """
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    if payload_bytes.storage_offset() % itemsize:
+    return payload_bytes.storage_offset() % itemsize == 0
+
+
+def view_as_dtype(payload_bytes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reinterpret a uint8 slice as ``dtype``, copying only when it is misaligned."""
+    if not is_aligned(payload_bytes, dtype):
         payload_bytes = payload_bytes.clone()
     return payload_bytes.view(dtype)
 

@@ -86,7 +86,11 @@ class BlockScaledCodec(CodecBase):
     qmax: ClassVar[float]
     #: Rounding error as a fraction of |x| (floating-point grids such as fp8).
     relative_error: ClassVar[float] = 0.0
+    #: ``encode_kernel(blocks (rows, block), noise (rows, block) or None, scales_out (rows,),
+    #: codes_out (rows, code_bytes(block)))`` writes the absmax and the codes of each block.
     encode_kernel: ClassVar[Kernel]
+    #: ``decode_kernel(absmax (rows, 1), codes (rows, code_bytes(block)), out (rows * block,))``
+    #: writes into ``out`` so that the fused path needs no extra pass over the result.
     decode_kernel: ClassVar[Kernel]
 
     def __post_init__(self) -> None:
@@ -113,27 +117,39 @@ class BlockScaledCodec(CodecBase):
         """Uniform noise for ``rows`` blocks of stochastic rounding; None for round-to-nearest."""
         return None
 
-    def block_rows(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """``flat`` as ``(rows, block)`` matrices: the whole blocks (a view), then the padded tail.
-
-        Kernels see only whole blocks, so the bulk of the data is never copied for padding.
-        """
-        whole = flat.numel() - flat.numel() % self.block
-        rows = [flat[:whole].view(-1, self.block)] if whole else []
-        if whole < flat.numel():
-            rows.append(pad_to_blocks(flat[whole:], self.block))
-        return rows
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x)
-        scales, codes = [], []
-        for blocks in self.block_rows(flat):
-            noise = self.noise(blocks.shape[0], flat.device)
-            absmax, block_codes = self.encode_kernel(blocks, noise, fused=self.fused)
-            scales.append(absmax.view(torch.uint8))
-            codes.append(block_codes)
-        payload = torch.cat(scales + codes) if scales else flat.new_empty(0, dtype=torch.uint8)
-        return payload[: self.wire_bytes(flat.numel(), flat.dtype)]  # drop the tail's padding
+        payload = self.payload_buffer(out, flat)
+        whole_blocks, tail = divmod(flat.numel(), self.block)
+        scale_bytes = 4 * num_blocks(flat.numel(), self.block)
+        codes = payload[scale_bytes:]
+        # Scales are staged in their own (small) tensor: the payload slot may be misaligned.
+        scales = torch.empty(scale_bytes // 4, device=flat.device)
+        per_block = self.code_bytes(self.block)
+        whole = whole_blocks * self.block
+        # Kernels see whole blocks only, as a free (rows, block) view: no copy for padding.
+        if whole_blocks:
+            self.encode_kernel(
+                flat[:whole].view(whole_blocks, self.block),
+                self.noise(whole_blocks, flat.device),
+                scales[:whole_blocks],
+                codes[: whole_blocks * per_block].view(whole_blocks, per_block),
+                fused=self.fused,
+            )
+        if tail:
+            tail_codes = codes.new_empty(1, per_block)
+            self.encode_kernel(
+                pad_to_blocks(flat[whole:], self.block),
+                self.noise(1, flat.device),
+                scales[whole_blocks:],
+                tail_codes,
+                fused=self.fused,
+            )
+            codes[whole_blocks * per_block :] = tail_codes.view(-1)[
+                : codes.numel() - whole_blocks * per_block
+            ]
+        payload[:scale_bytes] = scales.view(torch.uint8)
+        return payload
 
     def decode(
         self,
@@ -148,21 +164,16 @@ class BlockScaledCodec(CodecBase):
         codes = payload[scale_bytes:]
         whole_blocks, tail = divmod(numel, self.block)
         per_block = self.code_bytes(self.block)
-        parts = []
+        result = self.output(out, numel, dtype, payload.device)
+        whole = whole_blocks * self.block
         if whole_blocks:
             block_codes = codes[: whole_blocks * per_block].view(whole_blocks, per_block)
-            parts.append(
-                self.decode_kernel(absmax[:whole_blocks], block_codes, dtype, fused=self.fused)
-            )
+            self.decode_kernel(absmax[:whole_blocks], block_codes, result[:whole], fused=self.fused)
         if tail:
             tail_codes = pad_to_blocks(codes[whole_blocks * per_block :], per_block)
-            decoded = self.decode_kernel(absmax[whole_blocks:], tail_codes, dtype, fused=self.fused)
-            parts.append(decoded[:tail])
-        if out is None and len(parts) == 1:
-            return parts[0]
-        result = self.output(out, numel, dtype, payload.device)
-        if parts:
-            torch.cat(parts, out=result)
+            padded = result.new_empty(self.block)
+            self.decode_kernel(absmax[whole_blocks:], tail_codes, padded, fused=self.fused)
+            result[whole:] = padded[:tail]
         return result
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:

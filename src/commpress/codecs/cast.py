@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
+from commpress.codecs.base import CodecBase, check_numel, is_aligned, view_as_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +32,14 @@ class FloatCastCodec(CodecBase):
         self.check_dtype(dtype, "dtype")
         return 2 * numel
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x)
-        return flat.to(self.wire_dtype, copy=True).view(torch.uint8)
+        payload = self.payload_buffer(out, flat)
+        if is_aligned(payload, self.wire_dtype):
+            payload.view(self.wire_dtype).copy_(flat)
+        else:
+            payload.copy_(flat.to(self.wire_dtype).view(torch.uint8))
+        return payload
 
     def decode(self, payload, numel, dtype, out=None):
         self.check_payload(payload, numel, dtype)

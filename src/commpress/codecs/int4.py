@@ -23,18 +23,19 @@ OFFSET = 8
 
 
 @kernel
-def encode_int4(blocks: torch.Tensor, noise: torch.Tensor | None):
+def encode_int4(blocks, noise, scales_out, codes_out):
     blocks = blocks.float()
     absmax = blockwise.block_absmax(blocks)
     q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
-    nibbles = (q + OFFSET).to(torch.uint8).view(-1, 2)
-    return absmax.view(-1), nibbles[:, 0] | (nibbles[:, 1] << 4)
+    nibbles = (q + OFFSET).to(torch.uint8).view(blocks.shape[0], -1, 2)
+    scales_out.copy_(absmax.view(-1))
+    codes_out.copy_(nibbles[:, :, 0] | (nibbles[:, :, 1] << 4))
 
 
 @kernel
-def decode_int4(absmax: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype):
+def decode_int4(absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
     nibbles = torch.stack((codes & 0xF, codes >> 4), dim=2).view(codes.shape[0], -1)
-    return blockwise.unscale(nibbles.float() - OFFSET, absmax, QMAX).view(-1).to(dtype)
+    out.copy_(blockwise.unscale(nibbles.float() - OFFSET, absmax, QMAX).view(-1))
 
 
 @register

@@ -20,17 +20,18 @@ QMAX = 127.0
 
 
 @kernel
-def encode_int8(blocks: torch.Tensor, noise: torch.Tensor | None):
+def encode_int8(blocks, noise, scales_out, codes_out):
     blocks = blocks.float()
     absmax = blockwise.block_absmax(blocks)
     q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
-    return absmax.view(-1), q.to(torch.int8).view(torch.uint8).view(-1)
+    scales_out.copy_(absmax.view(-1))
+    codes_out.copy_(q.to(torch.int8).view(torch.uint8))
 
 
 @kernel
-def decode_int8(absmax: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype):
+def decode_int8(absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
     q = codes.view(torch.int8).float()
-    return blockwise.unscale(q, absmax, QMAX).view(-1).to(dtype)
+    out.copy_(blockwise.unscale(q, absmax, QMAX).view(-1))
 
 
 @register

@@ -22,9 +22,9 @@ class NoneCodec(CodecBase):
         self.check_dtype(dtype, "dtype")
         return numel * torch.empty(0, dtype=dtype).element_size()
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x).contiguous()
-        return flat.view(torch.uint8).clone()
+        return self.payload_buffer(out, flat).copy_(flat.view(torch.uint8))
 
     def decode(self, payload, numel, dtype, out=None):
         self.check_payload(payload, numel, dtype)

@@ -77,11 +77,12 @@ class ZfpCodec(CodecBase):
             return 0
         return EXPONENT_BYTES + self._flag_bytes(numel) + self._stream_bytes(numel)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x)
+        result = self.payload_buffer(out, flat)
         n = flat.numel()
         if n == 0:
-            return torch.empty(0, dtype=torch.uint8, device=flat.device)
+            return result
         values = flat.detach().to(device="cpu", dtype=torch.float32)
         finite = torch.isfinite(values)
         values = torch.where(finite, values, 0.0)
@@ -102,7 +103,7 @@ class ZfpCodec(CodecBase):
                 torch.frombuffer(bytearray(stream), dtype=torch.uint8),
             )
         )
-        return payload.to(flat.device)
+        return result.copy_(payload)
 
     def decode(self, payload, numel, dtype, out=None):
         self.check_payload(payload, numel, dtype)
