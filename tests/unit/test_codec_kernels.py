@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import commpress as cp
-from commpress.codecs import kernels
+from commpress.codecs import kernels, native
 from commpress.testing import assert_same_bits
 
 FUSED_SPECS = [
@@ -23,15 +23,16 @@ FUSED_SPECS = [
 SIZES = [1, 255, 256, 4097, 100_003]
 
 
-def reference_twin(spec: str):
-    return cp.get_codec(spec + ("," if ":" in spec else ":") + "impl=reference")
+def with_impl(spec: str, impl: str):
+    return cp.get_codec(spec + ("," if ":" in spec else ":") + f"impl={impl}")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("impl", ["fused", "compiled"])
 @pytest.mark.parametrize("spec", FUSED_SPECS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_fused_equals_reference_bit_for_bit(spec, dtype):
-    fused, reference = cp.get_codec(spec), reference_twin(spec)
+def test_fast_paths_equal_reference_bit_for_bit(impl, spec, dtype):
+    fused, reference = with_impl(spec, impl), with_impl(spec, "reference")
     generator = torch.Generator().manual_seed(0)
     for numel in SIZES:
         x = (torch.randn(numel, generator=generator) * 10).to(dtype)
@@ -79,6 +80,30 @@ def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     assert len(runtime) == 1 and "no C++ compiler" in str(runtime[0].message)
     assert calls == ["first", "first", "second"]
     assert not kernels.fused_available()
+
+
+def test_native_kernels_are_used_for_fp32_on_cpu():
+    codec = cp.get_codec("int8")
+    assert codec._native(codec.native_encode, torch.zeros(1)) is not None
+    assert codec._native(codec.native_encode, torch.zeros(1, dtype=torch.bfloat16)) is None
+    assert with_impl("int8", "compiled")._native("encode_int8", torch.zeros(1)) is None
+
+
+def test_native_build_failure_warns_once_and_uses_compiled_kernels(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failed", False)
+    monkeypatch.setattr(kernels, "_warned", set())
+    codec, reference = cp.get_codec("int8"), with_impl("int8", "reference")
+    x = torch.randn(1000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        payload = codec.encode(x)
+        codec.encode(x)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "native codec kernels unavailable" in messages[0]
+    assert torch.equal(payload, reference.encode(x))
 
 
 @pytest.mark.gpu

@@ -26,10 +26,11 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from commpress.codecs import native
 from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
 from commpress.codecs.kernels import Kernel
 
-IMPLEMENTATIONS = ("fused", "reference")
+IMPLEMENTATIONS = ("fused", "compiled", "reference")
 #: Slack for fp32 rounding in the scale and unscale steps, as a fraction of absmax.
 FP32_SLACK = 2.0**-20
 
@@ -79,7 +80,9 @@ class BlockScaledCodec(CodecBase):
 
     #: Elements per block; each block costs 4 extra bytes for its absmax.
     block: int = 256
-    #: "fused" (torch.compile fast path) or "reference" (plain torch ops, the specification).
+    #: "fused": the fastest available path (native C kernels for fp32 on the CPU where a
+    #: C compiler exists, else torch.compile); "compiled": torch.compile only;
+    #: "reference": plain torch ops, the specification. All three agree bit for bit.
     impl: str = "fused"
 
     #: Largest code magnitude: the grid spans [-qmax, qmax].
@@ -92,6 +95,9 @@ class BlockScaledCodec(CodecBase):
     #: ``decode_kernel(absmax (rows, 1), codes (rows, code_bytes(block)), out (rows * block,))``
     #: writes into ``out`` so that the fused path needs no extra pass over the result.
     decode_kernel: ClassVar[Kernel]
+    #: Names of the native (C) twins in blockquant.c, where there are some.
+    native_encode: ClassVar[str | None] = None
+    native_decode: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
@@ -129,21 +135,15 @@ class BlockScaledCodec(CodecBase):
         whole = whole_blocks * self.block
         # Kernels see whole blocks only, as a free (rows, block) view: no copy for padding.
         if whole_blocks:
-            self.encode_kernel(
+            self._encode_rows(
                 flat[:whole].view(whole_blocks, self.block),
-                self.noise(whole_blocks, flat.device),
                 scales[:whole_blocks],
                 codes[: whole_blocks * per_block].view(whole_blocks, per_block),
-                fused=self.fused,
             )
         if tail:
             tail_codes = codes.new_empty(1, per_block)
-            self.encode_kernel(
-                pad_to_blocks(flat[whole:], self.block),
-                self.noise(1, flat.device),
-                scales[whole_blocks:],
-                tail_codes,
-                fused=self.fused,
+            self._encode_rows(
+                pad_to_blocks(flat[whole:], self.block), scales[whole_blocks:], tail_codes
             )
             codes[whole_blocks * per_block :] = tail_codes.view(-1)[
                 : codes.numel() - whole_blocks * per_block
@@ -168,11 +168,11 @@ class BlockScaledCodec(CodecBase):
         whole = whole_blocks * self.block
         if whole_blocks:
             block_codes = codes[: whole_blocks * per_block].view(whole_blocks, per_block)
-            self.decode_kernel(absmax[:whole_blocks], block_codes, result[:whole], fused=self.fused)
+            self._decode_rows(absmax[:whole_blocks], block_codes, result[:whole])
         if tail:
             tail_codes = pad_to_blocks(codes[whole_blocks * per_block :], per_block)
             padded = result.new_empty(self.block)
-            self.decode_kernel(absmax[whole_blocks:], tail_codes, padded, fused=self.fused)
+            self._decode_rows(absmax[whole_blocks:], tail_codes, padded)
             result[whole:] = padded[:tail]
         return result
 
@@ -183,9 +183,28 @@ class BlockScaledCodec(CodecBase):
         grid = self.grid_error / self.qmax + FP32_SLACK
         return flat.float().abs() * self.relative_error + absmax * grid
 
-    @property
-    def fused(self) -> bool:
-        return self.impl == "fused"
+    def _native(self, name: str | None, *tensors: torch.Tensor):
+        """The native kernel ``name`` if it applies to these fp32 CPU tensors, else None."""
+        if self.impl != "fused" or name is None:
+            return None
+        if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+            return None
+        return native.kernel(name)
+
+    def _encode_rows(self, blocks: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor):
+        rows = blocks.shape[0]
+        noise = self.noise(rows, blocks.device)
+        fast = self._native(self.native_encode, blocks)
+        if fast and fast(blocks, noise, rows, self.block, self.qmax, scales, codes):
+            return
+        self.encode_kernel(blocks, noise, scales, codes, fused=self.impl != "reference")
+
+    def _decode_rows(self, absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
+        rows = codes.shape[0]
+        fast = self._native(self.native_decode, out)
+        if fast and fast(absmax, codes, rows, self.block, self.qmax, out):
+            return
+        self.decode_kernel(absmax, codes, out, fused=self.impl != "reference")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,8 @@ class Int4Codec(blockwise.IntegerBlockCodec):
     qmax = QMAX
     encode_kernel = encode_int4
     decode_kernel = decode_int4
+    native_encode = "encode_int4"
+    native_decode = "decode_int4"
 
     def __post_init__(self) -> None:
         super().__post_init__()

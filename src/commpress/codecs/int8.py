@@ -41,3 +41,5 @@ class Int8Codec(blockwise.IntegerBlockCodec):
     qmax = QMAX
     encode_kernel = encode_int8
     decode_kernel = decode_int8
+    native_encode = "encode_int8"
+    native_decode = "decode_int8"

@@ -33,17 +33,24 @@ def fused_available() -> bool:
     return _fused_available
 
 
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Emit ``message`` as a RuntimeWarning the first time it is given in this process."""
+    with _lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def _disable_fused(error: BaseException) -> None:
     global _fused_available
-    with _lock:
-        if not _fused_available:
-            return
-        _fused_available = False
-    warnings.warn(
+    _fused_available = False
+    warn_once(
         f"commpress: torch.compile is unavailable ({type(error).__name__}: {error}); "
-        "codecs fall back to their (slower) reference path",
-        RuntimeWarning,
-        stacklevel=3,
+        "codecs fall back to their (slower) reference path"
     )
 
 

@@ -1,0 +1,127 @@
+"""Native CPU kernels (``blockquant.c``): built once per machine with the system C compiler.
+
+The shared library is cached under ``$XDG_CACHE_HOME/commpress`` (default
+``~/.cache/commpress``), keyed by the source, the flags and the CPU, so a
+``-march=native`` build is never loaded on a different processor. Calls go
+through ctypes, which releases the GIL while a kernel runs.
+
+Where no compiler is found or the build fails, :func:`kernel` returns None after
+one ``RuntimeWarning``, and codecs use their torch.compile path instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from commpress.codecs.kernels import warn_once
+
+SOURCE = Path(__file__).with_name("blockquant.c")
+# No -ffast-math: the kernels must match the torch reference bit for bit.
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-trapping-math",
+    "-std=c11",
+    "-shared",
+    "-fPIC",
+)
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failed = False
+
+
+def _cpu_identity() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return os.uname().machine
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "commpress"
+
+
+def _build() -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC or install gcc)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_identity().encode())
+    target = _cache_dir() / f"blockquant-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".so")
+        os.close(handle)
+        try:
+            subprocess.run(
+                [compiler, *FLAGS, "-o", partial, str(SOURCE), "-lm"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            os.replace(partial, target)  # atomic: concurrent ranks may build at once
+        except subprocess.CalledProcessError as error:
+            raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[:500]}") from None
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    return ctypes.CDLL(str(target))
+
+
+def _load() -> ctypes.CDLL | None:
+    global _library, _failed
+    with _lock:
+        if _library is None and not _failed:
+            try:
+                _library = _build()
+            except (OSError, RuntimeError) as error:
+                _failed = True
+                warn_once(
+                    f"commpress: native codec kernels unavailable ({error}); "
+                    "using torch.compile kernels"
+                )
+        return _library
+
+
+def kernel(name: str) -> Callable[..., bool] | None:
+    """The C function ``commpress_<name>`` taking tensors, or None where unavailable.
+
+    The returned callable passes each tensor's data pointer (None for an absent
+    tensor) and each number, and returns False when the C side declined the
+    arguments (an odd int4 block).
+    """
+    library = _load()
+    if library is None:
+        return None
+    function = getattr(library, f"commpress_{name}")
+    function.restype = ctypes.c_int
+
+    def call(*args: torch.Tensor | float | int | None) -> bool:
+        converted = []
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                assert arg.is_contiguous() and arg.device.type == "cpu", "native kernel input"
+                converted.append(ctypes.c_void_p(arg.data_ptr()))
+            elif arg is None:
+                converted.append(ctypes.c_void_p(None))
+            elif isinstance(arg, float):
+                converted.append(ctypes.c_float(arg))
+            else:
+                converted.append(ctypes.c_int64(arg))
+        return function(*converted) == 0
+
+    return call
