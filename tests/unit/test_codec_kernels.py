@@ -89,6 +89,26 @@ def test_native_kernels_are_used_for_fp32_on_cpu():
     assert with_impl("int8", "compiled")._native("encode_int8", torch.zeros(1)) is None
 
 
+@pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "int4:block=6"])
+def test_portable_native_build_equals_reference(spec, monkeypatch, tmp_path):
+    """The kernels without AVX-512 (what other CPUs run) are bit-identical too."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    portable = native.build(extra_flags=("-mno-avx512f",))
+    monkeypatch.setattr(native, "kernel", lambda name: native.wrap(portable, name))
+    fused, reference = cp.get_codec(spec), with_impl(spec, "reference")
+    for numel in (1, 300, 4097, 100_003):
+        x = torch.randn(numel) * 3
+        if numel > 1000:
+            x[numel // 2] = float("nan")
+        payload = fused.encode(x)
+        assert torch.equal(payload, reference.encode(x)), (spec, numel)
+        assert_same_bits(
+            fused.decode(payload, numel, torch.float32),
+            reference.decode(payload, numel, torch.float32),
+            context=(spec, numel),
+        )
+
+
 def test_native_build_failure_warns_once_and_uses_compiled_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

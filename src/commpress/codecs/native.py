@@ -55,12 +55,14 @@ def _cache_dir() -> Path:
     return Path(base) / "commpress"
 
 
-def _build() -> ctypes.CDLL:
+def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile (or find in the cache) and load the kernels; ``extra_flags`` go after FLAGS."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
+    flags = FLAGS + extra_flags
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_identity().encode())
+    key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_identity().encode())
     target = _cache_dir() / f"blockquant-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +70,7 @@ def _build() -> ctypes.CDLL:
         os.close(handle)
         try:
             subprocess.run(
-                [compiler, *FLAGS, "-o", partial, str(SOURCE), "-lm"],
+                [compiler, *flags, "-o", partial, str(SOURCE), "-lm"],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -87,7 +89,7 @@ def _load() -> ctypes.CDLL | None:
     with _lock:
         if _library is None and not _failed:
             try:
-                _library = _build()
+                _library = build()
             except (OSError, RuntimeError) as error:
                 _failed = True
                 warn_once(
@@ -98,15 +100,17 @@ def _load() -> ctypes.CDLL | None:
 
 
 def kernel(name: str) -> Callable[..., bool] | None:
-    """The C function ``commpress_<name>`` taking tensors, or None where unavailable.
-
-    The returned callable passes each tensor's data pointer (None for an absent
-    tensor) and each number, and returns False when the C side declined the
-    arguments (an odd int4 block).
-    """
+    """The C function ``commpress_<name>`` taking tensors, or None where unavailable."""
     library = _load()
-    if library is None:
-        return None
+    return None if library is None else wrap(library, name)
+
+
+def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
+    """Make ``commpress_<name>`` of ``library`` callable with tensors and numbers.
+
+    Each tensor passes its data pointer (None passes NULL); the callable returns
+    False when the C side declined the arguments (an odd int4 block).
+    """
     function = getattr(library, f"commpress_{name}")
     function.restype = ctypes.c_int
 
