@@ -1,0 +1,42 @@
+"""The ``commpress`` command line: the codec benchmark's output contract and its errors."""
+
+from __future__ import annotations
+
+import json
+
+from commpress.cli import main
+
+
+def test_codecs_benchmark_writes_rows_for_each_codec(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    markdown = tmp_path / "report.md"
+    argv = [
+        "codecs",
+        "--codec",
+        "none",
+        "--codec",
+        "int8:impl=reference",
+        "--numel",
+        "5000",
+        "--repeats",
+        "1",
+        "--json",
+        str(path),
+        "--markdown",
+        str(markdown),
+    ]
+    assert main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["codec"] for row in rows] == ["none", "int8:impl=reference"]
+    assert rows[0]["ratio"] == 1.0 and rows[0]["rel_err_gaussian"] == 0.0
+    assert rows[1]["wire_bytes"] == 5000 + 4 * 20
+    # RMS rounding error is step / sqrt(12) with step = absmax / 127, absmax ~ 3 sigma: ~7e-3.
+    assert 3e-3 < rows[1]["rel_err_gaussian"] < 1.2e-2
+    assert all(row["encode_gbps"] > 0 and row["memcpy_gbps"] > 0 for row in rows)
+    assert "int8:impl=reference" in capsys.readouterr().out
+    assert "**command**" in markdown.read_text()
+
+
+def test_bad_codec_spec_is_a_clean_error(capsys):
+    assert main(["codecs", "--codec", "int9"]) == 2
+    assert "unknown codec 'int9'" in capsys.readouterr().err
