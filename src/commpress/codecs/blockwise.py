@@ -70,6 +70,16 @@ def round_to_integers(v: torch.Tensor, noise: torch.Tensor | None, qmax: float) 
     return torch.clamp(torch.floor(v + noise), -qmax, qmax)
 
 
+def quantize_to_integers(
+    blocks: torch.Tensor, noise: torch.Tensor | None, qmax: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absmax ``(nblocks,)`` and integer codes ``q`` (as floats) of ``(nblocks, block)`` input."""
+    blocks = blocks.float()
+    absmax = block_absmax(blocks)
+    q = round_to_integers(scale_to_grid(blocks, absmax, qmax), noise, qmax)
+    return absmax.view(-1), q
+
+
 def unscale(q: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:
     return (q / qmax) * absmax
 

@@ -24,11 +24,9 @@ OFFSET = 8
 
 @kernel
 def encode_int4(blocks, noise, scales_out, codes_out):
-    blocks = blocks.float()
-    absmax = blockwise.block_absmax(blocks)
-    q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
+    absmax, q = blockwise.quantize_to_integers(blocks, noise, QMAX)
     nibbles = (q + OFFSET).to(torch.uint8).view(blocks.shape[0], -1, 2)
-    scales_out.copy_(absmax.view(-1))
+    scales_out.copy_(absmax)
     codes_out.copy_(nibbles[:, :, 0] | (nibbles[:, :, 1] << 4))
 
 

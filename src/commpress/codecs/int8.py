@@ -21,10 +21,8 @@ QMAX = 127.0
 
 @kernel
 def encode_int8(blocks, noise, scales_out, codes_out):
-    blocks = blocks.float()
-    absmax = blockwise.block_absmax(blocks)
-    q = blockwise.round_to_integers(blockwise.scale_to_grid(blocks, absmax, QMAX), noise, QMAX)
-    scales_out.copy_(absmax.view(-1))
+    absmax, q = blockwise.quantize_to_integers(blocks, noise, QMAX)
+    scales_out.copy_(absmax)
     codes_out.copy_(q.to(torch.int8).view(torch.uint8))
 
 
