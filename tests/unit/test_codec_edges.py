@@ -230,3 +230,12 @@ def test_encode_out_of_the_wrong_size_is_refused(spec):
     codec = make(spec)
     with pytest.raises(ValueError, match=r"out must be a 1-D torch.uint8 tensor of \d+ bytes"):
         codec.encode(torch.randn(100), out=torch.empty(7, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_inputs_that_require_grad_are_encoded_outside_autograd(spec):
+    codec = make(spec)
+    x = torch.randn(300, requires_grad=True)
+    payload = codec.encode(x)
+    assert not payload.requires_grad
+    assert torch.equal(payload, codec.encode(x.detach()))

@@ -80,11 +80,11 @@ class CodecBase:
             )
 
     def check_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Validate ``x`` and return it as a contiguous 1-D view (or copy)."""
+        """Validate ``x`` and return it as a contiguous 1-D view (or copy), outside autograd."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         self.check_dtype(x.dtype, "x.dtype")
-        return x.reshape(-1)
+        return x.detach().reshape(-1)
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         if not isinstance(payload, torch.Tensor):
