@@ -1,7 +1,15 @@
 """commpress: cheaper communication for distributed PyTorch training."""
 
 from commpress.codecs import Codec, get_codec, list_codecs
+from commpress.collectives import all_gather_into_tensor, all_gather_single
 
 __version__ = "0.1.0"
 
-__all__ = ["Codec", "__version__", "get_codec", "list_codecs"]
+__all__ = [
+    "Codec",
+    "__version__",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "get_codec",
+    "list_codecs",
+]

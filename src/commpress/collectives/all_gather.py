@@ -1,0 +1,91 @@
+"""All-gather with compression at the collective level (IPDPS'23), and its two baselines.
+
+* ``native``: ``torch.distributed.all_gather_into_tensor`` on the raw tensor.
+* ``ring``: each rank encodes its shard once; payloads travel the ring unchanged;
+  a received payload is decoded while the next one is in flight. The owner keeps
+  the *decoded* copy of its own shard, so all ranks end bitwise identical.
+* ``ring-hop``: the same ring, but every hop decodes and re-encodes before sending,
+  as MPI libraries that compress point-to-point messages do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commpress.algorithms.ring import all_gather_steps, neighbours
+from commpress.codecs import Codec, get_codec
+from commpress.transport.p2p import Exchange
+
+ALL_GATHER_ALGORITHMS = ("native", "ring", "ring-hop")
+
+
+def all_gather_into_tensor(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    codec: str | Codec = "int8",
+    algorithm: str = "ring",
+    async_op: bool = False,
+):
+    """Gather every rank's ``inp`` into ``out`` (``world_size * inp.numel()`` elements).
+
+    Same convention as :func:`torch.distributed.all_gather_into_tensor`, plus ``codec``
+    and ``algorithm``. ``codec`` is ignored by ``native``.
+    """
+    world_size = dist.get_world_size(group)
+    _check_arguments(out, inp, world_size, algorithm)
+    if algorithm == "native":
+        return dist.all_gather_into_tensor(out, inp, group=group, async_op=async_op)
+    if async_op:
+        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+    codec = get_codec(codec)
+    codec.check_dtype(inp.dtype, "inp.dtype")
+    _ring_all_gather(out, inp, group, codec, recompress_every_hop=algorithm == "ring-hop")
+    return None
+
+
+def _check_arguments(out, inp, world_size: int, algorithm: str) -> None:
+    if algorithm not in ALL_GATHER_ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {ALL_GATHER_ALGORITHMS}")
+    for name, tensor in (("out", out), ("inp", inp)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if out.numel() != inp.numel() * world_size:
+        raise ValueError(
+            f"out has shape {tuple(out.shape)} ({out.numel()} elements) but inp has shape "
+            f"{tuple(inp.shape)}: out must hold world_size={world_size} x {inp.numel()} elements"
+        )
+    if out.dtype != inp.dtype or out.device != inp.device:
+        raise ValueError(
+            f"out ({out.dtype} on {out.device}) and inp ({inp.dtype} on {inp.device}) "
+            "must have the same dtype and device"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+
+
+def _ring_all_gather(out, inp, group, codec: Codec, recompress_every_hop: bool) -> None:
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    numel, dtype = inp.numel(), inp.dtype
+    chunks = out.view(world_size, numel)
+    payloads = torch.empty(
+        (world_size, codec.wire_bytes(numel, dtype)), dtype=torch.uint8, device=inp.device
+    )
+    codec.encode(inp, out=payloads[rank])
+    codec.decode(payloads[rank], numel, dtype, out=chunks[rank])
+    left, right = neighbours(rank, world_size)
+    undecoded = None
+    for step in all_gather_steps(rank, world_size):
+        exchange = Exchange(group, payloads[step.send], right, payloads[step.recv], left)
+        if undecoded is not None:  # overlaps with the transfer in flight
+            codec.decode(payloads[undecoded], numel, dtype, out=chunks[undecoded])
+        exchange.wait()
+        if recompress_every_hop:
+            codec.decode(payloads[step.recv], numel, dtype, out=chunks[step.recv])
+            codec.encode(chunks[step.recv], out=payloads[step.recv])
+        else:
+            undecoded = step.recv
+    if undecoded is not None:
+        codec.decode(payloads[undecoded], numel, dtype, out=chunks[undecoded])

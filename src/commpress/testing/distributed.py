@@ -1,0 +1,112 @@
+"""Run a function on N local processes joined by a torch.distributed process group.
+
+Used by the tests and benchmarks: ``run_distributed(fn, world_size, *args)`` returns
+``[fn(rank, world_size, *args) for each rank]``. A rank that raises, dies or
+outlives ``timeout`` fails the whole run with that rank's traceback, and every
+process is ended before this function returns.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+POLL_SECONDS = 0.5
+
+
+class DistributedError(RuntimeError):
+    """A rank failed, died or timed out."""
+
+
+def _worker(fn, rank, world_size, store_path, backend, timeout, args, results) -> None:
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        # Plain bytes: torch's queue would share tensors through memory this process frees.
+        serialized = io.BytesIO()
+        torch.save(value, serialized)
+        results.put((rank, True, serialized.getvalue()))
+    except BaseException:  # report everything, including KeyboardInterrupt, to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: float = 120.0,
+) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results by rank.
+
+    ``fn`` must be importable (a module-level function) and return picklable values.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory(prefix="commpress-dist-") as scratch:
+        store_path = os.path.join(scratch, "store")
+        processes = [
+            context.Process(
+                target=_worker,
+                args=(fn, rank, world_size, store_path, backend, timeout, args, results),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        try:
+            return _collect(processes, results, timeout)
+        finally:
+            for process in processes:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+
+
+def _collect(processes, results, timeout: float) -> list[Any]:
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(values) < len(processes):
+        try:
+            rank, ok, value = results.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(len(processes))) - set(values))
+                raise DistributedError(
+                    f"ranks {missing} did not finish within {timeout} s"
+                ) from None
+            for rank, process in enumerate(processes):
+                if rank not in values and process.exitcode not in (None, 0):
+                    raise DistributedError(
+                        f"rank {rank} died with exit code {process.exitcode}"
+                    ) from None
+            continue
+        if not ok:
+            raise DistributedError(f"rank {rank} failed:\n{value}")
+        values[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    return [values[rank] for rank in range(len(processes))]
