@@ -1,7 +1,13 @@
 """commpress: cheaper communication for distributed PyTorch training."""
 
 from commpress.codecs import Codec, get_codec, list_codecs
-from commpress.collectives import all_gather_into_tensor, all_gather_single
+from commpress.collectives import (
+    all_gather_into_tensor,
+    all_gather_single,
+    all_reduce,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+)
 
 __version__ = "0.1.0"
 
@@ -10,6 +16,9 @@ __all__ = [
     "__version__",
     "all_gather_into_tensor",
     "all_gather_single",
+    "all_reduce",
     "get_codec",
     "list_codecs",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
 ]

@@ -27,3 +27,15 @@ def all_gather_steps(rank: int, world_size: int) -> list[RingStep]:
         RingStep(send=(rank - step) % world_size, recv=(rank - step - 1) % world_size)
         for step in range(world_size - 1)
     ]
+
+
+def reduce_scatter_steps(rank: int, world_size: int) -> list[RingStep]:
+    """n - 1 steps; step s sends the partial sum of chunk ``send`` and receives ``recv``.
+
+    The chunk received at step s is the one sent at step s + 1, after adding the own
+    contribution; the last chunk received is the rank's own, now summed over all ranks.
+    """
+    return [
+        RingStep(send=(rank - step - 1) % world_size, recv=(rank - step - 2) % world_size)
+        for step in range(world_size - 1)
+    ]

@@ -1,12 +1,30 @@
-"""Compressed collectives with torch.distributed's calling convention (work in progress).
+"""Compressed collectives with torch.distributed's calling convention.
 
-Done: ``all_gather_into_tensor`` (alias ``all_gather_single``) with algorithms
-``native``, ``ring`` and ``ring-hop``, synchronous. Not yet: reduce-scatter,
-all-reduce, ``async_op=True``, peer-failure timeouts (issue 3).
+Done: ``all_gather_into_tensor`` (``native``, ``ring``, ``ring-hop``),
+``reduce_scatter_tensor`` (``native``, ``ring``, ``ring-hop``, ``alltoall``) and
+``all_reduce``, synchronous. Not yet (issue 3): ``async_op=True`` for the
+compressed algorithms, peer-failure timeouts, the benchmark.
 """
 
 from commpress.collectives.all_gather import ALL_GATHER_ALGORITHMS, all_gather_into_tensor
+from commpress.collectives.reduce_scatter import (
+    DEFAULT_CHUNK_BYTES,
+    REDUCE_SCATTER_ALGORITHMS,
+    all_reduce,
+    reduce_scatter_tensor,
+)
 
+# torch 2.13 names these all_gather_single / reduce_scatter_single: offer both.
 all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor
 
-__all__ = ["ALL_GATHER_ALGORITHMS", "all_gather_into_tensor", "all_gather_single"]
+__all__ = [
+    "ALL_GATHER_ALGORITHMS",
+    "DEFAULT_CHUNK_BYTES",
+    "REDUCE_SCATTER_ALGORITHMS",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_reduce",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+]

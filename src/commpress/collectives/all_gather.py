@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
+from commpress.collectives.checks import check_algorithm, check_pair
 from commpress.transport.p2p import Exchange
 
 ALL_GATHER_ALGORITHMS = ("native", "ring", "ring-hop")
@@ -34,8 +35,8 @@ def all_gather_into_tensor(
     Same convention as :func:`torch.distributed.all_gather_into_tensor`, plus ``codec``
     and ``algorithm``. ``codec`` is ignored by ``native``.
     """
-    world_size = dist.get_world_size(group)
-    _check_arguments(out, inp, world_size, algorithm)
+    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
+    check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     if algorithm == "native":
         return dist.all_gather_into_tensor(out, inp, group=group, async_op=async_op)
     if async_op:
@@ -44,26 +45,6 @@ def all_gather_into_tensor(
     codec.check_dtype(inp.dtype, "inp.dtype")
     _ring_all_gather(out, inp, group, codec, recompress_every_hop=algorithm == "ring-hop")
     return None
-
-
-def _check_arguments(out, inp, world_size: int, algorithm: str) -> None:
-    if algorithm not in ALL_GATHER_ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; known: {ALL_GATHER_ALGORITHMS}")
-    for name, tensor in (("out", out), ("inp", inp)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if out.numel() != inp.numel() * world_size:
-        raise ValueError(
-            f"out has shape {tuple(out.shape)} ({out.numel()} elements) but inp has shape "
-            f"{tuple(inp.shape)}: out must hold world_size={world_size} x {inp.numel()} elements"
-        )
-    if out.dtype != inp.dtype or out.device != inp.device:
-        raise ValueError(
-            f"out ({out.dtype} on {out.device}) and inp ({inp.dtype} on {inp.device}) "
-            "must have the same dtype and device"
-        )
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
 
 
 def _ring_all_gather(out, inp, group, codec: Codec, recompress_every_hop: bool) -> None:

@@ -1,0 +1,187 @@
+"""Reduce-scatter with compression, and all-reduce built from it.
+
+* ``native``: ``torch.distributed.reduce_scatter_tensor`` on the raw tensor.
+* ``ring`` (IPDPS'23): n - 1 ring steps; each hop decodes the partial sum it
+  receives, adds its own contribution in fp32, re-encodes and forwards. Each chunk
+  is cut into pieces of ``chunk_bytes`` (of fp32): while piece p is on the wire,
+  piece p - 1 is decoded, accumulated and re-encoded.
+* ``ring-hop``: the point-to-point compression baseline of MPI libraries: the same
+  ring with whole chunks and no overlap (encode, send, wait, decode, add).
+* ``alltoall``: each rank encodes each destination's slice once; one all-to-all;
+  each destination decodes and sums in fp32. One rounding per contribution
+  instead of n - 1 re-quantizations of a partial sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commpress.algorithms.ring import neighbours, reduce_scatter_steps
+from commpress.codecs import Codec, get_codec
+from commpress.collectives.all_gather import all_gather_into_tensor
+from commpress.collectives.checks import check_algorithm, check_op, check_pair
+from commpress.transport.p2p import Exchange
+
+REDUCE_SCATTER_ALGORITHMS = ("native", "ring", "ring-hop", "alltoall")
+#: Piece size of the pipelined ring (MVAPICH's choice for its compressed reduce-scatter).
+DEFAULT_CHUNK_BYTES = 2 << 20
+
+
+def reduce_scatter_tensor(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    op=dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    codec: str | Codec = "int8",
+    algorithm: str = "ring",
+    async_op: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+):
+    """Sum (or average) ``inp`` over ranks; rank r keeps chunk r in ``out``.
+
+    Same convention as :func:`torch.distributed.reduce_scatter_tensor`, plus ``codec``,
+    ``algorithm`` and ``chunk_bytes`` (pipeline piece size of ``ring``).
+    """
+    world_size = dist.get_world_size(group)
+    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
+    check_op(op)
+    check_pair(out, inp, world_size=world_size, gather=False)
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
+        raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
+    if algorithm == "native":
+        return dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=async_op)
+    if async_op:
+        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+    codec = get_codec(codec)
+    codec.check_dtype(inp.dtype, "inp.dtype")
+    total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes)
+    if op == dist.ReduceOp.AVG:
+        total /= world_size
+    out.view(-1).copy_(total)
+    return None
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op=dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    codec: str | Codec = "int8",
+    algorithm: str = "ring",
+    async_op: bool = False,
+):
+    """Compressed reduce-scatter, then compressed ring all-gather of the reduced chunks.
+
+    Every rank ends with bitwise-identical results (the all-gather forwards one
+    encoding of each reduced chunk). ``algorithm`` picks the reduce-scatter;
+    ``ring-hop`` also makes the all-gather re-encode at every hop.
+    """
+    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
+    check_op(op)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError("tensor must be contiguous")
+    if algorithm == "native":
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    if async_op:
+        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+    codec = get_codec(codec)
+    codec.check_dtype(tensor.dtype, "tensor.dtype")
+    world_size, numel = dist.get_world_size(group), tensor.numel()
+    chunk = -(-numel // world_size)
+    padded = tensor.new_zeros(world_size * chunk)
+    padded[:numel] = tensor.view(-1)
+    total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES)
+    if op == dist.ReduceOp.AVG:
+        total /= world_size
+    gathered = total.new_empty(world_size * chunk)
+    all_gather_algorithm = "ring-hop" if algorithm == "ring-hop" else "ring"
+    all_gather_into_tensor(gathered, total, group, codec=codec, algorithm=all_gather_algorithm)
+    tensor.view(-1).copy_(gathered[:numel])
+    return None
+
+
+def _reduce_scatter_fp32(inp, group, codec: Codec, algorithm: str, chunk_bytes: int):
+    world_size = dist.get_world_size(group)
+    contributions = inp.view(world_size, -1)
+    if algorithm == "alltoall":
+        return _alltoall(contributions, group, codec)
+    piece = max(1, chunk_bytes // 4) if algorithm == "ring" else contributions.shape[1]
+    return _ring(contributions, group, codec, piece, overlap=algorithm == "ring")
+
+
+def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool):
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    numel = contributions.shape[1]
+    if world_size == 1:
+        return contributions[rank].to(torch.float32, copy=True)
+    pieces = [
+        slice(start, min(start + piece_numel, numel)) for start in range(0, numel, piece_numel)
+    ]
+    wire = [codec.wire_bytes(p.stop - p.start, torch.float32) for p in pieces]
+    device = contributions.device
+    outgoing = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
+    incoming = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
+    forward = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
+    result = torch.empty(numel, dtype=torch.float32, device=device)
+    steps = reduce_scatter_steps(rank, world_size)
+    for p, part in enumerate(pieces):
+        codec.encode(contributions[steps[0].send, part].float(), out=outgoing[p])
+    left, right = neighbours(rank, world_size)
+
+    for index, step in enumerate(steps):
+        last = index == len(steps) - 1
+
+        def accumulate(p: int, step=step, last=last, forward=forward) -> None:
+            own = contributions[step.recv, pieces[p]]
+            _add_own(codec, incoming[p], own, result[pieces[p]] if last else None, forward[p])
+
+        for p in range(len(pieces)):
+            exchange = Exchange(group, outgoing[p], right, incoming[p], left)
+            if overlap and p > 0:  # runs while piece p is on the wire
+                accumulate(p - 1)
+            exchange.wait()
+            if not overlap:
+                accumulate(p)
+        if overlap and pieces:
+            accumulate(len(pieces) - 1)
+        outgoing, forward = forward, outgoing
+    return result
+
+
+def _add_own(codec: Codec, received, own, result_part, forward_payload) -> None:
+    """Decode a received partial sum, add the own contribution in fp32, then keep or re-encode."""
+    partial = codec.decode(received, own.numel(), torch.float32)
+    partial += own
+    if result_part is not None:
+        result_part.copy_(partial)
+    else:
+        codec.encode(partial, out=forward_payload)
+
+
+def _alltoall(contributions, group, codec: Codec):
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    numel, dtype = contributions.shape[1], contributions.dtype
+    wire = codec.wire_bytes(numel, dtype)
+    send = torch.zeros(world_size, wire, dtype=torch.uint8, device=contributions.device)
+    for destination in range(world_size):
+        if destination != rank:  # the own slice is added exactly, never encoded
+            codec.encode(contributions[destination], out=send[destination])
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received.view(-1), send.view(-1), group=group)
+    total = contributions[rank].to(torch.float32, copy=True)  # never alias the input
+    for source in range(world_size):
+        if source != rank:
+            total += _decode_fp32(codec, received[source], numel, dtype)
+    return total
+
+
+def _decode_fp32(codec: Codec, payload, numel: int, encoded_dtype: torch.dtype):
+    """Lossy payloads decode straight to fp32 (no detour through a 16-bit dtype); a
+    lossless payload holds ``encoded_dtype`` bytes, which widen to fp32 exactly."""
+    if codec.lossless:
+        return codec.decode(payload, numel, encoded_dtype).float()
+    return codec.decode(payload, numel, torch.float32)
