@@ -1,0 +1,182 @@
+"""Ring all-gather against torch.distributed on gloo, world sizes 2, 3 and 4."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.collectives import all_gather_into_tensor
+from commpress.testing.distributed import DistributedError, run_distributed
+
+WORLD_SIZES = [2, 3, 4]
+SIZES = [1, 255, 1000, 4097]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def shard(rank: int, numel: int, dtype: torch.dtype, constant_blocks: int = 0) -> torch.Tensor:
+    """Rank-specific data; with ``constant_blocks``, constant within each block of that size."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    if constant_blocks:
+        levels = (torch.randn(numel // constant_blocks + 1, generator=generator) * 8).round() / 4
+        return levels.repeat_interleave(constant_blocks)[:numel].to(dtype)
+    return (torch.randn(numel, generator=generator) * 3).to(dtype)
+
+
+def gather(algorithm: str, codec: str, inp: torch.Tensor, world_size: int, group=None):
+    out = torch.empty(world_size * inp.numel(), dtype=inp.dtype)
+    all_gather_into_tensor(out, inp, group, codec=codec, algorithm=algorithm)
+    return out
+
+
+def _parity_with_native(rank, world_size):
+    """Every (algorithm, codec, dtype, size) on one process group; returns this rank's outputs."""
+    outputs = {}
+    for dtype in DTYPES:
+        for numel in SIZES:
+            inp = shard(rank, numel, dtype)
+            outputs[("native", dtype, numel)] = gather("native", "none", inp, world_size)
+            for algorithm in ("ring", "ring-hop"):
+                for codec in ("none", "int8", "int4:block=64"):
+                    key = (algorithm, codec, dtype, numel)
+                    outputs[key] = gather(algorithm, codec, inp, world_size)
+            constant = shard(rank, numel, dtype, constant_blocks=16)
+            outputs[("constant", dtype, numel)] = gather(
+                "ring", "int8:block=16", constant, world_size
+            )
+    return outputs
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES)
+def parity_run(request):
+    world_size = request.param
+    return world_size, run_distributed(_parity_with_native, world_size)
+
+
+def test_codec_none_equals_native_bit_for_bit(parity_run):
+    world_size, results = parity_run
+    for outputs in results:
+        for dtype in DTYPES:
+            for numel in SIZES:
+                native = outputs[("native", dtype, numel)]
+                expected = torch.cat([shard(r, numel, dtype) for r in range(world_size)])
+                assert torch.equal(native, expected)
+                for algorithm in ("ring", "ring-hop"):
+                    assert torch.equal(outputs[(algorithm, "none", dtype, numel)], native)
+
+
+def test_ring_outputs_are_bitwise_identical_on_every_rank(parity_run):
+    _, results = parity_run
+    for key, value in results[0].items():
+        if key[0] == "ring":
+            for other in results[1:]:
+                assert torch.equal(other[key].view(torch.uint8), value.view(torch.uint8)), key
+
+
+def test_lossy_ring_error_within_codec_bound(parity_run):
+    world_size, results = parity_run
+    for outputs in results:
+        for dtype in DTYPES:
+            for numel in SIZES:
+                for codec in ("int8", "int4:block=64"):
+                    exact = torch.cat([shard(r, numel, dtype) for r in range(world_size)])
+                    bound = torch.cat(
+                        [cp.get_codec(codec).error_bound(shard(r, numel, dtype))
+                         for r in range(world_size)]
+                    )
+                    # Decoding to a 16-bit dtype adds one rounding of that dtype.
+                    bound = bound + exact.float().abs() * torch.finfo(dtype).eps
+                    got = outputs[("ring", codec, dtype, numel)].float()
+                    assert torch.all((got - exact.float()).abs() <= bound), (codec, dtype, numel)
+
+
+def test_constant_blocks_gather_exactly(parity_run):
+    world_size, results = parity_run
+    for outputs in results:
+        for dtype in DTYPES:
+            for numel in SIZES:
+                expected = torch.cat(
+                    [shard(r, numel, dtype, constant_blocks=16) for r in range(world_size)]
+                )
+                assert torch.equal(outputs[("constant", dtype, numel)], expected)
+
+
+def _on_subgroup(rank, world_size):
+    """Ranks 1..n-1 gather among themselves while rank 0 sits out."""
+    members = list(range(1, world_size))
+    group = dist.new_group(members)
+    if rank == 0:
+        return None
+    inp = shard(rank, 777, torch.float32)
+    ring = gather("ring", "int8", inp, len(members), group)
+    native = gather("native", "none", inp, len(members), group)
+    return ring, native
+
+
+def test_subgroup():
+    results = run_distributed(_on_subgroup, 4)
+    assert results[0] is None
+    ring, native = results[1]
+    expected = torch.cat([shard(r, 777, torch.float32) for r in (1, 2, 3)])
+    assert torch.equal(native, expected)
+    assert (ring - expected).abs().max() <= expected.abs().max() / 254 * 1.001
+    for other_ring, _ in results[2:]:
+        assert torch.equal(other_ring, ring)
+
+
+def _nan_in_one_shard(rank, world_size):
+    inp = shard(rank, 600, torch.float32)
+    if rank == 1:
+        inp[300] = float("nan")
+    return gather("ring", "int8", inp, world_size)
+
+
+def test_nan_propagates_to_every_rank():
+    results = run_distributed(_nan_in_one_shard, 3)
+    for out in results:
+        assert torch.isnan(out[600 + 300])
+        assert torch.isfinite(out[:600]).all() and torch.isfinite(out[1200:]).all()
+
+
+def _bad_shapes(rank, world_size):
+    inp = torch.zeros(10)
+    errors = []
+    for out, kind in (
+        (torch.zeros(10 * world_size + 1), ValueError),
+        (torch.zeros(10 * world_size, dtype=torch.float16), ValueError),
+        (torch.zeros(10 * world_size, dtype=torch.int64), ValueError),
+    ):
+        try:
+            all_gather_into_tensor(out, inp, codec="int8")
+        except kind as error:
+            errors.append(str(error))
+    try:
+        all_gather_into_tensor(torch.zeros(20, dtype=torch.int64), torch.zeros(10, dtype=torch.int64))
+    except TypeError as error:
+        errors.append(str(error))
+    try:
+        all_gather_into_tensor(torch.zeros(20), torch.zeros(10), algorithm="tree")
+    except ValueError as error:
+        errors.append(str(error))
+    return errors
+
+
+def test_bad_arguments_raise_before_any_communication():
+    errors = run_distributed(_bad_shapes, 2)[0]
+    assert len(errors) == 5
+    assert "(21,)" in errors[0] and "(10,)" in errors[0]
+    assert "same dtype" in errors[1] and "same dtype" in errors[2]
+    assert "cannot take inp.dtype=torch.int64" in errors[3]
+    assert "unknown algorithm 'tree'" in errors[4]
+
+
+def _raises(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("boom on rank 1")
+    return rank
+
+
+def test_harness_reports_a_failing_rank():
+    with pytest.raises(DistributedError, match=r"(?s)rank 1 failed.*boom on rank 1"):
+        run_distributed(_raises, 2, timeout=60)

@@ -1,0 +1,172 @@
+"""Reduce-scatter and all-reduce against torch.distributed on gloo, world sizes 2, 3 and 4."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.collectives import all_reduce, reduce_scatter_tensor
+from commpress.testing.distributed import run_distributed
+
+WORLD_SIZES = [2, 3, 4]
+CHUNKS = [1, 255, 1000, 4097]  # elements each rank keeps
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+COMPRESSED = ["ring", "ring-hop", "alltoall"]
+SMALL_PIECES = 1024  # chunk_bytes: 256-element pieces, so the ring pipeline has several
+
+
+def contribution(rank: int, numel: int, dtype=torch.float32, integers: bool = False):
+    generator = torch.Generator().manual_seed(7 * numel + rank)
+    x = torch.randn(numel, generator=generator) * 4
+    return (x.round() if integers else x).to(dtype)
+
+
+def _run_cases(rank, world_size):
+    results = {}
+    for dtype in DTYPES:
+        for chunk in CHUNKS:
+            inp = contribution(rank, chunk * world_size, dtype, integers=True)
+            native = torch.empty(chunk, dtype=dtype)
+            dist.reduce_scatter_tensor(native, inp)
+            results[("native", dtype, chunk)] = native
+            for algorithm in COMPRESSED:
+                for chunk_bytes in (SMALL_PIECES, cp.collectives.DEFAULT_CHUNK_BYTES):
+                    out = torch.empty(chunk, dtype=dtype)
+                    reduce_scatter_tensor(
+                        out, inp, codec="none", algorithm=algorithm, chunk_bytes=chunk_bytes
+                    )
+                    results[("none", algorithm, chunk_bytes, dtype, chunk)] = out
+    for chunk in CHUNKS:
+        inp = contribution(rank, chunk * world_size, integers=True)
+        native = torch.empty(chunk)
+        dist.reduce_scatter_tensor(native, inp, op=dist.ReduceOp.AVG)
+        ours = torch.empty(chunk)
+        reduce_scatter_tensor(ours, inp, op=dist.ReduceOp.AVG, codec="none")
+        results[("avg", chunk)] = (native, ours)
+        real = contribution(rank, chunk * world_size)
+        for algorithm in COMPRESSED:
+            out = torch.empty(chunk)
+            reduce_scatter_tensor(
+                out, real, codec="int8", algorithm=algorithm, chunk_bytes=SMALL_PIECES
+            )
+            results[("int8", algorithm, chunk)] = out
+    for numel in (7, 1001):  # not divisible by the world size
+        integers = contribution(rank, numel, integers=True)
+        native = integers.clone()
+        dist.all_reduce(native)
+        for algorithm in COMPRESSED:
+            exact, lossy = integers.clone(), contribution(rank, numel)
+            all_reduce(exact, codec="none", algorithm=algorithm)
+            all_reduce(lossy, codec="int8", algorithm=algorithm)
+            results[("all_reduce", algorithm, numel)] = (native, exact, lossy)
+    return results
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES)
+def run(request):
+    return request.param, run_distributed(_run_cases, request.param)
+
+
+def test_codec_none_equals_native_bit_for_bit(run):
+    world_size, results = run
+    for rank, outputs in enumerate(results):
+        for dtype in DTYPES:
+            for chunk in CHUNKS:
+                native = outputs[("native", dtype, chunk)]
+                expected = sum(
+                    contribution(r, chunk * world_size, integers=True).view(world_size, -1)[rank]
+                    for r in range(world_size)
+                ).to(dtype)
+                assert torch.equal(native, expected)
+                for algorithm in COMPRESSED:
+                    for chunk_bytes in (SMALL_PIECES, cp.collectives.DEFAULT_CHUNK_BYTES):
+                        got = outputs[("none", algorithm, chunk_bytes, dtype, chunk)]
+                        assert torch.equal(got, native), (algorithm, chunk_bytes, dtype, chunk)
+
+
+def test_average_equals_native(run):
+    _, results = run
+    for outputs in results:
+        for chunk in CHUNKS:
+            native, ours = outputs[("avg", chunk)]
+            assert torch.equal(ours, native)
+
+
+def exact_sum_and_parts(rank, world_size, chunk):
+    parts = [
+        contribution(r, chunk * world_size).view(world_size, -1)[rank].double()
+        for r in range(world_size)
+    ]
+    return sum(parts), parts
+
+
+def test_int8_error_within_bit_width_bound_and_alltoall_no_worse_than_ring(run):
+    world_size, results = run
+    codec = cp.get_codec("int8")
+    for rank, outputs in enumerate(results):
+        for chunk in CHUNKS:
+            exact, parts = exact_sum_and_parts(rank, world_size, chunk)
+            others = [part for r, part in enumerate(parts) if r != rank]
+            # alltoall: one quantization of each other rank's contribution.
+            alltoall_bound = sum(codec.error_bound(part.float()).double() for part in others)
+            # ring: n - 1 quantizations of partial sums, each bounded by the sum of |parts|.
+            magnitude = sum(part.abs() for part in parts).float()
+            ring_bound = (world_size - 1) * codec.error_bound(magnitude).double() * 1.01
+            errors = {}
+            for algorithm in COMPRESSED:
+                error = outputs[("int8", algorithm, chunk)].double() - exact
+                bound = alltoall_bound if algorithm == "alltoall" else ring_bound
+                assert torch.all(error.abs() <= bound + 1e-6), (algorithm, chunk)
+                errors[algorithm] = error.norm().item()
+            # Beyond quantization, the two differ only by fp32 summation order.
+            summation_slack = world_size * 2.0**-24 * exact.norm().item()
+            assert errors["alltoall"] <= errors["ring"] + summation_slack, errors
+
+
+def test_all_reduce(run):
+    world_size, results = run
+    codec = cp.get_codec("int8")
+    for numel in (7, 1001):
+        exact = sum(contribution(r, numel).double() for r in range(world_size))
+        for algorithm in COMPRESSED:
+            lossy_outputs = []
+            for outputs in results:
+                native, exact_none, lossy = outputs[("all_reduce", algorithm, numel)]
+                assert torch.equal(exact_none, native), (algorithm, numel)
+                lossy_outputs.append(lossy)
+            if algorithm != "ring-hop":  # ring-hop re-encodes at every hop by design
+                for other in lossy_outputs[1:]:
+                    assert torch.equal(other, lossy_outputs[0]), (algorithm, numel)
+            magnitude = sum(contribution(r, numel).abs() for r in range(world_size))
+            bound = world_size * codec.error_bound(magnitude).double() * 1.01
+            for lossy in lossy_outputs:
+                assert torch.all((lossy.double() - exact).abs() <= bound), (algorithm, numel)
+
+
+def _bad_arguments(rank, world_size):
+    errors = []
+    calls = [
+        lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(9)),
+        lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), op=dist.ReduceOp.MAX),
+        lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), chunk_bytes=0),
+        lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), algorithm="tree"),
+        lambda: all_reduce(torch.zeros(4, 4).t()),
+    ]
+    for call in calls:
+        try:
+            call()
+        except ValueError as error:
+            errors.append(str(error))
+    return errors
+
+
+def test_bad_arguments_raise_before_any_communication():
+    errors = run_distributed(_bad_arguments, 2)[0]
+    assert len(errors) == 5
+    assert "(5,)" in errors[0] and "(9,)" in errors[0] and "world_size=2" in errors[0]
+    assert "SUM or ReduceOp.AVG" in errors[1]
+    assert "chunk_bytes" in errors[2]
+    assert "unknown algorithm 'tree'" in errors[3]
+    assert "contiguous" in errors[4]
