@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from commpress.bench import codecs as codec_bench
+from commpress.bench import collectives as collective_bench
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     codec_bench.add_arguments(codecs)
     codecs.set_defaults(handler=codec_bench.main)
+    bench = commands.add_parser(
+        "bench", help="nccl-tests-style sweep: compressed collectives vs torch.distributed"
+    )
+    collective_bench.add_arguments(bench)
+    bench.set_defaults(handler=collective_bench.main)
     return parser
 
 

@@ -82,8 +82,10 @@ def test_lossy_ring_error_within_codec_bound(parity_run):
                 for codec in ("int8", "int4:block=64"):
                     exact = torch.cat([shard(r, numel, dtype) for r in range(world_size)])
                     bound = torch.cat(
-                        [cp.get_codec(codec).error_bound(shard(r, numel, dtype))
-                         for r in range(world_size)]
+                        [
+                            cp.get_codec(codec).error_bound(shard(r, numel, dtype))
+                            for r in range(world_size)
+                        ]
                     )
                     # Decoding to a 16-bit dtype adds one rounding of that dtype.
                     bound = bound + exact.float().abs() * torch.finfo(dtype).eps
@@ -152,7 +154,9 @@ def _bad_shapes(rank, world_size):
         except kind as error:
             errors.append(str(error))
     try:
-        all_gather_into_tensor(torch.zeros(20, dtype=torch.int64), torch.zeros(10, dtype=torch.int64))
+        all_gather_into_tensor(
+            torch.zeros(20, dtype=torch.int64), torch.zeros(10, dtype=torch.int64)
+        )
     except TypeError as error:
         errors.append(str(error))
     try:

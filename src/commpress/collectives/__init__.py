@@ -1,9 +1,9 @@
 """Compressed collectives with torch.distributed's calling convention.
 
-Done: ``all_gather_into_tensor`` (``native``, ``ring``, ``ring-hop``),
+``all_gather_into_tensor`` (``native``, ``ring``, ``ring-hop``),
 ``reduce_scatter_tensor`` (``native``, ``ring``, ``ring-hop``, ``alltoall``) and
-``all_reduce``, synchronous. Not yet (issue 3): ``async_op=True`` for the
-compressed algorithms, peer-failure timeouts, the benchmark.
+``all_reduce``; ``async_op=True`` returns a handle with ``wait()`` and
+``is_completed()``; ``timeout=`` bounds the wait for a dead or stalled peer.
 """
 
 from commpress.collectives.all_gather import ALL_GATHER_ALGORITHMS, all_gather_into_tensor

@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
 from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.checks import check_algorithm, check_pair
-from commpress.transport.p2p import Exchange
+from commpress.collectives.work import launch
+from commpress.transport.p2p import Exchange, wait
 
 ALL_GATHER_ALGORITHMS = ("native", "ring", "ring-hop")
 
@@ -29,25 +32,29 @@ def all_gather_into_tensor(
     codec: str | Codec = "int8",
     algorithm: str = "ring",
     async_op: bool = False,
+    timeout: timedelta | None = None,
 ):
     """Gather every rank's ``inp`` into ``out`` (``world_size * inp.numel()`` elements).
 
     Same convention as :func:`torch.distributed.all_gather_into_tensor`, plus ``codec``
-    and ``algorithm``. ``codec`` is ignored by ``native``.
+    and ``algorithm`` (``codec`` is ignored by ``native``). A peer that dies or stalls
+    longer than ``timeout`` (default: the process group's) raises on every other rank.
     """
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     if algorithm == "native":
-        return dist.all_gather_into_tensor(out, inp, group=group, async_op=async_op)
-    if async_op:
-        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+        work = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+        return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
-    _ring_all_gather(out, inp, group, codec, recompress_every_hop=algorithm == "ring-hop")
-    return None
+    hop = algorithm == "ring-hop"
+    return launch(lambda: ring_all_gather(out, inp, group, codec, hop, timeout), async_op)
 
 
-def _ring_all_gather(out, inp, group, codec: Codec, recompress_every_hop: bool) -> None:
+def ring_all_gather(
+    out, inp, group, codec: Codec, recompress_every_hop: bool, timeout: timedelta | None
+) -> None:
+    """The ring itself, on the calling thread (arguments already checked)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = inp.numel(), inp.dtype
     chunks = out.view(world_size, numel)
@@ -62,7 +69,7 @@ def _ring_all_gather(out, inp, group, codec: Codec, recompress_every_hop: bool) 
         exchange = Exchange(group, payloads[step.send], right, payloads[step.recv], left)
         if undecoded is not None:  # overlaps with the transfer in flight
             codec.decode(payloads[undecoded], numel, dtype, out=chunks[undecoded])
-        exchange.wait()
+        exchange.wait(timeout)
         if recompress_every_hop:
             codec.decode(payloads[step.recv], numel, dtype, out=chunks[step.recv])
             codec.encode(chunks[step.recv], out=payloads[step.recv])

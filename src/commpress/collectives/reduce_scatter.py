@@ -14,14 +14,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
 from commpress.algorithms.ring import neighbours, reduce_scatter_steps
 from commpress.codecs import Codec, get_codec
-from commpress.collectives.all_gather import all_gather_into_tensor
+from commpress.collectives.all_gather import ring_all_gather
 from commpress.collectives.checks import check_algorithm, check_op, check_pair
-from commpress.transport.p2p import Exchange
+from commpress.collectives.work import launch
+from commpress.transport.p2p import Exchange, wait
 
 REDUCE_SCATTER_ALGORITHMS = ("native", "ring", "ring-hop", "alltoall")
 #: Piece size of the pipelined ring (MVAPICH's choice for its compressed reduce-scatter).
@@ -38,11 +41,13 @@ def reduce_scatter_tensor(
     algorithm: str = "ring",
     async_op: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    timeout: timedelta | None = None,
 ):
     """Sum (or average) ``inp`` over ranks; rank r keeps chunk r in ``out``.
 
     Same convention as :func:`torch.distributed.reduce_scatter_tensor`, plus ``codec``,
-    ``algorithm`` and ``chunk_bytes`` (pipeline piece size of ``ring``).
+    ``algorithm``, ``chunk_bytes`` (pipeline piece size of ``ring``) and ``timeout``
+    (a dead or stalled peer raises on every other rank; default: the group's).
     """
     world_size = dist.get_world_size(group)
     check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
@@ -51,16 +56,18 @@ def reduce_scatter_tensor(
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
         raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
     if algorithm == "native":
-        return dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=async_op)
-    if async_op:
-        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+        work = dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=True)
+        return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
-    total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes)
-    if op == dist.ReduceOp.AVG:
-        total /= world_size
-    out.view(-1).copy_(total)
-    return None
+
+    def run() -> None:
+        total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes, timeout)
+        if op == dist.ReduceOp.AVG:
+            total /= world_size
+        out.view(-1).copy_(total)
+
+    return launch(run, async_op)
 
 
 def all_reduce(
@@ -71,6 +78,7 @@ def all_reduce(
     codec: str | Codec = "int8",
     algorithm: str = "ring",
     async_op: bool = False,
+    timeout: timedelta | None = None,
 ):
     """Compressed reduce-scatter, then compressed ring all-gather of the reduced chunks.
 
@@ -85,35 +93,37 @@ def all_reduce(
     if not tensor.is_contiguous():
         raise ValueError("tensor must be contiguous")
     if algorithm == "native":
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    if async_op:
-        raise NotImplementedError(f"async_op=True is not implemented yet for {algorithm!r}")
+        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(tensor.dtype, "tensor.dtype")
     world_size, numel = dist.get_world_size(group), tensor.numel()
-    chunk = -(-numel // world_size)
-    padded = tensor.new_zeros(world_size * chunk)
-    padded[:numel] = tensor.view(-1)
-    total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES)
-    if op == dist.ReduceOp.AVG:
-        total /= world_size
-    gathered = total.new_empty(world_size * chunk)
-    all_gather_algorithm = "ring-hop" if algorithm == "ring-hop" else "ring"
-    all_gather_into_tensor(gathered, total, group, codec=codec, algorithm=all_gather_algorithm)
-    tensor.view(-1).copy_(gathered[:numel])
-    return None
+
+    def run() -> None:
+        chunk = -(-numel // world_size)
+        padded = tensor.new_zeros(world_size * chunk)
+        padded[:numel] = tensor.view(-1)
+        total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout)
+        if op == dist.ReduceOp.AVG:
+            total /= world_size
+        gathered = total.new_empty(world_size * chunk)
+        hop = algorithm == "ring-hop"
+        ring_all_gather(gathered, total, group, codec, hop, timeout)  # already on the thread
+        tensor.view(-1).copy_(gathered[:numel])
+
+    return launch(run, async_op)
 
 
-def _reduce_scatter_fp32(inp, group, codec: Codec, algorithm: str, chunk_bytes: int):
+def _reduce_scatter_fp32(inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout):
     world_size = dist.get_world_size(group)
     contributions = inp.view(world_size, -1)
     if algorithm == "alltoall":
-        return _alltoall(contributions, group, codec)
+        return _alltoall(contributions, group, codec, timeout)
     piece = max(1, chunk_bytes // 4) if algorithm == "ring" else contributions.shape[1]
-    return _ring(contributions, group, codec, piece, overlap=algorithm == "ring")
+    return _ring(contributions, group, codec, piece, algorithm == "ring", timeout)
 
 
-def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool):
+def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, timeout):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel = contributions.shape[1]
     if world_size == 1:
@@ -143,7 +153,7 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool):
             exchange = Exchange(group, outgoing[p], right, incoming[p], left)
             if overlap and p > 0:  # runs while piece p is on the wire
                 accumulate(p - 1)
-            exchange.wait()
+            exchange.wait(timeout)
             if not overlap:
                 accumulate(p)
         if overlap and pieces:
@@ -162,7 +172,7 @@ def _add_own(codec: Codec, received, own, result_part, forward_payload) -> None:
         codec.encode(partial, out=forward_payload)
 
 
-def _alltoall(contributions, group, codec: Codec):
+def _alltoall(contributions, group, codec: Codec, timeout):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = contributions.shape[1], contributions.dtype
     wire = codec.wire_bytes(numel, dtype)
@@ -171,7 +181,10 @@ def _alltoall(contributions, group, codec: Codec):
         if destination != rank:  # the own slice is added exactly, never encoded
             codec.encode(contributions[destination], out=send[destination])
     received = torch.empty_like(send)
-    dist.all_to_all_single(received.view(-1), send.view(-1), group=group)
+    wait(
+        dist.all_to_all_single(received.view(-1), send.view(-1), group=group, async_op=True),
+        timeout,
+    )
     total = contributions[rank].to(torch.float32, copy=True)  # never alias the input
     for source in range(world_size):
         if source != rank:

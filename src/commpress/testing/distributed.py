@@ -57,10 +57,13 @@ def run_distributed(
     *args: Any,
     backend: str = "gloo",
     timeout: float = 120.0,
+    allow_dead: bool = False,
 ) -> list[Any]:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results by rank.
 
     ``fn`` must be importable (a module-level function) and return picklable values.
+    With ``allow_dead``, a rank that dies without reporting yields None (for tests of
+    what the others do when a peer crashes) instead of failing the run.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -79,7 +82,7 @@ def run_distributed(
         for process in processes:
             process.start()
         try:
-            return _collect(processes, results, timeout)
+            return _collect(processes, results, timeout, allow_dead)
         finally:
             for process in processes:
                 process.join(timeout=5)
@@ -88,10 +91,11 @@ def run_distributed(
                     process.join()
 
 
-def _collect(processes, results, timeout: float) -> list[Any]:
+def _collect(processes, results, timeout: float, allow_dead: bool) -> list[Any]:
     values: dict[int, Any] = {}
+    dead: set[int] = set()
     deadline = time.monotonic() + timeout
-    while len(values) < len(processes):
+    while len(values) + len(dead) < len(processes):
         try:
             rank, ok, value = results.get(timeout=POLL_SECONDS)
         except queue.Empty:
@@ -102,11 +106,13 @@ def _collect(processes, results, timeout: float) -> list[Any]:
                 ) from None
             for rank, process in enumerate(processes):
                 if rank not in values and process.exitcode not in (None, 0):
-                    raise DistributedError(
-                        f"rank {rank} died with exit code {process.exitcode}"
-                    ) from None
+                    if not allow_dead:
+                        raise DistributedError(
+                            f"rank {rank} died with exit code {process.exitcode}"
+                        ) from None
+                    dead.add(rank)
             continue
         if not ok:
             raise DistributedError(f"rank {rank} failed:\n{value}")
         values[rank] = torch.load(io.BytesIO(value), weights_only=False)
-    return [values[rank] for rank in range(len(processes))]
+    return [values.get(rank) for rank in range(len(processes))]

@@ -26,11 +26,18 @@ class Exchange:
         self._works = dist.batch_isend_irecv(ops)
 
     def wait(self, timeout: timedelta | None = None) -> None:
+        """Block until both are done; a peer that stalls past ``timeout`` (default: the
+        process group's) or dies raises RuntimeError here."""
         for work in self._works:
-            if timeout is None:
-                work.wait()
-            else:
-                work.wait(timeout)
+            wait(work, timeout)
+
+
+def wait(work, timeout: timedelta | None) -> None:
+    """``work.wait`` with an optional timeout, for any torch.distributed Work."""
+    if timeout is None:
+        work.wait()
+    else:
+        work.wait(timeout)
 
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:

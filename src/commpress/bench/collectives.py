@@ -1,0 +1,229 @@
+"""``commpress bench``: nccl-tests-style sweep of the compressed collectives vs torch's own.
+
+Each size runs every (algorithm, codec) pair on the same inputs in one process
+group; ``speedup`` is against ``native`` at the same size in the same invocation.
+Times are the median over ``-n`` iterations of the slowest rank's time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.bench import report
+from commpress.bench.busbw import busbw_factor
+from commpress.testing.distributed import run_distributed
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+COLUMNS = (
+    ("size_bytes", "size(B)", "d"),
+    ("count", "count", "d"),
+    ("type", "type", ""),
+    ("algorithm", "algorithm", ""),
+    ("codec", "codec", ""),
+    ("time_us", "time(us)", ".1f"),
+    ("algbw_gbps", "algbw(GB/s)", ".3f"),
+    ("busbw_gbps", "busbw(GB/s)", ".3f"),
+    ("wire_bytes", "wire(B)", "d"),
+    ("rel_err", "rel_err", ".2e"),
+    ("wrong", "#wrong", "d"),
+    ("speedup", "speedup", ".2f"),
+)
+
+
+def sizes(begin: int, end: int, factor: int) -> list[int]:
+    result, size = [], begin
+    while size <= end:
+        result.append(size)
+        size *= factor
+    return result
+
+
+def variants(algorithms: list[str], codecs: list[str]) -> list[tuple[str, str]]:
+    """``native`` once (it ignores the codec), every other algorithm with every codec."""
+    pairs = [("native", "none")]
+    pairs += [(a, c) for a in algorithms if a != "native" for c in codecs]
+    return pairs
+
+
+def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, world_size: int):
+    if op == "all_gather":
+        out = inp.new_empty(inp.numel() * world_size)
+        cp.all_gather_into_tensor(out, inp, codec=codec, algorithm=algorithm)
+    elif op == "reduce_scatter":
+        out = inp.new_empty(inp.numel() // world_size)
+        cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm=algorithm)
+    else:
+        out = inp.clone()
+        cp.all_reduce(out, codec=codec, algorithm=algorithm)
+    return out
+
+
+def _time(op, algorithm, codec, inp, world_size, iterations, warmups) -> float:
+    for _ in range(warmups):
+        _run(op, algorithm, codec, inp, world_size)
+    times = []
+    for _ in range(iterations):
+        dist.barrier()
+        start = time.perf_counter()
+        _run(op, algorithm, codec, inp, world_size)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    return statistics.median(times)
+
+
+def _input_numel(op: str, size_bytes: int, world_size: int) -> int:
+    """nccl-tests sizes: all-gather's total output, reduce-scatter's total input."""
+    count = size_bytes // 4
+    if op == "all_gather":
+        return count // world_size
+    if op == "reduce_scatter":
+        return count - count % world_size
+    return count
+
+
+def _wire_bytes(op: str, algorithm: str, codec: str, numel: int, world_size: int) -> int:
+    """Bytes each rank sends per call (the ring's, for every algorithm of that family)."""
+    n = world_size
+    shard = numel if op == "all_gather" else -(-numel // n)
+    per_message = (
+        4 * shard if algorithm == "native" else cp.get_codec(codec).wire_bytes(shard, torch.float32)
+    )
+    messages = 2 * (n - 1) if op == "all_reduce" else n - 1
+    return messages * per_message
+
+
+def _worker(rank, world_size, config):
+    op, pairs = config["op"], variants(config["algorithms"], config["codecs"])
+    rows = []
+    for size_bytes in sizes(config["begin"], config["end"], config["factor"]):
+        numel = _input_numel(op, size_bytes, world_size)
+        generator = torch.Generator().manual_seed(rank)
+        inp = torch.randn(numel, generator=generator)
+        reference = _run(op, "native", "none", inp, world_size)
+        native_time = None
+        for algorithm, codec in pairs:
+            if rank == 0:
+                print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
+            seconds = _time(
+                op, algorithm, codec, inp, world_size, config["iters"], config["warmup"]
+            )
+            out = _run(op, algorithm, codec, inp, world_size)
+            native_time = seconds if algorithm == "native" else native_time
+            error = (out.double() - reference.double()).norm() / reference.double().norm()
+            wrong = int((out != reference).sum()) if cp.get_codec(codec).lossless else 0
+            algbw = size_bytes / seconds / 1e9
+            rows.append(
+                {
+                    "op": op,
+                    "algorithm": algorithm,
+                    "codec": codec,
+                    "size_bytes": size_bytes,
+                    "count": size_bytes // 4,
+                    "type": "float",
+                    "time_us": seconds * 1e6,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * busbw_factor(op, world_size),
+                    "wire_bytes": _wire_bytes(op, algorithm, codec, numel, world_size),
+                    "rel_err": error.item(),
+                    "wrong": wrong,
+                    "speedup": native_time / seconds,
+                    "nprocs": world_size,
+                }
+            )
+    return rows if rank == 0 else None
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for algorithm, codec in dict.fromkeys((r["algorithm"], r["codec"]) for r in rows):
+        series = [r for r in rows if (r["algorithm"], r["codec"]) == (algorithm, codec)]
+        label = "native" if algorithm == "native" else f"{algorithm} {codec}"
+        axes.plot(
+            [r["size_bytes"] for r in series],
+            [r["busbw_gbps"] for r in series],
+            marker="o",
+            label=label,
+        )
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("size (B)")
+    axes.set_ylabel("busbw (GB/s)")
+    axes.set_title(f"{rows[0]['op']}, {rows[0]['nprocs']} processes")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(args) -> int:
+    for codec in args.codec:
+        cp.get_codec(codec)  # fail on a bad spec before spawning anything
+    config = {
+        "op": args.op,
+        "algorithms": args.algorithm,
+        "codecs": args.codec,
+        "begin": args.minbytes,
+        "end": args.maxbytes,
+        "factor": args.stepfactor,
+        "iters": args.iters,
+        "warmup": args.warmup,
+    }
+    rows = run_distributed(_worker, args.nprocs, config, timeout=args.timeout)[0]
+    print(f"# {args.op}, {args.nprocs} local gloo processes, median of {args.iters}")
+    print(report.format_table(rows, COLUMNS))
+    if args.json:
+        report.write_json(args.json, rows)
+    if args.markdown:
+        report.write_markdown(args.markdown, f"{args.op}: compressed vs native", rows, COLUMNS)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("-b", "--minbytes", type=_size, default=1 << 20, help="first size (1M)")
+    parser.add_argument("-e", "--maxbytes", type=_size, default=64 << 20, help="last size (64M)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (2)")
+    parser.add_argument("--op", choices=OPS, default="all_gather")
+    parser.add_argument(
+        "--algorithm",
+        type=_list,
+        default=["native", "ring", "ring-hop"],
+        help="comma-separated algorithms (native,ring,ring-hop)",
+    )
+    parser.add_argument(
+        "--codec",
+        type=_list,
+        default=["int8", "int4"],
+        help="comma-separated codec specs (int8,int4)",
+    )
+    parser.add_argument("-n", "--iters", type=int, default=5, help="timed iterations (5)")
+    parser.add_argument("-w", "--warmup", type=int, default=1, help="warm-up iterations (1)")
+    parser.add_argument("--nprocs", type=int, default=4, help="local gloo processes (4)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--markdown", metavar="PATH")
+    parser.add_argument("--plot", metavar="PATH", help="PNG of busbw vs size")
+
+
+def _list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)

@@ -1,0 +1,104 @@
+"""Async handles, and what a stalled or dead peer does to everyone else."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+
+import commpress as cp
+from commpress.testing.distributed import run_distributed
+
+
+def _async_equals_sync(rank, world_size):
+    inp = torch.randn(10_000, generator=torch.Generator().manual_seed(rank))
+    gathered, scattered, reduced = (
+        torch.empty(10_000 * world_size),
+        torch.empty(2_500),
+        inp.clone(),
+    )
+    works = [
+        cp.all_gather_into_tensor(gathered, inp, codec="int8", async_op=True),
+        cp.reduce_scatter_tensor(scattered, inp, codec="int8", async_op=True),
+        cp.all_reduce(reduced, codec="int8", algorithm="alltoall", async_op=True),
+    ]
+    for work in works:
+        assert work.wait() is True and work.is_completed()
+    sync_gathered, sync_scattered, sync_reduced = (
+        torch.empty_like(gathered),
+        torch.empty_like(scattered),
+        inp.clone(),
+    )
+    cp.all_gather_into_tensor(sync_gathered, inp, codec="int8")
+    cp.reduce_scatter_tensor(sync_scattered, inp, codec="int8")
+    cp.all_reduce(sync_reduced, codec="int8", algorithm="alltoall")
+    return [
+        torch.equal(a, b)
+        for a, b in (
+            (gathered, sync_gathered),
+            (scattered, sync_scattered),
+            (reduced, sync_reduced),
+        )
+    ]
+
+
+def test_async_handles_give_the_same_results_as_synchronous_calls():
+    for flags in run_distributed(_async_equals_sync, 4):
+        assert flags == [True, True, True]
+
+
+STALL_SECONDS = 15.0
+TIMEOUT = timedelta(seconds=3)
+
+
+def _one_rank_stalls(rank, world_size, algorithm, op):
+    if rank == 1:
+        time.sleep(STALL_SECONDS)  # never joins the collective
+        return None
+    inp = torch.randn(4096)
+    start = time.monotonic()
+    try:
+        if op == "all_gather":
+            out = torch.empty(4096 * world_size)
+            cp.all_gather_into_tensor(out, inp, algorithm=algorithm, timeout=TIMEOUT)
+        else:
+            cp.reduce_scatter_tensor(torch.empty(1024), inp, algorithm=algorithm, timeout=TIMEOUT)
+    except Exception as error:
+        return type(error).__name__, str(error)[:200], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_a_stalled_peer_raises_within_the_timeout_on_every_other_rank():
+    for algorithm, op in (
+        ("ring", "all_gather"),
+        ("ring", "reduce_scatter"),
+        ("alltoall", "reduce_scatter"),
+    ):
+        results = run_distributed(_one_rank_stalls, 3, algorithm, op, timeout=90)
+        for rank in (0, 2):
+            kind, message, elapsed = results[rank]
+            assert kind != "no error", (algorithm, op, rank)
+            assert elapsed < STALL_SECONDS - 2, (algorithm, op, rank, elapsed, message)
+
+
+def _one_rank_dies(rank, world_size):
+    inp = torch.randn(1 << 16)
+    out = torch.empty(inp.numel() * world_size)
+    if rank == 1:
+        os._exit(3)  # dies without a word, like a crashed process
+    start = time.monotonic()
+    try:
+        cp.all_gather_into_tensor(out, inp, timeout=timedelta(seconds=20))
+    except Exception as error:
+        return type(error).__name__, time.monotonic() - start
+    return "no error", time.monotonic() - start
+
+
+def test_a_dead_peer_raises_on_every_other_rank():
+    results = run_distributed(_one_rank_dies, 3, timeout=90, allow_dead=True)
+    assert results[1] is None
+    for rank in (0, 2):
+        kind, elapsed = results[rank]
+        assert kind != "no error" and elapsed < 25, (rank, kind, elapsed)
