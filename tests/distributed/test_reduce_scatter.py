@@ -170,3 +170,27 @@ def test_bad_arguments_raise_before_any_communication():
     assert "chunk_bytes" in errors[2]
     assert "unknown algorithm 'tree'" in errors[3]
     assert "contiguous" in errors[4]
+
+
+def _nan_in_one_contribution(rank, world_size):
+    inp = contribution(rank, 400 * world_size)
+    if rank == 2:
+        inp[400 * 1 + 17] = float("nan")  # lands in rank 1's chunk
+    results = {}
+    for algorithm in COMPRESSED:
+        out = torch.empty(400)
+        reduce_scatter_tensor(out, inp, codec="int8", algorithm=algorithm)
+        reduced = inp.clone()
+        all_reduce(reduced, codec="int8", algorithm=algorithm)
+        results[algorithm] = (out, reduced)
+    return results
+
+
+def test_nan_propagates_through_reduce_scatter_and_all_reduce():
+    results = run_distributed(_nan_in_one_contribution, 3)
+    for algorithm in COMPRESSED:
+        assert torch.isnan(results[1][algorithm][0][17]), algorithm
+        for rank in (0, 2):
+            assert torch.isfinite(results[rank][algorithm][0]).all(), (algorithm, rank)
+        for rank in range(3):
+            assert torch.isnan(results[rank][algorithm][1][400 + 17]), (algorithm, rank)

@@ -141,7 +141,10 @@ def _worker(rank, world_size, config):
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'commpress[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
