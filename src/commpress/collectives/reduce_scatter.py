@@ -137,6 +137,8 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     incoming = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
     forward = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
     result = torch.empty(numel, dtype=torch.float32, device=device)
+    # Reused for every decoded piece: fresh allocations cost page faults each time.
+    scratch = torch.empty(min(piece_numel, numel), dtype=torch.float32, device=device)
     steps = reduce_scatter_steps(rank, world_size)
     for p, part in enumerate(pieces):
         codec.encode(contributions[steps[0].send, part].float(), out=outgoing[p])
@@ -147,7 +149,10 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
 
         def accumulate(p: int, step=step, last=last, forward=forward) -> None:
             own = contributions[step.recv, pieces[p]]
-            _add_own(codec, incoming[p], own, result[pieces[p]] if last else None, forward[p])
+            partial = scratch[: own.numel()]
+            _add_own(
+                codec, incoming[p], own, partial, result[pieces[p]] if last else None, forward[p]
+            )
 
         for p in range(len(pieces)):
             exchange = Exchange(group, outgoing[p], right, incoming[p], left)
@@ -162,9 +167,10 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     return result
 
 
-def _add_own(codec: Codec, received, own, result_part, forward_payload) -> None:
-    """Decode a received partial sum, add the own contribution in fp32, then keep or re-encode."""
-    partial = codec.decode(received, own.numel(), torch.float32)
+def _add_own(codec: Codec, received, own, partial, result_part, forward_payload) -> None:
+    """Decode a received partial sum into ``partial``, add the own contribution in fp32,
+    then keep it (``result_part``) or re-encode it for the next hop."""
+    codec.decode(received, own.numel(), torch.float32, out=partial)
     partial += own
     if result_part is not None:
         result_part.copy_(partial)
