@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from commpress.cli import main
 
 
@@ -40,3 +42,20 @@ def test_codecs_benchmark_writes_rows_for_each_codec(tmp_path, capsys):
 def test_bad_codec_spec_is_a_clean_error(capsys):
     assert main(["codecs", "--codec", "int9"]) == 2
     assert "unknown codec 'int9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-f", "1"], ["-n", "0"], ["-w", "-1"], ["--nprocs", "0"], ["-b", "0"], ["--codec", ","]],
+)
+def test_bench_rejects_sweeps_that_cannot_run(argv, capsys):
+    """``-f 1`` used to loop forever; every such value is now a usage error."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2
+    assert "invalid" in capsys.readouterr().err
+
+
+def test_bench_rejects_a_first_size_above_the_last(capsys):
+    assert main(["bench", "-b", "2M", "-e", "1M"]) == 2
+    assert "must not exceed" in capsys.readouterr().err

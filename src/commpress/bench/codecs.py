@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from commpress.bench import report
+from commpress.bench.arguments import positive_int
 from commpress.codecs import get_codec
 
 DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
@@ -137,26 +138,19 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--numel",
-        type=_positive_int,
+        type=positive_int,
         default=1 << 24,
         help="fp32 values per tensor (default: 16M = 64 MiB)",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=positive_int,
         default=7,
         help="timed repeats; the median is reported (default: 7)",
     )
     parser.add_argument(
-        "--threads", type=_positive_int, default=1, help="torch intra-op threads (default: 1)"
+        "--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value

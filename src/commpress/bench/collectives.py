@@ -16,6 +16,13 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.bench import report
+from commpress.bench.arguments import (
+    byte_size,
+    comma_list,
+    non_negative_int,
+    positive_int,
+    size_factor,
+)
 from commpress.bench.busbw import busbw_factor
 from commpress.testing.distributed import run_distributed
 
@@ -170,6 +177,8 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(args) -> int:
+    if args.minbytes > args.maxbytes:
+        raise ValueError(f"-b ({args.minbytes}) must not exceed -e ({args.maxbytes})")
     for codec in args.codec:
         cp.get_codec(codec)  # fail on a bad spec before spawning anything
     config = {
@@ -195,38 +204,32 @@ def main(args) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("-b", "--minbytes", type=_size, default=1 << 20, help="first size (1M)")
-    parser.add_argument("-e", "--maxbytes", type=_size, default=64 << 20, help="last size (64M)")
-    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (2)")
+    parser.add_argument("-b", "--minbytes", type=byte_size, default=1 << 20, help="first size (1M)")
+    parser.add_argument(
+        "-e", "--maxbytes", type=byte_size, default=64 << 20, help="last size (64M)"
+    )
+    parser.add_argument(
+        "-f", "--stepfactor", type=size_factor, default=2, help="size multiplier (2)"
+    )
     parser.add_argument("--op", choices=OPS, default="all_gather")
     parser.add_argument(
         "--algorithm",
-        type=_list,
+        type=comma_list,
         default=["native", "ring", "ring-hop"],
         help="comma-separated algorithms (native,ring,ring-hop)",
     )
     parser.add_argument(
         "--codec",
-        type=_list,
+        type=comma_list,
         default=["int8", "int4"],
         help="comma-separated codec specs (int8,int4)",
     )
-    parser.add_argument("-n", "--iters", type=int, default=5, help="timed iterations (5)")
-    parser.add_argument("-w", "--warmup", type=int, default=1, help="warm-up iterations (1)")
-    parser.add_argument("--nprocs", type=int, default=4, help="local gloo processes (4)")
+    parser.add_argument("-n", "--iters", type=positive_int, default=5, help="timed iterations (5)")
+    parser.add_argument(
+        "-w", "--warmup", type=non_negative_int, default=1, help="warm-up iterations (1)"
+    )
+    parser.add_argument("--nprocs", type=positive_int, default=4, help="local gloo processes (4)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--markdown", metavar="PATH")
     parser.add_argument("--plot", metavar="PATH", help="PNG of busbw vs size")
-
-
-def _list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)

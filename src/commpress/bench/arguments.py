@@ -1,0 +1,45 @@
+"""Command-line value types shared by the benchmarks (argparse reports their ValueErrors)."""
+
+from __future__ import annotations
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    return value
+
+
+def size_factor(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise ValueError(f"must be at least 2 for the sweep to advance, got {value}")
+    return value
+
+
+def byte_size(text: str) -> int:
+    """``1048576``, ``64K``, ``1M``, ``2G`` (an optional trailing B), at least 1."""
+    cleaned = text.strip().upper().removesuffix("B")
+    if cleaned and cleaned[-1] in UNITS:
+        value = int(float(cleaned[:-1]) * UNITS[cleaned[-1]])
+    else:
+        value = int(cleaned)
+    if value < 1:
+        raise ValueError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def comma_list(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError("must name at least one item")
+    return items
