@@ -12,6 +12,7 @@ one ``RuntimeWarning``, and codecs use their torch.compile path instead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -105,6 +106,7 @@ def kernel(name: str) -> Callable[..., bool] | None:
     return None if library is None else wrap(library, name)
 
 
+@functools.cache  # built once per (library, name): kernel() sits on every encode and decode
 def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     """Make ``commpress_<name>`` of ``library`` callable with tensors and numbers.
 
