@@ -7,6 +7,7 @@ from commpress.collectives import (
     all_reduce,
     reduce_scatter_single,
     reduce_scatter_tensor,
+    release_workspace,
 )
 
 __version__ = "0.1.0"
@@ -21,4 +22,5 @@ __all__ = [
     "list_codecs",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "release_workspace",
 ]

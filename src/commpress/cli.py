@@ -7,6 +7,8 @@ import sys
 
 from commpress.bench import codecs as codec_bench
 from commpress.bench import collectives as collective_bench
+from commpress.cluster import commands as cluster_commands
+from commpress.cluster.system import ClusterError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collective_bench.add_arguments(bench)
     bench.set_defaults(handler=collective_bench.main)
+    cluster = commands.add_parser(
+        "cluster", help="emulated cluster: hosts in network namespaces behind rate-limited links"
+    )
+    cluster_commands.add_cluster_arguments(cluster)
+    launch = commands.add_parser(
+        "launch", help="run a command as a multi-node job on the emulated cluster"
+    )
+    cluster_commands.add_launch_arguments(launch)
     return parser
 
 
@@ -34,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, ImportError) as error:
         print(f"commpress {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except ClusterError as error:
+        print(f"commpress {args.command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"commpress {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

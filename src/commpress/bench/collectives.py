@@ -3,6 +3,12 @@
 Each size runs every (algorithm, codec) pair on the same inputs in one process
 group; ``speedup`` is against ``native`` at the same size in the same invocation.
 Times are the median over ``-n`` iterations of the slowest rank's time.
+
+With ``--hosts N --link RATE`` the ranks run one per host of an emulated cluster
+(built for the run, or the one already up), and every row also gets the bytes
+each host really sent per call (``tx_bytes``, from its interface counters, all
+headers included), the time the link needs for the bytes the algorithm must
+send (``ideal_us`` = wire bytes / RATE) and ``efficiency`` = ideal / measured.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from commpress.bench.arguments import (
     size_factor,
 )
 from commpress.bench.busbw import busbw_factor
+from commpress.cluster import Link, cluster_for, read_local
+from commpress.cluster.commands import add_link_arguments
 from commpress.testing.distributed import run_distributed
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -40,6 +48,11 @@ COLUMNS = (
     ("rel_err", "rel_err", ".2e"),
     ("wrong", "#wrong", "d"),
     ("speedup", "speedup", ".2f"),
+)
+CLUSTER_COLUMNS = (
+    ("tx_max", "tx/host(B)", "d"),
+    ("ideal_us", "ideal(us)", ".1f"),
+    ("efficiency", "efficiency", ".2f"),
 )
 
 
@@ -58,31 +71,46 @@ def variants(algorithms: list[str], codecs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, world_size: int):
+def _output(op: str, inp: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Allocated once per size and reused by every algorithm, as nccl-tests does."""
     if op == "all_gather":
-        out = inp.new_empty(inp.numel() * world_size)
+        return inp.new_empty(inp.numel() * world_size)
+    if op == "reduce_scatter":
+        return inp.new_empty(inp.numel() // world_size)
+    return inp.new_empty(inp.numel())
+
+
+def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+    if op == "all_gather":
         cp.all_gather_into_tensor(out, inp, codec=codec, algorithm=algorithm)
     elif op == "reduce_scatter":
-        out = inp.new_empty(inp.numel() // world_size)
         cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm=algorithm)
     else:
-        out = inp.clone()
+        out.copy_(inp)
         cp.all_reduce(out, codec=codec, algorithm=algorithm)
-    return out
 
 
-def _time(op, algorithm, codec, inp, world_size, iterations, warmups) -> float:
+def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
+    """Median seconds per call, and with ``interface`` the bytes each rank sent per call."""
     for _ in range(warmups):
-        _run(op, algorithm, codec, inp, world_size)
+        _run(op, algorithm, codec, inp, out)
+    dist.barrier()
+    before = read_local(interface) if interface else None
     times = []
     for _ in range(iterations):
         dist.barrier()
         start = time.perf_counter()
-        _run(op, algorithm, codec, inp, world_size)
+        _run(op, algorithm, codec, inp, out)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
-    return statistics.median(times)
+    if interface is None:
+        return statistics.median(times), None
+    dist.barrier()  # every peer has received what this rank sent: it has left the link
+    sent = (read_local(interface) - before).tx_bytes // iterations
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, sent)
+    return statistics.median(times), per_rank
 
 
 def _input_numel(op: str, size_bytes: int, world_size: int) -> int:
@@ -113,19 +141,29 @@ def _worker(rank, world_size, config):
         numel = _input_numel(op, size_bytes, world_size)
         generator = torch.Generator().manual_seed(rank)
         inp = torch.randn(numel, generator=generator)
-        reference = _run(op, "native", "none", inp, world_size)
+        out = _output(op, inp, world_size)
+        _run(op, "native", "none", inp, out)
+        reference = out.clone()
         native_time = None
         for algorithm, codec in pairs:
             if rank == 0:
                 print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
-            seconds = _time(
-                op, algorithm, codec, inp, world_size, config["iters"], config["warmup"]
+            seconds, tx_bytes = _time(
+                op,
+                algorithm,
+                codec,
+                inp,
+                out,
+                config["iters"],
+                config["warmup"],
+                config.get("interface"),
             )
-            out = _run(op, algorithm, codec, inp, world_size)
+            _run(op, algorithm, codec, inp, out)
             native_time = seconds if algorithm == "native" else native_time
             error = (out.double() - reference.double()).norm() / reference.double().norm()
             wrong = int((out != reference).sum()) if cp.get_codec(codec).lossless else 0
             algbw = size_bytes / seconds / 1e9
+            wire_bytes = _wire_bytes(op, algorithm, codec, numel, world_size)
             rows.append(
                 {
                     "op": op,
@@ -137,14 +175,27 @@ def _worker(rank, world_size, config):
                     "time_us": seconds * 1e6,
                     "algbw_gbps": algbw,
                     "busbw_gbps": algbw * busbw_factor(op, world_size),
-                    "wire_bytes": _wire_bytes(op, algorithm, codec, numel, world_size),
+                    "wire_bytes": wire_bytes,
                     "rel_err": error.item(),
                     "wrong": wrong,
                     "speedup": native_time / seconds,
                     "nprocs": world_size,
+                    **_link_columns(config.get("link_bits"), wire_bytes, seconds, tx_bytes),
                 }
             )
     return rows if rank == 0 else None
+
+
+def _link_columns(link_bits, wire_bytes, seconds, tx_bytes) -> dict:
+    if link_bits is None:
+        return {}
+    ideal = Link(link_bits).seconds_for(wire_bytes)
+    return {
+        "tx_bytes": tx_bytes,
+        "tx_max": max(tx_bytes),
+        "ideal_us": ideal * 1e6,
+        "efficiency": ideal / seconds,
+    }
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -169,11 +220,17 @@ def plot(rows: list[dict], path: str) -> None:
     axes.set_xscale("log", base=2)
     axes.set_xlabel("size (B)")
     axes.set_ylabel("busbw (GB/s)")
-    axes.set_title(f"{rows[0]['op']}, {rows[0]['nprocs']} processes")
+    axes.set_title(title(rows[0]["op"], rows[0]["nprocs"], rows[0].get("link")))
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+
+
+def title(op: str, world_size: int, link: str | None) -> str:
+    if link is None:
+        return f"{op}, {world_size} local gloo processes"
+    return f"{op}, {world_size} emulated hosts, {link} links"
 
 
 def main(args) -> int:
@@ -191,13 +248,28 @@ def main(args) -> int:
         "iters": args.iters,
         "warmup": args.warmup,
     }
-    rows = run_distributed(_worker, args.nprocs, config, timeout=args.timeout)[0]
-    print(f"# {args.op}, {args.nprocs} local gloo processes, median of {args.iters}")
-    print(report.format_table(rows, COLUMNS))
+    columns, link = COLUMNS, None
+    if args.hosts is None and args.link is None:
+        rows = run_distributed(_worker, args.nprocs or 4, config, timeout=args.timeout)[0]
+    else:
+        if args.nprocs is not None:
+            raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
+        with cluster_for(
+            args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
+        ) as cluster:
+            config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
+            rows = cluster.run(_worker, config, timeout=args.timeout)[0]
+            link = cluster.link.describe()
+        columns = COLUMNS + CLUSTER_COLUMNS
+        for row in rows:
+            row["link"] = link
+    heading = title(args.op, rows[0]["nprocs"], link)
+    print(f"# {heading}, median of {args.iters}")
+    print(report.format_table(rows, columns))
     if args.json:
         report.write_json(args.json, rows)
     if args.markdown:
-        report.write_markdown(args.markdown, f"{args.op}: compressed vs native", rows, COLUMNS)
+        report.write_markdown(args.markdown, f"{heading}: compressed vs native", rows, columns)
     if args.plot:
         plot(rows, args.plot)
     return 0
@@ -228,7 +300,8 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "-w", "--warmup", type=non_negative_int, default=1, help="warm-up iterations (1)"
     )
-    parser.add_argument("--nprocs", type=positive_int, default=4, help="local gloo processes (4)")
+    parser.add_argument("--nprocs", type=positive_int, help="local gloo processes (4)")
+    add_link_arguments(parser, required=False)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--markdown", metavar="PATH")

@@ -4,6 +4,7 @@
 ``reduce_scatter_tensor`` (``native``, ``ring``, ``ring-hop``, ``alltoall``) and
 ``all_reduce``; ``async_op=True`` returns a handle with ``wait()`` and
 ``is_completed()``; ``timeout=`` bounds the wait for a dead or stalled peer.
+Scratch buffers are kept between calls; ``release_workspace()`` frees them.
 """
 
 from commpress.collectives.all_gather import ALL_GATHER_ALGORITHMS, all_gather_into_tensor
@@ -13,6 +14,7 @@ from commpress.collectives.reduce_scatter import (
     all_reduce,
     reduce_scatter_tensor,
 )
+from commpress.collectives.workspace import release_workspace
 
 # torch 2.13 names these all_gather_single / reduce_scatter_single: offer both.
 all_gather_single = all_gather_into_tensor
@@ -26,5 +28,6 @@ __all__ = [
     "all_gather_single",
     "all_reduce",
     "reduce_scatter_single",
+    "release_workspace",
     "reduce_scatter_tensor",
 ]

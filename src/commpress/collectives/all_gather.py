@@ -19,6 +19,7 @@ from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.checks import check_algorithm, check_pair
 from commpress.collectives.work import launch
+from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
 
 ALL_GATHER_ALGORITHMS = ("native", "ring", "ring-hop")
@@ -58,9 +59,9 @@ def ring_all_gather(
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = inp.numel(), inp.dtype
     chunks = out.view(world_size, numel)
-    payloads = torch.empty(
-        (world_size, codec.wire_bytes(numel, dtype)), dtype=torch.uint8, device=inp.device
-    )
+    wire = codec.wire_bytes(numel, dtype)
+    payloads = workspace.take("all_gather.payloads", world_size * wire, torch.uint8, inp.device)
+    payloads = payloads.view(world_size, wire)
     codec.encode(inp, out=payloads[rank])
     codec.decode(payloads[rank], numel, dtype, out=chunks[rank])
     left, right = neighbours(rank, world_size)

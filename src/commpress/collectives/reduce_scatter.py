@@ -24,6 +24,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import ring_all_gather
 from commpress.collectives.checks import check_algorithm, check_op, check_pair
 from commpress.collectives.work import launch
+from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
 
 REDUCE_SCATTER_ALGORITHMS = ("native", "ring", "ring-hop", "alltoall")
@@ -101,12 +102,17 @@ def all_reduce(
 
     def run() -> None:
         chunk = -(-numel // world_size)
-        padded = tensor.new_zeros(world_size * chunk)
+        padded = workspace.take(
+            "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
+        )
         padded[:numel] = tensor.view(-1)
+        padded[numel:] = 0
         total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout)
         if op == dist.ReduceOp.AVG:
             total /= world_size
-        gathered = total.new_empty(world_size * chunk)
+        gathered = workspace.take(
+            "all_reduce.gathered", world_size * chunk, total.dtype, total.device
+        )
         hop = algorithm == "ring-hop"
         ring_all_gather(gathered, total, group, codec, hop, timeout)  # already on the thread
         tensor.view(-1).copy_(gathered[:numel])
@@ -133,12 +139,13 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     ]
     wire = [codec.wire_bytes(p.stop - p.start, torch.float32) for p in pieces]
     device = contributions.device
-    outgoing = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
-    incoming = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
-    forward = [torch.empty(w, dtype=torch.uint8, device=device) for w in wire]
-    result = torch.empty(numel, dtype=torch.float32, device=device)
-    # Reused for every decoded piece: fresh allocations cost page faults each time.
-    scratch = torch.empty(min(piece_numel, numel), dtype=torch.float32, device=device)
+    outgoing = workspace.take_pieces("reduce_scatter.outgoing", wire, device)
+    incoming = workspace.take_pieces("reduce_scatter.incoming", wire, device)
+    forward = workspace.take_pieces("reduce_scatter.forward", wire, device)
+    result = workspace.take("reduce_scatter.result", numel, torch.float32, device)
+    scratch = workspace.take(
+        "reduce_scatter.scratch", min(piece_numel, numel), torch.float32, device
+    )
     steps = reduce_scatter_steps(rank, world_size)
     for p, part in enumerate(pieces):
         codec.encode(contributions[steps[0].send, part].float(), out=outgoing[p])
@@ -182,11 +189,15 @@ def _alltoall(contributions, group, codec: Codec, timeout):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = contributions.shape[1], contributions.dtype
     wire = codec.wire_bytes(numel, dtype)
-    send = torch.zeros(world_size, wire, dtype=torch.uint8, device=contributions.device)
+    device = contributions.device
+    send = workspace.take("alltoall.send", world_size * wire, torch.uint8, device)
+    send = send.view(world_size, wire)
+    send[rank] = 0  # never encoded, but sent: keep stale data off the wire
     for destination in range(world_size):
         if destination != rank:  # the own slice is added exactly, never encoded
             codec.encode(contributions[destination], out=send[destination])
-    received = torch.empty_like(send)
+    received = workspace.take("alltoall.received", world_size * wire, torch.uint8, device)
+    received = received.view(world_size, wire)
     wait(
         dist.all_to_all_single(received.view(-1), send.view(-1), group=group, async_op=True),
         timeout,

@@ -1,0 +1,25 @@
+"""Emulated cluster: hosts in network namespaces, a bridge as the switch, rate-limited links.
+
+with commpress.cluster.Emulated(hosts=4, link="1gbit") as cluster:
+    cluster.launch(["python", "train.py"])       # a multi-node job, torchrun-style
+    before = cluster.counters()                   # traffic per host
+"""
+
+from commpress.cluster.counters import Counters, read_local
+from commpress.cluster.emulated import Emulated, cluster_for, present, remove
+from commpress.cluster.layout import Layout
+from commpress.cluster.link import Link, parse_rate
+from commpress.cluster.system import ClusterError
+
+__all__ = [
+    "ClusterError",
+    "Counters",
+    "Emulated",
+    "Layout",
+    "Link",
+    "cluster_for",
+    "parse_rate",
+    "present",
+    "read_local",
+    "remove",
+]

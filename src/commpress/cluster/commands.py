@@ -1,0 +1,99 @@
+"""``commpress cluster up|down|status`` and ``commpress launch``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from commpress.bench.arguments import positive_int
+from commpress.cluster.emulated import Emulated, cluster_for, present, remove
+from commpress.cluster.launcher import DEFAULT_PORT
+from commpress.cluster.layout import Layout
+
+
+def add_link_arguments(parser, *, required: bool) -> None:
+    """Options that describe (or find) a cluster; shared by every command that uses one."""
+    parser.add_argument("--hosts", type=positive_int, required=required, help="number of hosts")
+    parser.add_argument(
+        "--link", required=required, help="rate of every host link, each way: 1gbit, 100mbit"
+    )
+    parser.add_argument("--delay", help="added to every packet a host sends: 1ms, 200us")
+    parser.add_argument("--mtu", type=positive_int, default=1500, help="MTU of every link (1500)")
+    add_prefix_argument(parser)
+
+
+def add_prefix_argument(parser) -> None:
+    parser.add_argument(
+        "--prefix", default="cp", help="names of the cluster's namespaces and links (cp)"
+    )
+
+
+def add_cluster_arguments(parser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="build the cluster; it stays until `cluster down`")
+    add_link_arguments(up, required=True)
+    up.set_defaults(handler=cluster_up)
+    down = actions.add_parser("down", help="remove the cluster and every process inside it")
+    add_prefix_argument(down)
+    down.set_defaults(handler=cluster_down)
+    status = actions.add_parser("status", help="hosts, addresses, links and traffic counters")
+    add_prefix_argument(status)
+    status.set_defaults(handler=cluster_status)
+
+
+def cluster_up(args) -> int:
+    cluster = Emulated(args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix)
+    cluster.up()
+    print(f"cluster up: {cluster.describe()}")
+    return 0
+
+
+def cluster_down(args) -> int:
+    removed = remove(Layout(args.prefix))
+    print(f"removed: {', '.join(removed)}" if removed else "nothing to remove")
+    return 0
+
+
+def cluster_status(args) -> int:
+    if not present(Layout(args.prefix)):
+        print(f"no cluster named {args.prefix!r} is up")
+        return 0
+    cluster = Emulated.attach(args.prefix)
+    print(f"cluster: {cluster.describe()}")
+    print(f"{'host':>4}  {'namespace':<12} {'address':<15} {'tx bytes':>14} {'rx bytes':>14}")
+    for host, counters in enumerate(cluster.counters()):
+        print(
+            f"{host:>4}  {cluster.namespaces[host]:<12} {cluster.addresses[host]:<15} "
+            f"{counters.tx_bytes:>14} {counters.rx_bytes:>14}"
+        )
+    return 0
+
+
+def add_launch_arguments(parser) -> None:
+    add_link_arguments(parser, required=False)
+    parser.add_argument("--nproc-per-host", type=positive_int, default=1, help="ranks per host (1)")
+    parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT, help="rendezvous port")
+    parser.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
+    parser.add_argument(
+        "program", nargs=argparse.REMAINDER, help="-- the program to run and its arguments"
+    )
+    parser.set_defaults(handler=launch)
+
+
+def launch(args) -> int:
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        raise ValueError("give the command to run after --, e.g. -- python train.py")
+    signal.signal(signal.SIGTERM, _interrupt)  # so that a killed launcher still cleans up
+    with cluster_for(
+        args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
+    ) as cluster:
+        print(f"commpress launch: {cluster.describe()}", file=sys.stderr, flush=True)
+        return cluster.launch(
+            command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout
+        )
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -1,0 +1,44 @@
+"""Traffic counters: bytes and packets an interface sent and received.
+
+Read from ``/proc/net/dev``, which shows the interfaces of the reading process's
+network namespace; so a rank inside a host reads its own link with
+:func:`read_local`, and the controller reads every host's with
+``Emulated.counters()``. Counters include every header on the wire (Ethernet,
+IP, TCP), which is what the link's rate limit applies to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+PROC_NET_DEV = "/proc/net/dev"
+
+
+@dataclass(frozen=True)
+class Counters:
+    rx_bytes: int = 0
+    rx_packets: int = 0
+    tx_bytes: int = 0
+    tx_packets: int = 0
+
+    def __sub__(self, earlier: Counters) -> Counters:
+        return Counters(
+            **{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)}
+        )
+
+
+def parse_net_dev(text: str, interface: str) -> Counters:
+    """The counters of ``interface`` in the text of ``/proc/net/dev``."""
+    for line in text.splitlines()[2:]:
+        name, _, values = line.partition(":")
+        if name.strip() == interface:
+            numbers = [int(value) for value in values.split()]
+            # receive: bytes packets errs drop fifo frame compressed multicast; then transmit
+            return Counters(numbers[0], numbers[1], numbers[8], numbers[9])
+    raise ValueError(f"interface {interface!r} is not in {PROC_NET_DEV}")
+
+
+def read_local(interface: str) -> Counters:
+    """Counters of ``interface`` in this process's own network namespace."""
+    with open(PROC_NET_DEV) as table:
+        return parse_net_dev(table.read(), interface)

@@ -1,0 +1,322 @@
+"""An emulated cluster: hosts in network namespaces, joined by a bridge through slow links.
+
+Every host link is shaped in both directions (a token bucket on the host's end
+of its veth limits what it sends, one on the switch's end limits what it
+receives), so a host behaves like one with a full-duplex NIC of the given rate.
+Building is all or nothing: a failure or Ctrl-C part way removes what was made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from commpress.cluster import system
+from commpress.cluster.counters import Counters, parse_net_dev
+from commpress.cluster.layout import MULTICAST_ROUTE, Layout, check_hosts
+from commpress.cluster.link import Link
+from commpress.cluster.system import ClusterError
+
+# `ip netns exec NS` shows /etc/netns/NS/hosts as /etc/hosts: hosts resolve each other's names
+NETNS_ETC = "/etc/netns"
+NETEM_MISSING = (
+    "delay needs the kernel's sch_netem qdisc, which this kernel does not provide "
+    "(try `modprobe sch_netem`); run without a delay"
+)
+
+
+class Emulated:
+    """``with Emulated(hosts=4, link="1gbit") as cluster: ...`` builds, then removes, a cluster.
+
+    ``link`` is a rate such as ``"1gbit"`` or ``"100mbit"`` (or bits per second as an
+    int); ``delay`` (``"1ms"``) is added to every packet a host sends; ``prefix``
+    names the namespaces and links, so that separate clusters can coexist.
+    """
+
+    def __init__(
+        self,
+        hosts: int,
+        link: str | int = "1gbit",
+        *,
+        delay: str | None = None,
+        mtu: int = 1500,
+        prefix: str = "cp",
+    ) -> None:
+        self.hosts = check_hosts(hosts)
+        self.link = Link.parse(link, delay, mtu)
+        self.layout = Layout(prefix)
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def up(self) -> Emulated:
+        system.check_can_build()
+        leftovers = present(self.layout)
+        if leftovers:
+            raise ClusterError(
+                f"a cluster named {self.layout.prefix!r} already exists ({', '.join(leftovers)}): "
+                f"remove it with `commpress cluster down --prefix {self.layout.prefix}` or pick "
+                f"another prefix"
+            )
+        try:
+            self._build()
+        except BaseException:  # Ctrl-C included: never leave half a cluster behind
+            remove(self.layout)
+            raise
+        return self
+
+    def down(self) -> None:
+        remove(self.layout)
+
+    def __enter__(self) -> Emulated:
+        return self.up()
+
+    def __exit__(self, *exc_info) -> None:
+        self.down()
+
+    @classmethod
+    def attach(cls, prefix: str = "cp") -> Emulated:
+        """The cluster that ``commpress cluster up`` (or another process) built."""
+        layout = Layout(prefix)
+        hosts = sorted(h for h in map(layout.host_of, system.namespaces()) if h is not None)
+        if not hosts or not system.link_exists(layout.bridge):
+            raise ClusterError(
+                f"no cluster named {prefix!r} is up: start one with `commpress cluster up`"
+            )
+        if hosts != list(range(len(hosts))):
+            raise ClusterError(
+                f"cluster {prefix!r} is incomplete (hosts {hosts}): "
+                f"`commpress cluster down --prefix {prefix}` and build it again"
+            )
+        cluster = cls.__new__(cls)
+        cluster.hosts, cluster.layout = len(hosts), layout
+        cluster.link = _read_link(layout)
+        return cluster
+
+    def _build(self) -> None:
+        layout, link = self.layout, self.link
+        system.ip("link", "add", "name", layout.bridge, "type", "bridge", "mcast_snooping", "0")
+        system.disable_ipv6(layout.bridge)
+        system.ip("link", "set", layout.bridge, "up")
+        for host in range(self.hosts):
+            namespace, port = layout.namespace(host), layout.switch_port(host)
+            system.ip("netns", "add", namespace)
+            system.in_namespace(
+                namespace,
+                "sysctl",
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            )
+            system.ip(
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                layout.interface,
+                "netns",
+                namespace,
+            )
+            system.disable_ipv6(port)
+            system.ip("link", "set", port, "mtu", str(link.mtu), "master", layout.bridge, "up")
+            system.ip("-n", namespace, "link", "set", "lo", "up")
+            system.ip("-n", namespace, "link", "set", layout.interface, "mtu", str(link.mtu), "up")
+            system.ip(
+                "-n",
+                namespace,
+                "addr",
+                "add",
+                f"{layout.address(host)}/{layout.prefix_length}",
+                "dev",
+                layout.interface,
+            )
+            system.ip("-n", namespace, "route", "add", MULTICAST_ROUTE, "dev", layout.interface)
+            self._shape(namespace, port)
+            self._write_hosts_file(namespace)
+
+    def _shape(self, namespace: str, port: str) -> None:
+        tbf = self.link.tbf_arguments()
+        system.tc("qdisc", "add", "dev", port, "root", *tbf)  # what the host receives
+        system.tc(
+            "-n",
+            namespace,
+            "qdisc",
+            "add",
+            "dev",
+            self.layout.interface,
+            "root",
+            "handle",
+            "1:",
+            *tbf,
+        )  # what the host sends
+        if self.link.delay_s is not None:
+            try:
+                system.tc(
+                    "-n",
+                    namespace,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    self.layout.interface,
+                    "parent",
+                    "1:1",
+                    "handle",
+                    "10:",
+                    "netem",
+                    "delay",
+                    f"{int(self.link.delay_s * 1e6)}us",
+                )
+            except ClusterError as error:
+                if "unknown" in str(error).lower():
+                    raise ClusterError(NETEM_MISSING) from None
+                raise
+
+    def _write_hosts_file(self, namespace: str) -> None:
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{self.layout.address(h)} {self.layout.namespace(h)}" for h in range(self.hosts)]
+        folder = os.path.join(NETNS_ETC, namespace)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hosts"), "w") as hosts:
+            hosts.write("\n".join(lines) + "\n")
+
+    # -- what runs on it ----------------------------------------------------------------
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.layout.namespace(h) for h in range(self.hosts)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.layout.address(h) for h in range(self.hosts)]
+
+    def counters(self) -> list[Counters]:
+        """Traffic counters of every host's link, host 0 first (snapshot; subtract two)."""
+        return [
+            parse_net_dev(system.in_namespace(ns, "cat", "/proc/net/dev"), self.layout.interface)
+            for ns in self.namespaces
+        ]
+
+    def launch(self, command: Sequence[str], **options) -> int:
+        """Run ``command`` as a multi-node job; see :func:`commpress.cluster.launcher.launch`."""
+        from commpress.cluster.launcher import launch
+
+        return launch(self, command, **options)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        """``fn(rank, world_size, *args)`` with one gloo rank per host; results by rank."""
+        from commpress.cluster.jobs import run_on_cluster
+
+        return run_on_cluster(self, fn, *args, timeout=timeout)
+
+    def describe(self) -> str:
+        return f"{self.hosts} hosts, links {self.link.describe()}, prefix {self.layout.prefix!r}"
+
+
+def present(layout: Layout) -> list[str]:
+    """Namespaces and links of ``layout`` that exist now."""
+    found = [ns for ns in system.namespaces() if layout.host_of(ns) is not None]
+    links = [entry["ifname"] for entry in system.ip_json("link", "show")]
+    found += [
+        name for name in links if name == layout.bridge or name.startswith(f"{layout.prefix}-s")
+    ]
+    found += [path for path in _etc_folders(layout) if os.path.basename(path) not in found]
+    return found
+
+
+def _etc_folders(layout: Layout) -> list[str]:
+    if not os.path.isdir(NETNS_ETC):
+        return []
+    return [
+        os.path.join(NETNS_ETC, name)
+        for name in sorted(os.listdir(NETNS_ETC))
+        if layout.host_of(name) is not None
+    ]
+
+
+def remove(layout: Layout) -> list[str]:
+    """Remove everything of ``layout`` (processes inside its hosts too); what was removed."""
+    removed = present(layout)
+    for namespace in (name for name in removed if layout.host_of(name) is not None):
+        _kill_processes_in(namespace)
+        _quietly(system.ip, "netns", "del", namespace)
+    for name in removed:
+        if layout.host_of(name) is None and "/" not in name:  # ports may outlive namespaces
+            _quietly(system.ip, "link", "del", name)
+    for folder in _etc_folders(layout):
+        shutil.rmtree(folder, ignore_errors=True)
+    if os.path.isdir(NETNS_ETC) and not os.listdir(NETNS_ETC):
+        os.rmdir(NETNS_ETC)  # made by us (ip netns does not need it)
+    return removed
+
+
+def _kill_processes_in(namespace: str) -> None:
+    try:
+        pids = system.ip("netns", "pids", namespace).split()
+    except ClusterError:
+        return
+    for pid in map(int, pids):
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _quietly(action, *arguments) -> None:
+    with contextlib.suppress(ClusterError):  # already gone
+        action(*arguments)
+
+
+def _read_link(layout: Layout) -> Link:
+    qdiscs = json.loads(system.tc("-j", "qdisc", "show", "dev", layout.switch_port(0)) or "[]")
+    tbf = next((q for q in qdiscs if q.get("kind") == "tbf"), None)
+    if tbf is None:
+        raise ClusterError(f"{layout.switch_port(0)} has no rate limit: the cluster is incomplete")
+    host_qdiscs = json.loads(
+        system.tc("-j", "-n", layout.namespace(0), "qdisc", "show", "dev", layout.interface) or "[]"
+    )
+    netem = next((q for q in host_qdiscs if q.get("kind") == "netem"), None)
+    delay = None
+    if netem is not None:
+        delay_s = netem.get("options", {}).get("delay", {}).get("delay")
+        delay = f"{delay_s * 1e6:.0f}us" if delay_s else None
+    mtu = system.ip_json("link", "show", "dev", layout.switch_port(0))[0]["mtu"]
+    return Link.parse(int(tbf["options"]["rate"]) * 8, delay, mtu)
+
+
+@contextlib.contextmanager
+def cluster_for(
+    hosts: int | None,
+    link: str | None,
+    *,
+    delay: str | None = None,
+    mtu: int = 1500,
+    prefix: str = "cp",
+) -> Iterator[Emulated]:
+    """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``), else a
+    new one built from them and removed on exit."""
+    layout = Layout(prefix)
+    if present(layout):
+        cluster = Emulated.attach(prefix)
+        if hosts is not None and hosts != cluster.hosts:
+            raise ValueError(
+                f"hosts={hosts} but cluster {prefix!r} is up with {cluster.hosts} hosts: "
+                f"`commpress cluster down --prefix {prefix}` first, or drop --hosts"
+            )
+        if link is not None and Link.parse(link).rate_bits != cluster.link.rate_bits:
+            raise ValueError(
+                f"link={link!r} but cluster {prefix!r} is up with {cluster.link.describe()}"
+            )
+        yield cluster
+        return
+    if hosts is None or link is None:
+        raise ValueError(
+            f"no cluster named {prefix!r} is up: give both --hosts and --link to build one"
+        )
+    with Emulated(hosts, link, delay=delay, mtu=mtu, prefix=prefix) as cluster:
+        yield cluster

@@ -1,0 +1,74 @@
+"""``run_on_cluster(cluster, fn, *args)``: a Python function on every host, results back.
+
+The cluster counterpart of :func:`commpress.testing.distributed.run_distributed`:
+one gloo rank per host, launched by :mod:`commpress.cluster.launcher`, joined over
+the emulated links. ``fn`` and its arguments travel by pickle through a scratch
+folder (the namespaces share the file system); so do results and tracebacks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commpress.testing.distributed import DistributedError
+
+
+def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="commpress-cluster-") as scratch:
+        job = Path(scratch)
+        (job / "job.pkl").write_bytes(pickle.dumps((fn, args, timeout)))
+        status = cluster.launch(
+            [sys.executable, "-m", "commpress.cluster.jobs", scratch],
+            timeout=timeout,
+            output=sys.stderr,
+            env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},  # find fn's module
+        )
+        errors = sorted(job.glob("*.err"))
+        if errors:
+            raise DistributedError(
+                "\n".join(f"rank {e.stem} failed:\n{e.read_text()}" for e in errors)
+            )
+        if status != 0:
+            raise DistributedError(f"the job on {cluster.describe()} ended with status {status}")
+        return [torch.load(job / f"{rank}.pt", weights_only=False) for rank in range(cluster.hosts)]
+
+
+def _main(scratch: str) -> int:
+    job = Path(scratch)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        (job / f"{rank}.pt").write_bytes(buffer.getvalue())
+        return 0
+    except BaseException:
+        (job / f"{rank}.err").write_text(traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))

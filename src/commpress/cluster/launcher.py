@@ -1,0 +1,162 @@
+"""Run a command as a multi-node job on an emulated cluster, torchrun's way.
+
+Every rank is its own process inside its host's namespace, with the environment
+``torchrun`` gives its workers (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``...), so ``init_process_group(init_method="env://")`` connects
+across the emulated links. Output is streamed line by line with a
+``h<host>r<rank>|`` prefix. When one rank fails, the others are stopped (they
+would wait for it forever); on a timeout or Ctrl-C every rank is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+STOP_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.1
+TIMEOUT_EXIT_CODE = 124
+DEFAULT_PORT = 29500
+
+
+@dataclass
+class Rank:
+    host: int
+    local_rank: int
+    rank: int
+    process: subprocess.Popen
+
+    @property
+    def label(self) -> str:
+        return f"h{self.host}r{self.rank}"
+
+
+def rank_environment(cluster, host: int, local_rank: int, nproc_per_host: int, port: int) -> dict:
+    world_size = cluster.hosts * nproc_per_host
+    return {
+        "RANK": str(host * nproc_per_host + local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(nproc_per_host),
+        "GROUP_RANK": str(host),
+        "NODE_RANK": str(host),
+        "MASTER_ADDR": cluster.addresses[0],
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": cluster.layout.interface,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a return code: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def launch(
+    cluster,
+    command: Sequence[str],
+    *,
+    nproc_per_host: int = 1,
+    port: int = DEFAULT_PORT,
+    timeout: float | None = None,
+    env: dict | None = None,
+    output: TextIO | None = None,
+) -> int:
+    """Run ``command`` on every host, ``nproc_per_host`` ranks each; the worst exit status.
+
+    ``timeout`` (seconds) stops every rank and returns 124. ``env`` adds variables.
+    """
+    command = list(command)
+    if not command or not all(isinstance(part, str) for part in command):
+        raise ValueError(f"command must be a non-empty list of strings, got {command!r}")
+    if isinstance(nproc_per_host, bool) or not isinstance(nproc_per_host, int):
+        raise TypeError(f"nproc_per_host must be an int, got {nproc_per_host!r}")
+    if nproc_per_host < 1:
+        raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    output = output or sys.stdout
+    ranks: list[Rank] = []
+    try:
+        for host in range(cluster.hosts):
+            for local_rank in range(nproc_per_host):
+                variables = {**os.environ, **(env or {})}
+                variables.update(rank_environment(cluster, host, local_rank, nproc_per_host, port))
+                process = subprocess.Popen(
+                    ["ip", "netns", "exec", cluster.namespaces[host], *command],
+                    env=variables,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches us only; we stop the ranks
+                )
+                ranks.append(Rank(host, local_rank, int(variables["RANK"]), process))
+        streams = _stream(ranks, output)
+        status = _supervise(ranks, timeout, output)
+        for stream in streams:
+            stream.join()
+        return status
+    finally:
+        _stop(ranks)
+
+
+def _stream(ranks: list[Rank], output: TextIO) -> list[threading.Thread]:
+    lock = threading.Lock()
+
+    def copy(rank: Rank) -> None:
+        for raw in rank.process.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            with lock:
+                output.write(f"{rank.label}| {line}\n")
+                output.flush()
+
+    threads = [threading.Thread(target=copy, args=(rank,), daemon=True) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _supervise(ranks: list[Rank], timeout: float | None, output: TextIO) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        codes = [rank.process.poll() for rank in ranks]
+        failed = [r for r, code in zip(ranks, codes, strict=True) if code not in (None, 0)]
+        if failed:
+            worst = max(exit_status(rank.process.returncode) for rank in failed)
+            labels = ", ".join(rank.label for rank in failed)
+            output.write(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
+            _stop(ranks)
+            return worst
+        if all(code == 0 for code in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            output.write(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
+            _stop(ranks)
+            return TIMEOUT_EXIT_CODE
+        time.sleep(POLL_SECONDS)
+
+
+def _stop(ranks: list[Rank]) -> None:
+    """SIGTERM each rank's process group, SIGKILL what is left after a grace period."""
+    _signal_all(ranks, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for rank in ranks:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            rank.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal_all(ranks, signal.SIGKILL)
+    for rank in ranks:
+        rank.process.wait()
+
+
+def _signal_all(ranks: list[Rank], signum: int) -> None:
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(rank.process.pid, signum)

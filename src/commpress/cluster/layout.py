@@ -1,0 +1,57 @@
+"""Names and addresses of an emulated cluster: the one place they come from.
+
+Host ``i`` is the network namespace ``<prefix>-h<i>`` with interface ``eth0`` at
+``10.213.0.<i+1>/24``; its link's other end, ``<prefix>-s<i>``, is a port of the
+bridge ``<prefix>-br`` (the switch). The bridge has no address, so the hosts can
+reach each other and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_HOSTS = 254  # host addresses .1 to .254 of one /24
+MULTICAST_ROUTE = "224.0.0.0/4"
+_PREFIX = re.compile(r"[a-z][a-z0-9]{0,5}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    prefix: str = "cp"
+    subnet: str = "10.213.0"
+    interface: str = "eth0"
+    prefix_length: int = 24
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not _PREFIX.fullmatch(self.prefix):
+            raise ValueError(
+                f"prefix must be 1-6 lowercase letters or digits starting with a letter, "
+                f"got {self.prefix!r}"
+            )
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}-br"
+
+    def namespace(self, host: int) -> str:
+        return f"{self.prefix}-h{host}"
+
+    def switch_port(self, host: int) -> str:
+        return f"{self.prefix}-s{host}"
+
+    def address(self, host: int) -> str:
+        return f"{self.subnet}.{host + 1}"
+
+    def host_of(self, namespace: str) -> int | None:
+        """The host index of one of this layout's namespaces, None for any other name."""
+        match = re.fullmatch(rf"{re.escape(self.prefix)}-h(\d+)", namespace)
+        return int(match.group(1)) if match else None
+
+
+def check_hosts(hosts) -> int:
+    if isinstance(hosts, bool) or not isinstance(hosts, int):
+        raise TypeError(f"hosts must be an int, got {type(hosts).__name__}")
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise ValueError(f"hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    return hosts

@@ -1,0 +1,97 @@
+"""A host link's properties (rate, delay, MTU): parsing, validation, and how tc shapes them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
+MIN_RATE_BITS = 10**6  # tbf's burst arithmetic is coarse below about 1 Mbit/s
+MIN_MTU, MAX_MTU = 576, 65535
+BURST_SECONDS = 1e-3  # the token bucket holds one millisecond of line rate...
+MIN_BURST_BYTES = 64 << 10  # ...but never less than this (a few full-size frames)
+QUEUE_SECONDS = 0.05  # how long a packet may wait in the shaper before it is dropped
+
+
+def _parse(text, units: dict, what: str) -> float:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a string such as {next(iter(units))!r}, got {text!r}")
+    match = _QUANTITY.fullmatch(text.lower())
+    if not match or match.group(2) not in units:
+        raise ValueError(
+            f"{what} {text!r} is not understood; use a number and one of {list(units)}"
+        )
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def parse_rate(text: str) -> int:
+    """``"1gbit"``, ``"100mbit"``, ``"2.5gbit"`` -> bits per second (SI units, as tc's)."""
+    bits = int(_parse(text, _RATE_UNITS, "link rate"))
+    if bits < MIN_RATE_BITS:
+        raise ValueError(f"link rate {text!r} is below the minimum of 1mbit")
+    return bits
+
+
+def parse_delay(text: str) -> float:
+    """``"5ms"``, ``"200us"`` -> seconds."""
+    seconds = _parse(text, _TIME_UNITS, "delay")
+    if seconds <= 0:
+        raise ValueError(f"delay {text!r} must be positive")
+    return seconds
+
+
+def format_rate(bits: int) -> str:
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits % _RATE_UNITS[unit] == 0:
+            return f"{bits // _RATE_UNITS[unit]}{unit}"
+    return f"{bits}bit"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One full-duplex host link: ``rate_bits`` per second each way, optional delay."""
+
+    rate_bits: int
+    delay_s: float | None = None
+    mtu: int = 1500
+
+    @classmethod
+    def parse(cls, rate, delay=None, mtu: int = 1500) -> Link:
+        rate_bits = rate if isinstance(rate, int) and not isinstance(rate, bool) else None
+        if rate_bits is None:
+            rate_bits = parse_rate(rate)
+        elif rate_bits < MIN_RATE_BITS:
+            raise ValueError(f"link rate {rate} bit/s is below the minimum of 1mbit")
+        if isinstance(mtu, bool) or not isinstance(mtu, int):
+            raise TypeError(f"mtu must be an int, got {mtu!r}")
+        if not MIN_MTU <= mtu <= MAX_MTU:
+            raise ValueError(f"mtu must be between {MIN_MTU} and {MAX_MTU}, got {mtu}")
+        return cls(rate_bits, None if delay is None else parse_delay(delay), mtu)
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.rate_bits / 8
+
+    def seconds_for(self, nbytes: float) -> float:
+        """Time the link needs to carry ``nbytes`` at its rate: the ideal for that traffic."""
+        return nbytes / self.bytes_per_second
+
+    def tbf_arguments(self) -> list[str]:
+        burst = max(MIN_BURST_BYTES, int(self.bytes_per_second * BURST_SECONDS), 2 * self.mtu)
+        return [
+            "tbf",
+            "rate",
+            f"{self.rate_bits}bit",
+            "burst",
+            str(burst),
+            "latency",
+            f"{int(QUEUE_SECONDS * 1e6)}us",
+        ]
+
+    def describe(self) -> str:
+        text = format_rate(self.rate_bits)
+        if self.delay_s is not None:
+            text += f", delay {self.delay_s * 1e3:g} ms"
+        return f"{text}, mtu {self.mtu}"

@@ -1,0 +1,70 @@
+"""The host's networking tools: ``ip`` and ``tc``, run with clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+
+class ClusterError(RuntimeError):
+    """The emulated cluster cannot be built, used or removed; the message says what to do."""
+
+
+def check_can_build() -> None:
+    """Root and iproute2 are needed to create namespaces, links and qdiscs."""
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "the emulated cluster needs root to create network namespaces: run as root "
+            "(for example with sudo)"
+        )
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(
+            f"{' and '.join(missing)} not found: install iproute2 (apt install iproute2)"
+        )
+
+
+def run(*command: str) -> str:
+    """Run a command; its stdout, or a ClusterError quoting the command and its stderr."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise ClusterError(f"{command[0]} not found: install iproute2") from None
+    if done.returncode != 0:
+        raise ClusterError(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def ip(*arguments: str) -> str:
+    return run("ip", *arguments)
+
+
+def ip_json(*arguments: str) -> list:
+    text = ip("-j", *arguments)
+    return json.loads(text) if text.strip() else []
+
+
+def tc(*arguments: str) -> str:
+    return run("tc", *arguments)
+
+
+def in_namespace(namespace: str, *command: str) -> str:
+    return ip("netns", "exec", namespace, *command)
+
+
+def namespaces() -> list[str]:
+    return [entry["name"] for entry in ip_json("netns", "list")]
+
+
+def link_exists(name: str) -> bool:
+    return any(entry.get("ifname") == name for entry in ip_json("link", "show"))
+
+
+def disable_ipv6(interface: str) -> None:
+    """Keep an interface of ours from sending IPv6 router solicitations and such."""
+    path = f"/proc/sys/net/ipv6/conf/{interface}/disable_ipv6"
+    if os.path.exists(path):
+        with open(path, "w") as switch:
+            switch.write("1")
