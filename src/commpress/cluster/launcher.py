@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 STOP_GRACE_SECONDS = 5.0
+STREAM_DRAIN_SECONDS = 2.0
 POLL_SECONDS = 0.1
 TIMEOUT_EXIT_CODE = 124
 DEFAULT_PORT = 29500
@@ -101,8 +102,9 @@ def launch(
                 ranks.append(Rank(host, local_rank, int(variables["RANK"]), process))
         streams = _stream(ranks, output)
         status = _supervise(ranks, timeout, output)
-        for stream in streams:
-            stream.join()
+        drained = time.monotonic() + STREAM_DRAIN_SECONDS
+        for stream in streams:  # a detached grandchild may hold a pipe open: do not wait on it
+            stream.join(timeout=max(0.0, drained - time.monotonic()))
         return status
     finally:
         _stop(ranks)

@@ -1,0 +1,182 @@
+"""``commpress launch``: a real multi-node job, and nothing left behind when it goes wrong."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from commpress.cluster import Emulated, Layout, present
+
+LAUNCH = [sys.executable, "-m", "commpress.cli", "launch"]
+
+ALL_REDUCE_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} local {os.environ['LOCAL_RANK']} sum {value.item():g}")
+dist.destroy_process_group()
+"""  # noqa: E501
+
+# Records its pid (and a detached grandchild's), then behaves as argv[2] says.
+STUBBORN_SCRIPT = """
+import os, subprocess, sys, time
+folder, behaviour = sys.argv[1], sys.argv[2]
+rank = os.environ["RANK"]
+child = subprocess.Popen(["sleep", "300"], start_new_session=True)  # outside our process group
+open(os.path.join(folder, f"{rank}.pids"), "w").write(f"{os.getpid()} {child.pid}")
+if behaviour == "crash" and rank == "1":
+    time.sleep(1)
+    sys.exit(3)
+time.sleep(300)
+"""
+
+
+def run_launch(*arguments, timeout=120):
+    return subprocess.run(
+        [*LAUNCH, *arguments], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def recorded_pids(folder: Path, ranks: int, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob("*.pids"))) < ranks:
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    time.sleep(0.2)  # let the last file be written completely
+    return [int(pid) for path in folder.glob("*.pids") for pid in path.read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_nothing_left(prefix: str, pids: list[int]) -> None:
+    assert present(Layout(prefix)) == []
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_a_multi_node_job_with_two_ranks_per_host(prefix):
+    done = run_launch(
+        "--hosts",
+        "2",
+        "--link",
+        "1gbit",
+        "--prefix",
+        prefix,
+        "--nproc-per-host",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        ALL_REDUCE_SCRIPT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if "sum" in line)
+    assert lines == [
+        "h0r0| rank 0/4 local 0 sum 10",
+        "h0r1| rank 1/4 local 1 sum 10",
+        "h1r2| rank 2/4 local 0 sum 10",
+        "h1r3| rank 3/4 local 1 sum 10",
+    ]
+    assert present(Layout(prefix)) == []
+
+
+def test_a_crashed_rank_stops_the_job_with_its_exit_code(prefix, tmp_path):
+    done = run_launch(
+        "--hosts",
+        "2",
+        "--link",
+        "100mbit",
+        "--prefix",
+        prefix,
+        "--",
+        sys.executable,
+        "-c",
+        STUBBORN_SCRIPT,
+        str(tmp_path),
+        "crash",
+    )
+    assert done.returncode == 3
+    assert "h1r1 exited with 3" in done.stdout
+    assert_nothing_left(prefix, recorded_pids(tmp_path, 2, timeout=0))
+
+
+def test_a_timeout_stops_every_rank(prefix, tmp_path):
+    done = run_launch(
+        "--hosts",
+        "2",
+        "--link",
+        "100mbit",
+        "--prefix",
+        prefix,
+        "--timeout",
+        "3",
+        "--",
+        sys.executable,
+        "-c",
+        STUBBORN_SCRIPT,
+        str(tmp_path),
+        "hang",
+    )
+    assert done.returncode == 124
+    assert "timed out after 3 s" in done.stdout
+    assert_nothing_left(prefix, recorded_pids(tmp_path, 2, timeout=0))
+
+
+def test_ctrl_c_stops_the_job_and_removes_the_cluster(prefix, tmp_path):
+    launcher = subprocess.Popen(
+        [
+            *LAUNCH,
+            "--hosts",
+            "3",
+            "--link",
+            "100mbit",
+            "--prefix",
+            prefix,
+            "--",
+            sys.executable,
+            "-c",
+            STUBBORN_SCRIPT,
+            str(tmp_path),
+            "hang",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = recorded_pids(tmp_path, 3)
+        assert present(Layout(prefix))
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, stderr
+    assert_nothing_left(prefix, pids)
+
+
+def test_a_cluster_that_is_up_is_used_and_kept(prefix):
+    with Emulated(2, "100mbit", prefix=prefix):
+        done = run_launch("--prefix", prefix, "--", "sh", "-c", "echo $MASTER_ADDR $WORLD_SIZE")
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.splitlines()) == ["h0r0| 10.213.0.1 2", "h1r1| 10.213.0.1 2"]
+        assert present(Layout(prefix))
+        wrong = run_launch("--prefix", prefix, "--hosts", "3", "--", "true")
+        assert wrong.returncode == 2 and "up with 2 hosts" in wrong.stderr
+
+
+def test_launch_without_a_cluster_or_command_is_a_usage_error(prefix):
+    assert "give both --hosts and --link" in run_launch("--prefix", prefix, "--", "true").stderr
+    missing = run_launch("--hosts", "2", "--link", "1gbit", "--prefix", prefix)
+    assert missing.returncode == 2 and "give the command to run" in missing.stderr
+    assert present(Layout(prefix)) == []
+    assert os.geteuid() == 0

@@ -1,0 +1,97 @@
+"""Emulated-cluster configuration without root: rates, names, counters, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate
+from commpress.cluster.counters import parse_net_dev
+from commpress.cluster.launcher import exit_status
+from commpress.collectives.workspace import Workspace
+
+NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       7       1    0    0    0     0          0         0        7       1    0    0    0     0       0          0
+  eth0:     454       5    0    0    0     0          0         0       90       2    0    0    0     0       0          0
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    ("text", "bits"),
+    [("1gbit", 10**9), ("100mbit", 10**8), ("2.5gbit", 25 * 10**8), (" 10 Mbit ", 10**7)],
+)
+def test_rates_use_tc_units(text, bits):
+    assert parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["1gbyte", "fast", "", "gbit", "-1gbit", "1 g bit", "999kbit"])
+def test_bad_rates_are_value_errors_naming_the_value(text):
+    with pytest.raises(ValueError, match="link rate"):
+        parse_rate(text)
+
+
+def test_link_rejects_bad_types_and_mtu():
+    with pytest.raises(TypeError, match="link rate"):
+        Link.parse(1.5)
+    with pytest.raises(ValueError, match="mtu"):
+        Link.parse("1gbit", mtu=100)
+    with pytest.raises(ValueError, match="delay"):
+        Link.parse("1gbit", delay="0ms")
+    assert Link.parse("1gbit", delay="200us").delay_s == pytest.approx(2e-4)
+
+
+def test_ideal_time_is_bytes_over_rate():
+    assert Link.parse("1gbit").seconds_for(125_000_000) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("hosts", [0, -1, 255])
+def test_host_count_out_of_range_is_a_value_error(hosts):
+    with pytest.raises(ValueError, match=f"hosts must be between 1 and 254, got {hosts}"):
+        Emulated(hosts, "1gbit")
+
+
+def test_host_count_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="hosts"):
+        Emulated("4", "1gbit")
+
+
+def test_layout_names_fit_linux_interface_names():
+    layout = Layout("abcdef")
+    assert layout.namespace(253) == "abcdef-h253"
+    assert len(layout.switch_port(253)) <= 15 and len(layout.bridge) <= 15
+    assert layout.address(0) == "10.213.0.1" and layout.address(253) == "10.213.0.254"
+    assert layout.host_of("abcdef-h12") == 12
+    assert layout.host_of("abcdef-h12x") is None and layout.host_of("cp-h1") is None
+
+
+@pytest.mark.parametrize("prefix", ["", "Cp", "1cp", "toolongx", "c p"])
+def test_bad_prefix_is_a_value_error(prefix):
+    with pytest.raises(ValueError, match="prefix"):
+        Layout(prefix)
+
+
+def test_net_dev_parsing_and_differences():
+    counters = parse_net_dev(NET_DEV, "eth0")
+    assert counters == Counters(rx_bytes=454, rx_packets=5, tx_bytes=90, tx_packets=2)
+    assert counters - parse_net_dev(NET_DEV, "lo") == Counters(447, 4, 83, 1)
+    with pytest.raises(ValueError, match="eth1"):
+        parse_net_dev(NET_DEV, "eth1")
+
+
+def test_exit_status_maps_signals_like_a_shell():
+    assert exit_status(0) == 0 and exit_status(3) == 3 and exit_status(-9) == 137
+
+
+def test_workspace_reuses_and_grows():
+    workspace = Workspace()
+    first = workspace.take("a", 100, torch.float32, "cpu")
+    again = workspace.take("a", 50, first.dtype, "cpu")
+    assert again.data_ptr() == first.data_ptr() and again.numel() == 50
+    bigger = workspace.take("a", 1000, first.dtype, "cpu")
+    assert bigger.numel() == 1000 and workspace.held_bytes() >= 4000
+    pieces = workspace.take_pieces("b", [3, 5], "cpu")
+    assert [p.numel() for p in pieces] == [3, 5]
+    assert pieces[1].data_ptr() == pieces[0].data_ptr() + 3
+    workspace.release()
+    assert workspace.held_bytes() == 0
