@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from commpress.bench.arguments import positive_int
@@ -85,7 +84,6 @@ def launch(args) -> int:
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         raise ValueError("give the command to run after --, e.g. -- python train.py")
-    signal.signal(signal.SIGTERM, _interrupt)  # so that a killed launcher still cleans up
     with cluster_for(
         args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
     ) as cluster:
@@ -93,7 +91,3 @@ def launch(args) -> int:
         return cluster.launch(
             command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout
         )
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -179,8 +180,12 @@ class Emulated:
                 raise
 
     def _write_hosts_file(self, namespace: str) -> None:
+        """Hosts resolve each other's names, and the machine's own name to themselves."""
+        own = self.layout.host_of(namespace)
         lines = ["127.0.0.1 localhost"]
-        lines += [f"{self.layout.address(h)} {self.layout.namespace(h)}" for h in range(self.hosts)]
+        for host in range(self.hosts):
+            names = [self.layout.namespace(host)] + ([socket.gethostname()] if host == own else [])
+            lines.append(f"{self.layout.address(host)} {' '.join(names)}")
         folder = os.path.join(NETNS_ETC, namespace)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "hosts"), "w") as hosts:
