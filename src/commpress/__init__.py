@@ -9,6 +9,7 @@ from commpress.collectives import (
     reduce_scatter_tensor,
     release_workspace,
 )
+from commpress.integrations import ddp, fsdp
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,8 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_single",
     "all_reduce",
+    "ddp",
+    "fsdp",
     "get_codec",
     "list_codecs",
     "reduce_scatter_single",

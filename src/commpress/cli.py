@@ -10,6 +10,7 @@ from commpress.bench import codecs as codec_bench
 from commpress.bench import collectives as collective_bench
 from commpress.cluster import commands as cluster_commands
 from commpress.cluster.system import ClusterError
+from commpress.train import command as train_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         "launch", help="run a command as a multi-node job on the emulated cluster"
     )
     cluster_commands.add_launch_arguments(launch)
+    train = commands.add_parser(
+        "train", help="train a small GPT on the stdlib's source, with and without compression"
+    )
+    train_command.add_arguments(train)
+    train.set_defaults(handler=train_command.main)
     return parser
 
 

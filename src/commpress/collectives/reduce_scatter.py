@@ -43,12 +43,17 @@ def reduce_scatter_tensor(
     async_op: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     timeout: timedelta | None = None,
+    residual: torch.Tensor | None = None,
 ):
     """Sum (or average) ``inp`` over ranks; rank r keeps chunk r in ``out``.
 
     Same convention as :func:`torch.distributed.reduce_scatter_tensor`, plus ``codec``,
     ``algorithm``, ``chunk_bytes`` (pipeline piece size of ``ring``) and ``timeout``
     (a dead or stalled peer raises on every other rank; default: the group's).
+
+    ``residual`` (``alltoall`` only; fp32, ``inp``'s size): error feedback. It is added
+    to ``inp`` before encoding and then holds what the encoding lost, so that
+    ``inp + residual_before == sent + residual_after`` for this rank's contributions.
     """
     world_size = dist.get_world_size(group)
     check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
@@ -56,6 +61,7 @@ def reduce_scatter_tensor(
     check_pair(out, inp, world_size=world_size, gather=False)
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
         raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
+    _check_residual(residual, inp, algorithm)
     if algorithm == "native":
         work = dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=True)
         return work if async_op else wait(work, timeout)
@@ -63,7 +69,7 @@ def reduce_scatter_tensor(
     codec.check_dtype(inp.dtype, "inp.dtype")
 
     def run() -> None:
-        total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes, timeout)
+        total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes, timeout, residual)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         out.view(-1).copy_(total)
@@ -120,11 +126,36 @@ def all_reduce(
     return launch(run, async_op)
 
 
-def _reduce_scatter_fp32(inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout):
+def _check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
+    if residual is None:
+        return
+    if algorithm != "alltoall":
+        raise ValueError(
+            f"residual (error feedback) needs algorithm='alltoall', got {algorithm!r}: "
+            "only there is every rounding done on the rank that owns the data"
+        )
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    if (
+        residual.dtype != torch.float32
+        or residual.numel() != inp.numel()
+        or residual.device != inp.device
+        or not residual.is_contiguous()
+    ):
+        raise ValueError(
+            f"residual must be a contiguous float32 tensor of inp's size ({inp.numel()}) on "
+            f"{inp.device}, got {residual.dtype} of {residual.numel()} on {residual.device}"
+        )
+
+
+def _reduce_scatter_fp32(
+    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, residual=None
+):
     world_size = dist.get_world_size(group)
     contributions = inp.view(world_size, -1)
     if algorithm == "alltoall":
-        return _alltoall(contributions, group, codec, timeout)
+        feedback = None if residual is None else residual.view(world_size, -1)
+        return _alltoall(contributions, group, codec, timeout, feedback)
     piece = max(1, chunk_bytes // 4) if algorithm == "ring" else contributions.shape[1]
     return _ring(contributions, group, codec, piece, algorithm == "ring", timeout)
 
@@ -185,7 +216,7 @@ def _add_own(codec: Codec, received, own, partial, result_part, forward_payload)
         codec.encode(partial, out=forward_payload)
 
 
-def _alltoall(contributions, group, codec: Codec, timeout):
+def _alltoall(contributions, group, codec: Codec, timeout, residual=None):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = contributions.shape[1], contributions.dtype
     wire = codec.wire_bytes(numel, dtype)
@@ -194,8 +225,15 @@ def _alltoall(contributions, group, codec: Codec, timeout):
     send = send.view(world_size, wire)
     send[rank] = 0  # never encoded, but sent: keep stale data off the wire
     for destination in range(world_size):
-        if destination != rank:  # the own slice is added exactly, never encoded
+        if destination == rank:  # the own slice is added exactly, never encoded
+            continue
+        if residual is None or codec.lossless:  # a lossless codec leaves nothing to feed back
             codec.encode(contributions[destination], out=send[destination])
+        else:
+            corrected = contributions[destination].float() + residual[destination]
+            codec.encode(corrected, out=send[destination])
+            sent = _decode_fp32(codec, send[destination], numel, torch.float32)
+            torch.sub(corrected, sent, out=residual[destination])
     received = workspace.take("alltoall.received", world_size * wire, torch.uint8, device)
     received = received.view(world_size, wire)
     wait(

@@ -13,6 +13,8 @@ import concurrent.futures
 from collections.abc import Callable
 from datetime import timedelta
 
+import torch
+
 _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="commpress")
 
 
@@ -32,6 +34,21 @@ class CollectiveWork:
 
     def is_completed(self) -> bool:
         return self._future.done()
+
+    def torch_future(self, value=None) -> torch.futures.Future:
+        """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
+        collective finishes; completing it never blocks a thread."""
+        future = torch.futures.Future()
+
+        def complete(done: concurrent.futures.Future) -> None:
+            error = done.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self._future.add_done_callback(complete)
+        return future
 
 
 def launch(run: Callable[[], None], async_op: bool) -> CollectiveWork | None:

@@ -1,0 +1,241 @@
+"""``cp.fsdp.compress(model, ...)``: commpress collectives inside FSDP2 (``fully_shard``).
+
+FSDP2 lets each ``FSDPModule`` replace its all-gather and reduce-scatter
+(``set_custom_all_gather`` / ``set_custom_reduce_scatter``); ``compress`` installs
+ours on every such module of a model. Every rank ends each all-gather with
+bitwise-identical parameters: the ring forwards one encoding of each shard, and
+the owner keeps the decoded copy of its own.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+from commpress.collectives import (
+    ALL_GATHER_ALGORITHMS,
+    REDUCE_SCATTER_ALGORITHMS,
+    all_gather_into_tensor,
+    reduce_scatter_tensor,
+)
+from commpress.collectives.work import CollectiveWork, launch
+from commpress.integrations.spec import CollectiveSpec
+from commpress.integrations.stats import CommStats, Stopwatch
+
+MARK = "_commpress_fsdp"
+ON_UNSUPPORTED = ("raise", "native")
+
+
+@dataclass
+class Compression:
+    """What ``compress`` did: the modules it changed, those it left to torch, the counters."""
+
+    modules: list[str]
+    left_native: list[str]
+    all_gather: CommStats = field(default_factory=CommStats)
+    reduce_scatter: CommStats = field(default_factory=CommStats)
+
+
+def compress(
+    model: torch.nn.Module,
+    all_gather: str | None = "int8",
+    reduce_scatter: str | None = "int8",
+    *,
+    error_feedback: bool = False,
+    timeout: timedelta | None = None,
+    on_unsupported: str = "raise",
+) -> Compression:
+    """Install commpress collectives on every ``FSDPModule`` in ``model``.
+
+    ``all_gather`` / ``reduce_scatter``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``,
+    ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), or None to keep FSDP's own.
+    ``error_feedback``: keep, per module, the reduce-scatter's rounding error of this
+    rank's gradients and add it before the next compression (needs ``@alltoall``, where
+    every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
+    module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
+    leaves it on torch's collectives with a warning and lists it in ``left_native``.
+    """
+    if on_unsupported not in ON_UNSUPPORTED:
+        raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
+    gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather")
+    scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter")
+    if gather is None and scatter is None:
+        raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
+    if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):
+        raise ValueError(
+            "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
+            f"rounding happen on the rank that owns the gradient (got {reduce_scatter!r})"
+        )
+    modules = [
+        (name or "<root>", m) for name, m in model.named_modules() if isinstance(m, FSDPModule)
+    ]
+    if not modules:
+        raise ValueError(
+            f"{type(model).__name__} has no FSDP modules: apply "
+            "torch.distributed.fsdp.fully_shard to it (and its blocks) first"
+        )
+    for name, module in modules:
+        if getattr(module, MARK, False):
+            raise ValueError(f"module {name!r} is already compressed: call compress once per model")
+        _check_dtypes(name, module, gather, scatter)
+    result = Compression(modules=[], left_native=[])
+    for name, module in modules:
+        try:
+            if gather is not None:
+                module.set_custom_all_gather(
+                    CompressedAllGather(gather, result.all_gather, timeout, name)
+                )
+            if scatter is not None:
+                module.set_custom_reduce_scatter(
+                    CompressedReduceScatter(
+                        scatter, result.reduce_scatter, timeout, name, error_feedback
+                    )
+                )
+        except ValueError as error:  # FSDP2 refuses modules with several parameter groups
+            if on_unsupported == "raise":
+                raise ValueError(f"module {name!r}: {error}") from None
+            warnings.warn(
+                f"commpress: module {name!r} keeps torch's collectives: {error}", stacklevel=2
+            )
+            result.left_native.append(name)
+            continue
+        setattr(module, MARK, True)
+        result.modules.append(name)
+    return result
+
+
+def _parse(spec, algorithms, argument) -> CollectiveSpec | None:
+    return None if spec is None else CollectiveSpec.parse(spec, algorithms, argument)
+
+
+def _param_groups(module) -> list:
+    state = module._get_fsdp_state()
+    return list(getattr(state, "_fsdp_param_groups", []))
+
+
+def _check_dtypes(name, module, gather, scatter) -> None:
+    """The dtypes FSDP will hand each collective must be ones the codec can encode."""
+    for group in _param_groups(module):
+        policy = group.mp_policy
+        dtypes = set()
+        for fsdp_param in group.fsdp_params:
+            original = fsdp_param.sharded_param.dtype
+            cast = policy.param_dtype is not None and original.is_floating_point
+            dtypes.add(policy.param_dtype if cast else original)
+        if gather is not None and not gather.codec.lossless and len(dtypes) > 1:
+            raise TypeError(
+                f"module {name!r}: parameters of several dtypes {sorted(map(str, dtypes))} are "
+                "all-gathered as raw bytes, which a lossy codec cannot encode; give them one "
+                "dtype (MixedPrecisionPolicy) or use all_gather='none'"
+            )
+        for dtype in dtypes:
+            if gather is not None:
+                gather.codec.check_dtype(dtype, f"module {name!r} all-gather dtype")
+            if scatter is not None:
+                reduce_dtype = policy.reduce_dtype or dtype
+                scatter.codec.check_dtype(reduce_dtype, f"module {name!r} reduce-scatter dtype")
+
+
+def _finish(work, watch: Stopwatch, async_op: bool):
+    """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on."""
+    if not isinstance(work, CollectiveWork):  # torch's own ("native"); gloo's has no future
+        work = launch(work.wait, async_op=True)
+    future = work.torch_future()
+    future.add_done_callback(watch.stop)
+    if not async_op:
+        future.wait()
+        return None
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+class CompressedAllGather(AllGather):
+    def __init__(self, spec: CollectiveSpec, stats: CommStats, timeout, module_name: str):
+        self.spec, self.stats, self.timeout, self.module_name = spec, stats, timeout, module_name
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        spec, numel = self.spec, input_tensor.numel()
+        raw = numel * input_tensor.element_size() * (group.size() - 1)
+        wire = (
+            raw
+            if spec.algorithm == "native"
+            else (spec.codec.wire_bytes(numel, input_tensor.dtype) * (group.size() - 1))
+        )
+        watch = Stopwatch(self.stats, wire, raw)
+        work = all_gather_into_tensor(
+            output_tensor,
+            input_tensor,
+            group,
+            codec=spec.codec,
+            algorithm=spec.algorithm,
+            async_op=True,
+            timeout=self.timeout,
+        )
+        return _finish(work, watch, async_op)
+
+    def __repr__(self) -> str:
+        return f"CompressedAllGather({self.spec.text!r}, module={self.module_name!r})"
+
+
+class CompressedReduceScatter(ReduceScatter):
+    def __init__(self, spec, stats: CommStats, timeout, module_name: str, error_feedback: bool):
+        self.spec, self.stats, self.timeout, self.module_name = spec, stats, timeout, module_name
+        self.error_feedback = error_feedback
+        self.residual: torch.Tensor | None = None
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        spec, numel = self.spec, output_tensor.numel()
+        op = _sum_or_average(op, self.module_name)
+        raw = numel * input_tensor.element_size() * (group.size() - 1)
+        wire = (
+            raw
+            if spec.algorithm == "native"
+            else (spec.codec.wire_bytes(numel, input_tensor.dtype) * (group.size() - 1))
+        )
+        watch = Stopwatch(self.stats, wire, raw)
+        work = reduce_scatter_tensor(
+            output_tensor,
+            input_tensor,
+            op,
+            group,
+            codec=spec.codec,
+            algorithm=spec.algorithm,
+            async_op=True,
+            timeout=self.timeout,
+            residual=self._residual(input_tensor),
+        )
+        return _finish(work, watch, async_op)
+
+    def _residual(self, input_tensor: torch.Tensor) -> torch.Tensor | None:
+        if not self.error_feedback:
+            return None
+        if self.residual is None or self.residual.shape != input_tensor.shape:
+            self.residual = torch.zeros(
+                input_tensor.shape, dtype=torch.float32, device=input_tensor.device
+            )
+        return self.residual
+
+    def __repr__(self) -> str:
+        return f"CompressedReduceScatter({self.spec.text!r}, module={self.module_name!r})"
+
+
+def _sum_or_average(op, module_name: str):
+    """FSDP2 passes SUM, AVG, or PREMUL_SUM(1/factor) for a custom gradient divide factor."""
+    if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        return op
+    raise ValueError(
+        f"module {module_name!r}: FSDP2 asked for {op} (set_gradient_divide_factor with a "
+        "factor other than the world size); commpress reduces with SUM or AVG: call "
+        "module.set_force_sum_reduction_for_comms(True) so that FSDP divides before and after"
+    )

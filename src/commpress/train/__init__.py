@@ -1,0 +1,1 @@
+"""``commpress train``: a small GPT on real text, uncompressed vs compressed, same seed."""

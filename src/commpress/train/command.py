@@ -1,0 +1,162 @@
+"""``commpress train``: the same model, seed and data with and without compression.
+
+Reports per configuration the median step time, tokens/s, the speedup over the
+first configuration, the share of step time spent in collectives (time from a
+collective's call to its completion, summed, over the step time; overlapped
+collectives count too) and the training and held-out losses; writes a CSV of
+the loss curves, a JSON summary and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from commpress.bench import report
+from commpress.bench.arguments import positive_int
+from commpress.cluster import cluster_for
+from commpress.cluster.commands import add_link_arguments
+from commpress.testing.distributed import run_distributed
+from commpress.train.loop import Run, TrainConfig, train_worker
+from commpress.train.model import GPTConfig
+
+COLUMNS = (
+    ("run", "run", ""),
+    ("step_ms", "step(ms)", ".1f"),
+    ("tokens_per_s", "tokens/s", ".0f"),
+    ("speedup", "speedup", ".2f"),
+    ("comm_fraction", "comm share", ".2f"),
+    ("final_loss", "train loss", ".4f"),
+    ("eval_loss", "eval loss", ".4f"),
+    ("eval_delta", "eval vs first", "+.2%"),
+    ("wire_mb", "wire MB/rank", ".1f"),
+)
+
+
+def config_from(args) -> TrainConfig:
+    runs = tuple(Run.parse(text, args.strategy) for text in args.compare)
+    model = GPTConfig(context=args.context, dim=args.dim, layers=args.layers, heads=args.heads)
+    return TrainConfig(
+        runs=runs,
+        model=model,
+        strategy=args.strategy,
+        steps=args.steps,
+        batch_size=args.batch,
+        learning_rate=args.lr,
+        seed=args.seed,
+        bf16=args.bf16,
+    )
+
+
+def main(args) -> int:
+    config = config_from(args)
+    _check_specs(config)
+    if args.hosts is None and args.link is None:
+        results = run_distributed(train_worker, args.nprocs, config, timeout=args.timeout)[0]
+        where = f"{args.nprocs} local gloo processes"
+    else:
+        with cluster_for(
+            args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
+        ) as cluster:
+            results = cluster.run(train_worker, config, timeout=args.timeout)[0]
+            where = f"{cluster.hosts} emulated hosts, {cluster.link.describe()} links"
+    first = results[0]
+    for row in results:
+        row["step_ms"] = row["step_s"] * 1e3
+        row["speedup"] = first["step_s"] / row["step_s"]
+        row["eval_delta"] = row["eval_loss"] / first["eval_loss"] - 1
+        row["wire_mb"] = row["wire_bytes"] / row["steps"] / 1e6
+    title = (
+        f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
+        f"context {config.model.context}, batch {config.batch_size}/rank), {config.steps} steps, "
+        f"{where}"
+    )
+    print(f"# {title}")
+    print(report.format_table(results, COLUMNS))
+    write_outputs(Path(args.out), title, results)
+    if args.markdown:
+        report.write_markdown(args.markdown, title, results, COLUMNS)
+    print(f"loss curves, summary and plot in {args.out}/")
+    return 0
+
+
+def _check_specs(config: TrainConfig) -> None:
+    """Bad specs fail here, before any process starts."""
+    from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
+    from commpress.integrations.spec import CollectiveSpec
+
+    for run in config.runs:
+        if config.strategy == "fsdp":
+            CollectiveSpec.parse(run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec")
+        CollectiveSpec.parse(run.reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce spec")
+
+
+def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "losses.csv", "w", newline="") as table:
+        writer = csv.writer(table)
+        writer.writerow(["run", "step", "loss", "step_s"])
+        for row in results:
+            for step, (loss, seconds) in enumerate(
+                zip(row["losses"], row["step_times"], strict=True)
+            ):
+                writer.writerow([row["run"], step, f"{loss:.6f}", f"{seconds:.6f}"])
+    summary = [
+        {k: v for k, v in row.items() if k not in ("losses", "step_times")} for row in results
+    ]
+    (folder / "summary.json").write_text(
+        json.dumps({"title": title, "provenance": report.provenance(), "runs": summary}, indent=2)
+    )
+    plot(folder / "loss.png", title, results)
+
+
+def plot(path: Path, title: str, results: list[dict]) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("(no plot: pip install 'commpress[plot]')")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (losses, times) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for row in results:
+        losses.plot(row["losses"], label=row["run"])
+        times.plot([s * 1e3 for s in row["step_times"]], label=row["run"])
+    losses.set_xlabel("step")
+    losses.set_ylabel("training loss (mean over ranks)")
+    times.set_xlabel("step")
+    times.set_ylabel("step time (ms)")
+    for axes in (losses, times):
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--strategy", choices=("fsdp", "ddp"), default="fsdp")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        default=["plain", "int8"],
+        metavar="RUN",
+        help="configurations, same seed: plain (torch's collectives), a spec for both "
+        "all-gather and reduce-scatter (int8, int4@alltoall), or AG_SPEC/RS_SPEC (plain int8)",
+    )
+    parser.add_argument("--steps", type=positive_int, default=60, help="optimizer steps (60)")
+    parser.add_argument("--batch", type=positive_int, default=8, help="sequences per rank (8)")
+    parser.add_argument("--context", type=positive_int, default=64, help="tokens per sequence")
+    parser.add_argument("--dim", type=positive_int, default=128, help="model width (128)")
+    parser.add_argument("--layers", type=positive_int, default=2, help="transformer blocks (2)")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (4)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduction")
+    parser.add_argument("--nprocs", type=positive_int, default=2, help="local processes (2)")
+    add_link_arguments(parser, required=False)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the job")
+    parser.add_argument("--out", default="train-results", help="folder for CSV, JSON, PNG")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")

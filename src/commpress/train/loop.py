@@ -1,0 +1,178 @@
+"""The training job run on every rank: each configuration in turn, same seed, same data."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+import commpress as cp
+from commpress.train.data import Corpus, batch
+from commpress.train.model import GPT, GPTConfig
+
+UNCOMPRESSED = "plain"
+TORCH_COLLECTIVE = "none@native"  # torch's own collective, through commpress's timing adapter
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration: ``plain`` (torch's collectives), ``SPEC`` or ``AG_SPEC/RS_SPEC``."""
+
+    label: str
+    all_gather: str
+    reduce_scatter: str
+
+    @classmethod
+    def parse(cls, text: str, strategy: str) -> Run:
+        if text == UNCOMPRESSED:
+            return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE)
+        gather, slash, scatter = text.partition("/")
+        if strategy == "ddp" and slash:
+            raise ValueError(f"--compare {text!r}: DDP all-reduces; give one spec, not AG/RS")
+        return cls(text, gather, scatter if slash else gather)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    runs: tuple[Run, ...]
+    model: GPTConfig
+    strategy: str = "fsdp"
+    steps: int = 60
+    batch_size: int = 8
+    learning_rate: float = 3e-3
+    seed: int = 0
+    corpus_bytes: int = 4 << 20
+    bf16: bool = False
+    eval_batches: int = 4
+
+
+def _wrap(model: GPT, config: TrainConfig, run: Run):
+    """The parallel model, and the counters of its collectives."""
+    if config.strategy == "ddp":
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.ddp.hook(run.all_gather)
+        ddp.register_comm_hook(state, hook)
+        return ddp, [state.stats]
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if config.bf16 else None, reduce_dtype=torch.float32
+    )
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    compression = cp.fsdp.compress(model, run.all_gather, run.reduce_scatter)
+    return model, [compression.all_gather, compression.reduce_scatter]
+
+
+def _loss(model, tokens, targets) -> torch.Tensor:
+    logits = model(tokens)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Progress:
+    """A progress bar on a terminal, a line every tenth of the run elsewhere."""
+
+    def __init__(self, label: str, total: int, enabled: bool) -> None:
+        self.label, self.total, self.enabled = label, total, enabled
+        self.interactive = enabled and sys.stderr.isatty()
+
+    def update(self, step: int, loss: float, seconds: float) -> None:
+        if not self.enabled:
+            return
+        done = step + 1
+        if not self.interactive and done % max(1, self.total // 10) and done != self.total:
+            return
+        width = 30
+        filled = width * done // self.total
+        bar = "#" * filled + "." * (width - filled)
+        line = f"[{self.label:>12}] {bar} {done}/{self.total} loss {loss:.3f} {seconds:.2f} s/step"
+        end = "\r" if self.interactive and done != self.total else "\n"
+        print(line, end=end, file=sys.stderr, flush=True)
+
+
+def train_worker(rank: int, world_size: int, config: TrainConfig):
+    torch.set_num_threads(1)
+    corpus = Corpus.standard_library(config.corpus_bytes)
+    side = dist.new_group()  # loss averaging, never mixed with the measured traffic
+    results = []
+    for run in config.runs:
+        torch.manual_seed(config.seed)
+        model, counters = _wrap(GPT(config.model), config, run)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
+        progress = Progress(run.label, config.steps, enabled=rank == 0)
+        losses, step_seconds, comm_seconds = [], [], []
+        for step in range(config.steps):
+            tokens, targets = batch(
+                corpus.train, config.batch_size, config.model.context, generator
+            )
+            busy_before = sum(c.snapshot()["seconds"] for c in counters)
+            start = time.perf_counter()
+            loss = _loss(model, tokens, targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_seconds.append(time.perf_counter() - start)
+            comm_seconds.append(sum(c.snapshot()["seconds"] for c in counters) - busy_before)
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss, group=side)
+            losses.append(mean_loss.item() / world_size)
+            progress.update(step, losses[-1], step_seconds[-1])
+        results.append(
+            _summary(
+                run,
+                config,
+                world_size,
+                losses,
+                step_seconds,
+                comm_seconds,
+                _evaluate(model, corpus, config),
+                counters,
+            )
+        )
+        dist.barrier(side)
+    return results if rank == 0 else None
+
+
+@torch.no_grad()
+def _evaluate(model, corpus: Corpus, config: TrainConfig) -> float:
+    """Held-out loss on the same windows on every rank."""
+    generator = torch.Generator().manual_seed(config.seed + 7)
+    losses = []
+    for _ in range(config.eval_batches):
+        tokens, targets = batch(
+            corpus.validation, config.batch_size, config.model.context, generator
+        )
+        losses.append(_loss(model, tokens, targets).item())
+    return sum(losses) / len(losses)
+
+
+def _summary(run, config, world_size, losses, step_seconds, comm_seconds, eval_loss, counters):
+    warmup = min(3, len(step_seconds) // 5)  # lazy initialisation, first kernel builds
+    timed, comm = step_seconds[warmup:], comm_seconds[warmup:]
+    median = statistics.median(timed)
+    tokens_per_step = world_size * config.batch_size * config.model.context
+    traffic = [c.snapshot() for c in counters]
+    return {
+        "run": run.label,
+        "all_gather": run.all_gather,
+        "reduce_scatter": run.reduce_scatter,
+        "strategy": config.strategy,
+        "ranks": world_size,
+        "steps": config.steps,
+        "step_s": median,
+        "tokens_per_s": tokens_per_step / median,
+        "comm_fraction": sum(comm) / sum(timed),
+        "final_loss": sum(losses[-5:]) / len(losses[-5:]),
+        "eval_loss": eval_loss,
+        "wire_bytes": sum(t["wire_bytes"] for t in traffic),
+        "raw_bytes": sum(t["raw_bytes"] for t in traffic),
+        "losses": losses,
+        "step_times": step_seconds,
+    }
