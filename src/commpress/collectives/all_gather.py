@@ -44,7 +44,7 @@ def all_gather_into_tensor(
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     if algorithm == "native":
-        work = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+        work = dist.all_gather_single(out, inp, group=group, async_op=True)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")

@@ -63,7 +63,7 @@ def reduce_scatter_tensor(
         raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
     _check_residual(residual, inp, algorithm)
     if algorithm == "native":
-        work = dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=True)
+        work = dist.reduce_scatter_single(out, inp, op=op, group=group, async_op=True)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")

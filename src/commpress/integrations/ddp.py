@@ -5,8 +5,7 @@ thread completes; nothing ever blocks inside a future callback (torch 2.13's own
 PowerSGD hook does, and hangs on gloo).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -47,7 +46,7 @@ def hook(
     return HookState(spec, group, timeout), compressed_allreduce_hook
 
 
-def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future:
+def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
     raw = tensor.numel() * tensor.element_size() * 2 * (world_size - 1) // world_size
