@@ -146,11 +146,11 @@ def add_arguments(parser) -> None:
         help="configurations, same seed: plain (torch's collectives), a spec for both "
         "all-gather and reduce-scatter (int8, int4@alltoall), or AG_SPEC/RS_SPEC (plain int8)",
     )
-    parser.add_argument("--steps", type=positive_int, default=60, help="optimizer steps (60)")
+    parser.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (200)")
     parser.add_argument("--batch", type=positive_int, default=8, help="sequences per rank (8)")
     parser.add_argument("--context", type=positive_int, default=64, help="tokens per sequence")
     parser.add_argument("--dim", type=positive_int, default=128, help="model width (128)")
-    parser.add_argument("--layers", type=positive_int, default=2, help="transformer blocks (2)")
+    parser.add_argument("--layers", type=positive_int, default=4, help="transformer blocks (4)")
     parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (4)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=0)

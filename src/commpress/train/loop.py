@@ -44,7 +44,7 @@ class TrainConfig:
     runs: tuple[Run, ...]
     model: GPTConfig
     strategy: str = "fsdp"
-    steps: int = 60
+    steps: int = 200
     batch_size: int = 8
     learning_rate: float = 3e-3
     seed: int = 0

@@ -14,7 +14,7 @@ class GPTConfig:
     vocab_size: int = 256
     context: int = 64
     dim: int = 128
-    layers: int = 2
+    layers: int = 4
     heads: int = 4
 
     def __post_init__(self) -> None:
