@@ -9,6 +9,7 @@ from commpress.collectives import (
     reduce_scatter_tensor,
     release_workspace,
 )
+from commpress import lowrank
 from commpress.integrations import ddp, fsdp
 
 __version__ = "0.1.0"
@@ -23,6 +24,7 @@ __all__ = [
     "fsdp",
     "get_codec",
     "list_codecs",
+    "lowrank",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
     "release_workspace",

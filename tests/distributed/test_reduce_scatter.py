@@ -194,3 +194,51 @@ def test_nan_propagates_through_reduce_scatter_and_all_reduce():
             assert torch.isfinite(results[rank][algorithm][0]).all(), (algorithm, rank)
         for rank in range(3):
             assert torch.isnan(results[rank][algorithm][1][400 + 17]), (algorithm, rank)
+
+
+def _error_feedback(rank, world_size):
+    numel = 3 * 1000
+    generator = torch.Generator().manual_seed(rank)
+    residual = torch.zeros(numel)
+    history = []
+    for _ in range(2):
+        inp = torch.randn(numel, generator=generator)
+        before = residual.clone()
+        out = torch.empty(numel // world_size)
+        reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", residual=residual)
+        history.append((inp, before, residual.clone(), out))
+    try:
+        reduce_scatter_tensor(
+            torch.empty(1000), torch.empty(numel), residual=residual, algorithm="ring"
+        )
+    except ValueError as error:
+        return history, str(error)
+    return history, None
+
+
+def test_error_feedback_residual_holds_exactly_what_the_encoding_lost():
+    """``inp + residual_before == sent + residual_after``: summing what was sent reproduces
+    the output, and the own chunk is never encoded (its residual stays zero)."""
+    world_size = 3
+    results = run_distributed(_error_feedback, world_size, timeout=120)
+    histories = [history for history, _ in results]
+    assert "residual (error feedback) needs algorithm='alltoall'" in results[0][1]
+    chunk = 1000
+    for step in range(2):
+        for rank in range(world_size):
+            part = slice(rank * chunk, (rank + 1) * chunk)
+            sent = []
+            for source in range(world_size):
+                inp, before, after, _ = histories[source][step]
+                value = inp[part].double() + before[part].double() - after[part].double()
+                sent.append(value)
+                if source == rank:
+                    assert torch.equal(after[part], torch.zeros(chunk))
+            out = histories[rank][step][3].double()
+            magnitude = sum(s.abs() for s in sent)
+            assert (
+                (out - sum(sent)).abs() <= 4 * (world_size - 1) * 2.0**-24 * magnitude + 1e-6
+            ).all()
+            # each residual is an int8 rounding error: at most absmax/254 of its block
+            inp, before, after, _ = histories[rank][step]
+            assert after.abs().max() <= (inp + before).abs().max() / 254 * 1.001

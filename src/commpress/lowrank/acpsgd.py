@@ -1,0 +1,40 @@
+"""ACP-SGD (Zhang et al., 2023): alternate which factor is computed and communicated.
+
+Even steps keep ``Q`` from the last odd step, orthogonalize it locally (it is
+identical on every rank) and all-reduce ``P = M Q``; odd steps do the same with
+the roles swapped. One all-reduce per step, half of PowerSGD's, and each step
+warm-starts from the other factor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commpress.lowrank.algorithm import Factors, LowRankAlgorithm
+from commpress.lowrank.operators import orthogonalize
+
+
+class ACPSGD(LowRankAlgorithm):
+    name = "acpsgd"
+
+    def initial_factors(self, n, m, generator) -> Factors:
+        return {
+            "p": torch.randn(n, self.rank, generator=generator),
+            "q": torch.randn(m, self.rank, generator=generator),
+        }
+
+    def rounds(self, step: int) -> int:
+        return 1
+
+    def factor(self, round_, step, matrices, factors) -> torch.Tensor:
+        if step % 2 == 0:
+            factors["q"] = orthogonalize(factors["q"], self.orthogonalization)
+            return torch.bmm(matrices, factors["q"])
+        factors["p"] = orthogonalize(factors["p"], self.orthogonalization)
+        return torch.bmm(matrices.transpose(1, 2), factors["p"])
+
+    def absorb(self, round_, step, total, factors, world_size) -> None:
+        factors["p" if step % 2 == 0 else "q"] = total / world_size
+
+    def reconstruct(self, step, factors) -> torch.Tensor:
+        return torch.bmm(factors["p"], factors["q"].transpose(1, 2))

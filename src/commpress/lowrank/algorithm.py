@@ -1,0 +1,91 @@
+"""One interface for low-rank gradient compression (PowerSGD and its family).
+
+An algorithm works on a *batch* of same-shape matrices ``M`` (``b x n x m``: the
+gradients plus their error feedback) and says, round by round, which factor to
+all-reduce (low-rank factors add linearly, so a sum over ranks is the sum of the
+compressed gradients), what to do with the sum, and how to reconstruct the
+averaged gradient. Everything else (grouping by shape, fusing every batch's
+factor and the uncompressed tensors into one all-reduce per round, error
+feedback, warm-up, statistics, checkpoints) is :class:`commpress.lowrank.Reducer`'s.
+A new algorithm is one file with these four methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from commpress.lowrank.operators import ORTHOGONALIZATIONS
+
+#: A batch's algorithm state: named factor tensors, each ``(b, rows, rank)``.
+Factors = dict[str, torch.Tensor]
+
+
+class LowRankAlgorithm(ABC):
+    name: str = ""
+
+    def __init__(
+        self,
+        rank: int = 4,
+        *,
+        start_iter: int = 10,
+        min_compression_rate: float = 2.0,
+        error_feedback: bool = True,
+        warm_start: bool = True,
+        orthogonalization: str = "gram-schmidt",
+        seed: int = 0,
+    ) -> None:
+        """``rank``: columns of each factor. ``start_iter``: steps all-reduced uncompressed
+        first. ``min_compression_rate``: a matrix is compressed only if its factors are at
+        least this many times smaller (else it joins the uncompressed tensors; so does
+        any matrix whose smaller side is not above ``rank``). ``orthogonalization``:
+        ``gram-schmidt``, ``householder`` or ``cholesky``."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be an int of at least 1, got {rank!r}")
+        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
+            raise ValueError(f"start_iter must be a non-negative int, got {start_iter!r}")
+        if not min_compression_rate >= 1:
+            raise ValueError(f"min_compression_rate must be at least 1, got {min_compression_rate}")
+        if orthogonalization not in ORTHOGONALIZATIONS:
+            raise ValueError(
+                f"unknown orthogonalization {orthogonalization!r}; known: {ORTHOGONALIZATIONS}"
+            )
+        self.rank, self.start_iter = rank, start_iter
+        self.min_compression_rate = float(min_compression_rate)
+        self.error_feedback, self.warm_start = error_feedback, warm_start
+        self.orthogonalization, self.seed = orthogonalization, seed
+
+    def compresses(self, n: int, m: int) -> bool:
+        """Whether an ``n x m`` matrix is worth compressing at this rank."""
+        if min(n, m) <= self.rank:
+            return False
+        return n * m >= self.min_compression_rate * self.rank * (n + m)
+
+    @abstractmethod
+    def initial_factors(self, n: int, m: int, generator: torch.Generator) -> Factors:
+        """Factors of one ``n x m`` matrix before its first compressed step (identical on
+        every rank: ``generator`` is seeded the same everywhere)."""
+
+    @abstractmethod
+    def rounds(self, step: int) -> int:
+        """All-reduces this step (``step`` counts compressed steps from 0)."""
+
+    @abstractmethod
+    def factor(
+        self, round_: int, step: int, matrices: torch.Tensor, factors: Factors
+    ) -> torch.Tensor:
+        """The ``(b, rows, rank)`` tensor to sum over ranks in this round."""
+
+    @abstractmethod
+    def absorb(
+        self, round_: int, step: int, total: torch.Tensor, factors: Factors, world_size: int
+    ):
+        """Take the sum over ranks of this round's factor into ``factors``."""
+
+    @abstractmethod
+    def reconstruct(self, step: int, factors: Factors) -> torch.Tensor:
+        """The averaged gradient approximation, ``(b, n, m)``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, start_iter={self.start_iter})"

@@ -1,0 +1,91 @@
+"""Batched operators of low-rank compression: gradients as matrices, orthogonalization.
+
+Every operator takes a batch of same-shape matrices ``(b, n, r)`` so that many
+layers cost one kernel launch, and computes in fp32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ORTHOGONALIZATIONS = ("gram-schmidt", "householder", "cholesky")
+#: Cholesky-QR squares the condition number; beyond this it loses fp32 orthogonality.
+CHOLESKY_MAX_CONDITION = 1e3
+_TINY = 1e-30
+
+
+def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
+    """A view of a gradient as a matrix: linear ``(out, in)``, conv ``(out, in*kh*kw)``;
+    None for tensors with fewer than two dimensions (biases, norms)."""
+    if tensor.dim() < 2:
+        return None
+    return tensor.reshape(tensor.shape[0], -1)
+
+
+def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch.Tensor:
+    """Orthonormal columns spanning each matrix's columns, ``(b, n, r)`` with ``r <= n``.
+
+    Returns a new fp32 tensor. A zero column stays zero (it spans nothing);
+    ``cholesky`` falls back to Householder for matrices whose Gram matrix is too
+    ill-conditioned.
+    """
+    if method not in ORTHOGONALIZATIONS:
+        raise ValueError(f"unknown orthogonalization {method!r}; known: {ORTHOGONALIZATIONS}")
+    if matrices.dim() != 3:
+        raise ValueError(f"matrices must be a batch (b, n, r), got shape {tuple(matrices.shape)}")
+    if matrices.shape[2] > matrices.shape[1]:
+        raise ValueError(
+            f"cannot orthogonalize {matrices.shape[2]} columns in {matrices.shape[1]} dimensions"
+        )
+    matrices = matrices.float()
+    if method == "gram-schmidt":
+        return _gram_schmidt(matrices)
+    if method == "householder":
+        return _householder(matrices)
+    return _cholesky_qr(matrices)
+
+
+def _gram_schmidt(matrices: torch.Tensor) -> torch.Tensor:
+    """Modified Gram-Schmidt over columns, all matrices of the batch at once."""
+    result = matrices.clone()
+    for column in range(result.shape[2]):
+        current = result[:, :, column : column + 1]
+        if column:
+            previous = result[:, :, :column]
+            current -= previous @ (previous.transpose(1, 2) @ current)
+        norm = current.norm(dim=1, keepdim=True)
+        current /= torch.where(norm > _TINY, norm, torch.ones_like(norm))
+    return result
+
+
+def _householder(matrices: torch.Tensor) -> torch.Tensor:
+    q, r = torch.linalg.qr(matrices, mode="reduced")
+    # Zero columns come back as arbitrary unit vectors from QR; keep them zero.
+    signs = torch.sign(torch.diagonal(r, dim1=1, dim2=2))
+    return q * torch.where(signs == 0, torch.zeros_like(signs), torch.ones_like(signs)).unsqueeze(1)
+
+
+def _cholesky_qr(matrices: torch.Tensor) -> torch.Tensor:
+    gram = matrices.transpose(1, 2) @ matrices
+    lower, info = torch.linalg.cholesky_ex(gram)
+    diagonal = torch.diagonal(lower, dim1=1, dim2=2)
+    smallest, largest = diagonal.min(dim=1).values, diagonal.max(dim=1).values
+    fine = (info == 0) & (smallest > 0) & (largest <= smallest * CHOLESKY_MAX_CONDITION)
+    result = torch.empty_like(matrices)
+    if fine.any():
+        # Q = A L^-T, i.e. solve L Q^T = A^T
+        solved = torch.linalg.solve_triangular(
+            lower[fine], matrices[fine].transpose(1, 2), upper=False
+        )
+        result[fine] = solved.transpose(1, 2)
+    if (~fine).any():
+        result[~fine] = _householder(matrices[~fine])
+    return result
+
+
+def group_by_shape(matrices: list[torch.Tensor]) -> dict[tuple[int, ...], list[int]]:
+    """Indices of same-shape matrices, so each group is one batched kernel."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        groups.setdefault(tuple(matrix.shape), []).append(index)
+    return groups

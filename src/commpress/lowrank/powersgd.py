@@ -1,0 +1,38 @@
+"""PowerSGD (Vogels et al., 2019): one power iteration per step, warm-started.
+
+``P = M Q``, all-reduce P, orthogonalize; ``Q = M^T P``, all-reduce Q, average;
+the gradient is ``P Q^T``. Two all-reduces per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commpress.lowrank.algorithm import Factors, LowRankAlgorithm
+from commpress.lowrank.operators import orthogonalize
+
+
+class PowerSGD(LowRankAlgorithm):
+    name = "powersgd"
+
+    def initial_factors(self, n, m, generator) -> Factors:
+        return {"q": torch.randn(m, self.rank, generator=generator)}
+
+    def rounds(self, step: int) -> int:
+        return 2
+
+    def factor(self, round_, step, matrices, factors) -> torch.Tensor:
+        if round_ == 0:
+            if not self.warm_start:
+                factors["q"] = torch.randn_like(factors["q"])
+            return torch.bmm(matrices, factors["q"])
+        return torch.bmm(matrices.transpose(1, 2), factors["p"])
+
+    def absorb(self, round_, step, total, factors, world_size) -> None:
+        if round_ == 0:
+            factors["p"] = orthogonalize(total, self.orthogonalization)
+        else:
+            factors["q"] = total / world_size
+
+    def reconstruct(self, step, factors) -> torch.Tensor:
+        return torch.bmm(factors["p"], factors["q"].transpose(1, 2))
