@@ -113,6 +113,8 @@ class Reducer:
         for round_ in range(algorithm.rounds(step)):
             parts = [algorithm.factor(round_, step, m, f) for _, _, m, f in batches]
             extra = [plain_flat] if round_ == 0 and plain_flat is not None else []
+            if not parts and not extra:
+                break  # nothing of this part is compressed, the rest has travelled
             fused = torch.cat([p.reshape(-1) for p in parts] + extra)
             clock = self._lap("compress", clock)
             dist.all_reduce(fused, group=self.group)

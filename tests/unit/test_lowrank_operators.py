@@ -1,0 +1,155 @@
+"""Low-rank operators and algorithms in one process, against float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commpress.lowrank import ACPSGD, PowerSGD, as_matrix, get_algorithm, orthogonalize
+from commpress.lowrank.operators import ORTHOGONALIZATIONS, group_by_shape
+
+
+def batch_of(b, n, r, seed=0, dtype=torch.float32):
+    return torch.randn(b, n, r, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def projector(q: torch.Tensor) -> torch.Tensor:
+    q = q.double()
+    return q @ q.transpose(1, 2)
+
+
+@pytest.mark.parametrize("method", ORTHOGONALIZATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_orthogonalize_matches_float64_householder(method, dtype):
+    matrices = batch_of(5, 40, 4, dtype=dtype)
+    q = orthogonalize(matrices, method)
+    assert q.dtype == torch.float32 and q.shape == matrices.shape
+    identity = torch.eye(4, dtype=torch.float64).expand(5, 4, 4)
+    torch.testing.assert_close(q.double().transpose(1, 2) @ q.double(), identity, atol=1e-5, rtol=0)
+    reference, _ = torch.linalg.qr(matrices.double(), mode="reduced")
+    torch.testing.assert_close(projector(q), projector(reference), atol=1e-5, rtol=0)
+
+
+def test_cholesky_falls_back_when_the_gram_matrix_is_ill_conditioned():
+    matrices = batch_of(3, 50, 3)
+    matrices[1, :, 2] = matrices[1, :, 1] + 1e-6 * matrices[1, :, 0]  # nearly dependent
+    q = orthogonalize(matrices, "cholesky")
+    assert torch.isfinite(q).all()
+    identity = torch.eye(3).expand(3, 3, 3)
+    torch.testing.assert_close(q.transpose(1, 2) @ q, identity, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["gram-schmidt", "householder"])
+def test_a_zero_column_stays_zero(method):
+    matrices = batch_of(2, 10, 3)
+    matrices[0, :, 1] = 0
+    q = orthogonalize(matrices, method)
+    assert torch.equal(q[0, :, 1], torch.zeros(10))
+
+
+def test_nan_propagates_through_orthogonalization():
+    matrices = batch_of(2, 10, 2)
+    matrices[0, 3, 0] = float("nan")
+    q = orthogonalize(matrices)
+    assert torch.isnan(q[0]).any() and torch.isfinite(q[1]).all()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((batch_of(1, 4, 2), "qr"), "unknown orthogonalization"),
+     ((torch.ones(4, 2),), "batch"),
+     ((batch_of(1, 2, 3),), "cannot orthogonalize 3 columns in 2")],
+)  # fmt: skip
+def test_orthogonalize_rejects_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        orthogonalize(*args)
+
+
+def test_gradients_as_matrices():
+    assert as_matrix(torch.zeros(8, 3, 3, 3)).shape == (8, 27)
+    assert as_matrix(torch.zeros(5, 7)).shape == (5, 7)
+    assert as_matrix(torch.zeros(7)) is None
+    groups = group_by_shape([torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, 3)])
+    assert groups == {(2, 3): [0, 2], (4, 3): [1]}
+
+
+def simulate(algorithm, per_rank: list[torch.Tensor], factors, step=0) -> torch.Tensor:
+    """One compressed step of ``algorithm`` over simulated ranks: sums stand for all-reduce."""
+    world_size = len(per_rank)
+    states = [{k: v.clone() for k, v in factors.items()} for _ in per_rank]
+    for round_ in range(algorithm.rounds(step)):
+        parts = [
+            algorithm.factor(round_, step, m, s) for m, s in zip(per_rank, states, strict=True)
+        ]
+        total = sum(parts)
+        for state in states:
+            algorithm.absorb(round_, step, total.clone(), state, world_size)
+    outputs = [algorithm.reconstruct(step, state) for state in states]
+    for output in outputs[1:]:
+        assert torch.equal(output, outputs[0])  # every rank reconstructs the same
+    return outputs[0]
+
+
+@pytest.mark.parametrize("shape", [(12, 5), (5, 12)])
+def test_powersgd_at_full_rank_reconstructs_the_average(shape):
+    n, m = shape
+    per_rank = [batch_of(2, n, m, seed=s) for s in range(3)]
+    algorithm = PowerSGD(rank=min(n, m))
+    factors = {"q": torch.randn(2, m, min(n, m), generator=torch.Generator().manual_seed(9))}
+    result = simulate(algorithm, per_rank, factors)
+    torch.testing.assert_close(result, sum(per_rank) / 3, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("shape", "step"), [((12, 5), 0), ((5, 12), 1)])
+def test_acpsgd_at_full_rank_reconstructs_the_average(shape, step):
+    """Exact when the kept factor spans its whole side: Q (m <= rank) on even steps, P
+    (n <= rank) on odd steps."""
+    n, m = shape
+    per_rank = [batch_of(2, n, m, seed=s) for s in range(3)]
+    generator = torch.Generator().manual_seed(9)
+    factors = {
+        "p": torch.randn(2, n, 5, generator=generator),
+        "q": torch.randn(2, m, 5, generator=generator),
+    }
+    result = simulate(ACPSGD(rank=5), per_rank, factors, step)
+    torch.testing.assert_close(result, sum(per_rank) / 3, atol=1e-4, rtol=1e-4)
+
+
+def textbook_powersgd(per_rank: list[torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+    """Vogels et al., Algorithm 1, for one matrix, written plainly in float64."""
+    p = sum(m @ q for m in per_rank)
+    columns = []
+    for j in range(p.shape[1]):  # Gram-Schmidt
+        v = p[:, j].clone()
+        for u in columns:
+            v -= (u @ v) * u
+        columns.append(v / v.norm())
+    p_hat = torch.stack(columns, dim=1)
+    q_new = sum(m.T @ p_hat for m in per_rank) / len(per_rank)
+    return p_hat @ q_new.T
+
+
+def test_powersgd_step_equals_the_textbook_given_the_same_q():
+    per_rank = [batch_of(1, 30, 20, seed=s) for s in range(4)]
+    q = torch.randn(1, 20, 3, generator=torch.Generator().manual_seed(5))
+    ours = simulate(PowerSGD(rank=3), per_rank, {"q": q})
+    reference = textbook_powersgd([m[0].double() for m in per_rank], q[0].double())
+    torch.testing.assert_close(ours[0].double(), reference, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("powersgd:rank=0", "rank must be an int of at least 1"), ("topk", "unknown low-rank"),
+     ("acpsgd:rank=x", "rank in 'acpsgd:rank=x' must be int"), ("powersgd:depth=2", "bad option"),
+     ("powersgd:orthogonalization=lu", "unknown orthogonalization")],
+)  # fmt: skip
+def test_bad_algorithm_specs_are_value_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        get_algorithm(spec)
+
+
+def test_what_is_worth_compressing():
+    algorithm = PowerSGD(rank=4)
+    assert algorithm.compresses(256, 256)
+    assert not algorithm.compresses(256, 4)  # rank not below the smaller side
+    assert not algorithm.compresses(12, 12)  # factors 96 values vs 144: rate 1.5 < 2
