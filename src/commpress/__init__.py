@@ -1,5 +1,6 @@
 """commpress: cheaper communication for distributed PyTorch training."""
 
+from commpress import lowrank
 from commpress.codecs import Codec, get_codec, list_codecs
 from commpress.collectives import (
     all_gather_into_tensor,
@@ -9,7 +10,6 @@ from commpress.collectives import (
     reduce_scatter_tensor,
     release_workspace,
 )
-from commpress import lowrank
 from commpress.integrations import ddp, fsdp
 
 __version__ = "0.1.0"

@@ -3,7 +3,8 @@
 Even steps keep ``Q`` from the last odd step, orthogonalize it locally (it is
 identical on every rank) and all-reduce ``P = M Q``; odd steps do the same with
 the roles swapped. One all-reduce per step, half of PowerSGD's, and each step
-warm-starts from the other factor.
+warm-starts from the other factor. The kept factor is the same on every rank, so
+each rank's compression is a local projection and error feedback uses it.
 """
 
 from __future__ import annotations
@@ -29,12 +30,19 @@ class ACPSGD(LowRankAlgorithm):
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
         if step % 2 == 0:
             factors["q"] = orthogonalize(factors["q"], self.orthogonalization)
-            return torch.bmm(matrices, factors["q"])
-        factors["p"] = orthogonalize(factors["p"], self.orthogonalization)
-        return torch.bmm(matrices.transpose(1, 2), factors["p"])
+            factors["_local"] = torch.bmm(matrices, factors["q"])
+        else:
+            factors["p"] = orthogonalize(factors["p"], self.orthogonalization)
+            factors["_local"] = torch.bmm(matrices.transpose(1, 2), factors["p"])
+        return factors["_local"]
 
     def absorb(self, round_, step, total, factors, world_size) -> None:
         factors["p" if step % 2 == 0 else "q"] = total / world_size
 
     def reconstruct(self, step, factors) -> torch.Tensor:
         return torch.bmm(factors["p"], factors["q"].transpose(1, 2))
+
+    def local_approximation(self, step, factors) -> torch.Tensor:
+        if step % 2 == 0:
+            return torch.bmm(factors["_local"], factors["q"].transpose(1, 2))
+        return torch.bmm(factors["p"], factors["_local"].transpose(1, 2))

@@ -87,5 +87,12 @@ class LowRankAlgorithm(ABC):
     def reconstruct(self, step: int, factors: Factors) -> torch.Tensor:
         """The averaged gradient approximation, ``(b, n, m)``."""
 
+    def local_approximation(self, step: int, factors: Factors) -> torch.Tensor:
+        """What this rank's own matrices were compressed to, for error feedback
+        (``error = M - local_approximation``). By default the averaged reconstruction, as
+        in PowerSGD, where orthogonalization after the all-reduce leaves no local one.
+        Factors named with a leading ``_`` are scratch for this step, never kept."""
+        return self.reconstruct(step, factors)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, start_iter={self.start_iter})"

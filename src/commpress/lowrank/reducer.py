@@ -37,6 +37,15 @@ class LowRankStats:
     def compression_ratio(self) -> float:
         return self.raw_bytes / self.sent_bytes if self.sent_bytes else 1.0
 
+    def snapshot(self) -> dict:
+        """The counters ``commpress train`` reads from every integration."""
+        return {
+            "calls": self.steps,
+            "wire_bytes": self.sent_bytes,
+            "raw_bytes": self.raw_bytes,
+            "seconds": self.seconds["communicate"],
+        }
+
 
 class Reducer:
     def __init__(self, algorithm: LowRankAlgorithm, group: dist.ProcessGroup | None = None):
@@ -128,13 +137,15 @@ class Reducer:
             clock = self._lap("compress", clock)
         for indices, keys, stacked, factors in batches:
             approximation = algorithm.reconstruct(step, factors)
+            error = None
+            if algorithm.error_feedback:
+                error = stacked - algorithm.local_approximation(step, factors)
             gradients = [compressed[i][1] for i in indices]
-            self._write_back(keys, gradients, stacked, factors, approximation)
+            self._write_back(keys, gradients, error, factors, approximation)
         self._lap("reconstruct", clock)
 
-    def _write_back(self, keys, gradients, stacked, factors, approximation) -> None:
+    def _write_back(self, keys, gradients, error, factors, approximation) -> None:
         finite = torch.isfinite(approximation).flatten(1).all(dim=1).tolist()
-        error = stacked - approximation if self.algorithm.error_feedback else None
         for position, (key, gradient) in enumerate(zip(keys, gradients, strict=True)):
             gradient.copy_(approximation[position].view_as(gradient))
             state = self.states[key]
@@ -143,7 +154,8 @@ class Reducer:
                 self.states[key] = self._fresh_state(*approximation.shape[1:])
                 continue
             for name, value in factors.items():
-                state[name] = value[position]
+                if not name.startswith("_"):
+                    state[name] = value[position]
             if error is not None:
                 state["error"] = error[position]
 

@@ -85,8 +85,12 @@ def _check_specs(config: TrainConfig) -> None:
     """Bad specs fail here, before any process starts."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations.spec import CollectiveSpec
+    from commpress.lowrank import get_algorithm
 
     for run in config.runs:
+        if run.lowrank is not None:
+            get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
+            continue
         if config.strategy == "fsdp":
             CollectiveSpec.parse(run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec")
         CollectiveSpec.parse(run.reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce spec")
@@ -144,7 +148,8 @@ def add_arguments(parser) -> None:
         default=["plain", "int8"],
         metavar="RUN",
         help="configurations, same seed: plain (torch's collectives), a spec for both "
-        "all-gather and reduce-scatter (int8, int4@alltoall), or AG_SPEC/RS_SPEC (plain int8)",
+        "all-gather and reduce-scatter (int8, int4@alltoall), AG_SPEC/RS_SPEC; with --strategy "
+        "ddp also powersgd:rank=4 / acpsgd:rank=4 (@serial: no scheduler), torch-powersgd:rank=4",
     )
     parser.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (200)")
     parser.add_argument("--batch", type=positive_int, default=8, help="sequences per rank (8)")

@@ -14,25 +14,40 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
+from commpress.lowrank.registry import ALGORITHMS
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
 
 UNCOMPRESSED = "plain"
+TORCH_POWERSGD = "torch-powersgd"
+LOWRANK_NAMES = tuple(ALGORITHMS)
 TORCH_COLLECTIVE = "none@native"  # torch's own collective, through commpress's timing adapter
 
 
 @dataclass(frozen=True)
 class Run:
-    """One configuration: ``plain`` (torch's collectives), ``SPEC`` or ``AG_SPEC/RS_SPEC``."""
+    """One configuration: ``plain`` (torch's collectives), ``SPEC`` or ``AG_SPEC/RS_SPEC``;
+    for DDP also a low-rank algorithm (``powersgd:rank=4``, ``@serial`` for no scheduler)
+    or ``torch-powersgd:rank=4`` (torch's own hook; it hangs on gloo)."""
 
     label: str
     all_gather: str
     reduce_scatter: str
+    lowrank: str | None = None
+    scheduler: bool = True
 
     @classmethod
     def parse(cls, text: str, strategy: str) -> Run:
         if text == UNCOMPRESSED:
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE)
+        name = text.partition(":")[0]
+        if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
+            if strategy != "ddp":
+                raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
+            spec, _, mode = text.partition("@")
+            if mode not in ("", "serial"):
+                raise ValueError(f"--compare {text!r}: only @serial may follow a low-rank spec")
+            return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE, spec, mode != "serial")
         gather, slash, scatter = text.partition("/")
         if strategy == "ddp" and slash:
             raise ValueError(f"--compare {text!r}: DDP all-reduces; give one spec, not AG/RS")
@@ -57,9 +72,15 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
     """The parallel model, and the counters of its collectives."""
     if config.strategy == "ddp":
         ddp = DistributedDataParallel(model)
-        state, hook = cp.ddp.hook(run.all_gather)
+        if run.lowrank is None:
+            state, hook = cp.ddp.hook(run.all_gather)
+            ddp.register_comm_hook(state, hook)
+            return ddp, [state.stats]
+        if run.lowrank.startswith(TORCH_POWERSGD):
+            return ddp, _torch_powersgd(ddp, run.lowrank)
+        state, hook = cp.lowrank.ddp_hook(run.lowrank, model=model, scheduler=run.scheduler)
         ddp.register_comm_hook(state, hook)
-        return ddp, [state.stats]
+        return ddp, [state.reducer.stats]
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if config.bf16 else None, reduce_dtype=torch.float32
     )
@@ -68,6 +89,20 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
     fully_shard(model, mp_policy=policy)
     compression = cp.fsdp.compress(model, run.all_gather, run.reduce_scatter)
     return model, [compression.all_gather, compression.reduce_scatter]
+
+
+def _torch_powersgd(ddp, spec: str) -> list:
+    """torch's own PowerSGD hook, for comparison (on gloo it blocks in a callback and hangs)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    rank = cp.lowrank.get_algorithm(spec.removeprefix("torch-"))
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=rank.rank,
+        start_powerSGD_iter=max(2, rank.start_iter),
+    )
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return []
 
 
 def _loss(model, tokens, targets) -> torch.Tensor:
@@ -168,7 +203,7 @@ def _summary(run, config, world_size, losses, step_seconds, comm_seconds, eval_l
         "steps": config.steps,
         "step_s": median,
         "tokens_per_s": tokens_per_step / median,
-        "comm_fraction": sum(comm) / sum(timed),
+        "comm_fraction": sum(comm) / sum(timed) if counters else float("nan"),
         "final_loss": sum(losses[-5:]) / len(losses[-5:]),
         "eval_loss": eval_loss,
         "wire_bytes": sum(t["wire_bytes"] for t in traffic),
