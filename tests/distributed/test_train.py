@@ -53,6 +53,15 @@ def test_corpus_is_real_python_source_and_batches_are_next_token_pairs():
     assert torch.equal(tokens[:, 1:], targets[:, :-1])
 
 
+def test_low_rank_runs_are_ddp_only_and_checked_early(capsys):
+    assert Run.parse("powersgd:rank=4@serial", "ddp").scheduler is False
+    assert Run.parse("acpsgd:rank=2", "ddp").lowrank == "acpsgd:rank=2"
+    with pytest.raises(ValueError, match="needs --strategy ddp"):
+        Run.parse("powersgd:rank=4", "fsdp")
+    assert main(["train", "--strategy", "ddp", "--compare", "powersgd:rank=0"]) == 2
+    assert "rank must be an int of at least 1" in capsys.readouterr().err
+
+
 def test_run_labels_parse_into_specs():
     assert Run.parse("int8", "fsdp") == Run("int8", "int8", "int8")
     assert Run.parse("none/int4@alltoall", "fsdp") == Run(

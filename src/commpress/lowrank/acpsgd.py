@@ -39,10 +39,12 @@ class ACPSGD(LowRankAlgorithm):
     def absorb(self, round_, step, total, factors, world_size) -> None:
         factors["p" if step % 2 == 0 else "q"] = total / world_size
 
-    def reconstruct(self, step, factors) -> torch.Tensor:
-        return torch.bmm(factors["p"], factors["q"].transpose(1, 2))
+    def reconstruct(self, step, factors, out) -> None:
+        torch.bmm(factors["p"], factors["q"].transpose(1, 2), out=out)
 
-    def local_approximation(self, step, factors) -> torch.Tensor:
+    def local_approximation(self, step, factors, out) -> bool:
         if step % 2 == 0:
-            return torch.bmm(factors["_local"], factors["q"].transpose(1, 2))
-        return torch.bmm(factors["p"], factors["_local"].transpose(1, 2))
+            torch.bmm(factors["_local"], factors["q"].transpose(1, 2), out=out)
+        else:
+            torch.bmm(factors["p"], factors["_local"].transpose(1, 2), out=out)
+        return True

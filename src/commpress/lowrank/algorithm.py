@@ -84,15 +84,15 @@ class LowRankAlgorithm(ABC):
         """Take the sum over ranks of this round's factor into ``factors``."""
 
     @abstractmethod
-    def reconstruct(self, step: int, factors: Factors) -> torch.Tensor:
-        """The averaged gradient approximation, ``(b, n, m)``."""
+    def reconstruct(self, step: int, factors: Factors, out: torch.Tensor) -> None:
+        """Write the averaged gradient approximation, ``(b, n, m)``, into ``out``."""
 
-    def local_approximation(self, step: int, factors: Factors) -> torch.Tensor:
-        """What this rank's own matrices were compressed to, for error feedback
-        (``error = M - local_approximation``). By default the averaged reconstruction, as
-        in PowerSGD, where orthogonalization after the all-reduce leaves no local one.
-        Factors named with a leading ``_`` are scratch for this step, never kept."""
-        return self.reconstruct(step, factors)
+    def local_approximation(self, step: int, factors: Factors, out: torch.Tensor) -> bool:
+        """Write what this rank's own matrices were compressed to into ``out``, for error
+        feedback (``error = M - local``), and return True; or return False when that is the
+        averaged reconstruction, as in PowerSGD, where orthogonalizing after the all-reduce
+        leaves no local one. Factors named with a leading ``_`` are scratch for one step."""
+        return False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, start_iter={self.start_iter})"

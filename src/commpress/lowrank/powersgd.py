@@ -34,5 +34,5 @@ class PowerSGD(LowRankAlgorithm):
         else:
             factors["q"] = total / world_size
 
-    def reconstruct(self, step, factors) -> torch.Tensor:
-        return torch.bmm(factors["p"], factors["q"].transpose(1, 2))
+    def reconstruct(self, step, factors, out) -> None:
+        torch.bmm(factors["p"], factors["q"].transpose(1, 2), out=out)

@@ -56,6 +56,7 @@ class Reducer:
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
         self.stats = LowRankStats()
         self._generator = torch.Generator().manual_seed(algorithm.seed)
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     # -- the public step ------------------------------------------------------------------
 
@@ -107,12 +108,14 @@ class Reducer:
         clock = time.perf_counter()
         matrices = [as_matrix(g) for _, g in compressed]
         batches = []
-        for indices in group_by_shape(matrices).values():
+        for shape, indices in group_by_shape(matrices).items():
             keys = [compressed[i][0] for i in indices]
-            stacked = torch.stack([matrices[i].float() for i in indices])
-            states = [self._state(key, *matrices[indices[0]].shape) for key in keys]
+            stacked = self._buffer("stacked", (len(indices), *shape))
+            torch.stack([matrices[i].float() for i in indices], out=stacked)
+            states = [self._state(key, *shape) for key in keys]
             if algorithm.error_feedback:
-                stacked += torch.stack([s["error"] for s in states])
+                for position, state in enumerate(states):
+                    stacked[position] += state["error"]
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             batches.append((indices, keys, stacked, factors))
         plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
@@ -136,10 +139,13 @@ class Reducer:
                 _scatter_back(sums[-1] / world_size, plain)
             clock = self._lap("compress", clock)
         for indices, keys, stacked, factors in batches:
-            approximation = algorithm.reconstruct(step, factors)
+            approximation = self._buffer("approximation", stacked.shape)
+            algorithm.reconstruct(step, factors, approximation)
             error = None
-            if algorithm.error_feedback:
-                error = stacked - algorithm.local_approximation(step, factors)
+            if algorithm.error_feedback:  # the stacked matrices become their own error
+                local = self._buffer("local", stacked.shape)
+                own = algorithm.local_approximation(step, factors, local)
+                error = stacked.sub_(local if own else approximation)
             gradients = [compressed[i][1] for i in indices]
             self._write_back(keys, gradients, error, factors, approximation)
         self._lap("reconstruct", clock)
@@ -157,7 +163,15 @@ class Reducer:
                 if not name.startswith("_"):
                     state[name] = value[position]
             if error is not None:
-                state["error"] = error[position]
+                state["error"].copy_(error[position])
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Scratch reused from step to step: fresh memory costs a page fault per page, which
+        on the project's VM made a step of a 13M-parameter model 0.3 s slower."""
+        key = (name, tuple(shape))
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(shape)
+        return self._buffers[key]
 
     def _state(self, key, n: int, m: int) -> dict[str, torch.Tensor]:
         if key not in self.states:
