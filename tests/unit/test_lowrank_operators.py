@@ -156,3 +156,22 @@ def test_what_is_worth_compressing():
     assert algorithm.compresses(256, 256)
     assert not algorithm.compresses(256, 4)  # rank not below the smaller side
     assert not algorithm.compresses(12, 12)  # factors 96 values vs 144: rate 1.5 < 2
+
+
+def test_batched_products_match_float64():
+    from commpress.lowrank.operators import times, transposed_times
+
+    matrices, right, left = (
+        batch_of(3, 20, 12, seed=1),
+        batch_of(3, 12, 4, seed=2),
+        batch_of(3, 20, 4, seed=3),
+    )
+    torch.testing.assert_close(
+        times(matrices, right).double(), matrices.double() @ right.double(), atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        transposed_times(matrices, left).double(),
+        matrices.double().transpose(1, 2) @ left.double(),
+        atol=1e-5,
+        rtol=1e-5,
+    )

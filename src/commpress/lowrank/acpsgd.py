@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from commpress.lowrank.algorithm import Factors, LowRankAlgorithm
-from commpress.lowrank.operators import orthogonalize
+from commpress.lowrank.operators import orthogonalize, times, transposed_times
 
 
 class ACPSGD(LowRankAlgorithm):
@@ -30,10 +30,10 @@ class ACPSGD(LowRankAlgorithm):
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
         if step % 2 == 0:
             factors["q"] = orthogonalize(factors["q"], self.orthogonalization)
-            factors["_local"] = torch.bmm(matrices, factors["q"])
+            factors["_local"] = times(matrices, factors["q"])
         else:
             factors["p"] = orthogonalize(factors["p"], self.orthogonalization)
-            factors["_local"] = torch.bmm(matrices.transpose(1, 2), factors["p"])
+            factors["_local"] = transposed_times(matrices, factors["p"])
         return factors["_local"]
 
     def absorb(self, round_, step, total, factors, world_size) -> None:

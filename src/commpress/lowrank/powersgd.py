@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from commpress.lowrank.algorithm import Factors, LowRankAlgorithm
-from commpress.lowrank.operators import orthogonalize
+from commpress.lowrank.operators import orthogonalize, times, transposed_times
 
 
 class PowerSGD(LowRankAlgorithm):
@@ -25,8 +25,8 @@ class PowerSGD(LowRankAlgorithm):
         if round_ == 0:
             if not self.warm_start:
                 factors["q"] = torch.randn_like(factors["q"])
-            return torch.bmm(matrices, factors["q"])
-        return torch.bmm(matrices.transpose(1, 2), factors["p"])
+            return times(matrices, factors["q"])
+        return transposed_times(matrices, factors["p"])
 
     def absorb(self, round_, step, total, factors, world_size) -> None:
         if round_ == 0:

@@ -111,11 +111,12 @@ class Reducer:
         for shape, indices in group_by_shape(matrices).items():
             keys = [compressed[i][0] for i in indices]
             stacked = self._buffer("stacked", (len(indices), *shape))
-            torch.stack([matrices[i].float() for i in indices], out=stacked)
             states = [self._state(key, *shape) for key in keys]
-            if algorithm.error_feedback:
-                for position, state in enumerate(states):
-                    stacked[position] += state["error"]
+            for position, (index, state) in enumerate(zip(indices, states, strict=True)):
+                if algorithm.error_feedback:  # one pass: M = gradient + error
+                    torch.add(matrices[index], state["error"], out=stacked[position])
+                else:
+                    stacked[position].copy_(matrices[index])
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             batches.append((indices, keys, stacked, factors))
         plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
@@ -141,17 +142,23 @@ class Reducer:
         for indices, keys, stacked, factors in batches:
             approximation = self._buffer("approximation", stacked.shape)
             algorithm.reconstruct(step, factors, approximation)
-            error = None
-            if algorithm.error_feedback:  # the stacked matrices become their own error
+            local = None
+            if algorithm.error_feedback:
                 local = self._buffer("local", stacked.shape)
-                own = algorithm.local_approximation(step, factors, local)
-                error = stacked.sub_(local if own else approximation)
+                if not algorithm.local_approximation(step, factors, local):
+                    local = approximation
             gradients = [compressed[i][1] for i in indices]
-            self._write_back(keys, gradients, error, factors, approximation)
+            self._write_back(keys, gradients, stacked, local, factors, approximation)
         self._lap("reconstruct", clock)
 
-    def _write_back(self, keys, gradients, error, factors, approximation) -> None:
-        finite = torch.isfinite(approximation).flatten(1).all(dim=1).tolist()
+    def _write_back(self, keys, gradients, stacked, local, factors, approximation) -> None:
+        """Gradients get the approximation; each error buffer gets ``M - local`` in one pass."""
+        # NaN/Inf in any gradient reach the factors (a full pass over the approximation
+        # would cost more than computing it)
+        finite = torch.ones(len(keys), dtype=torch.bool)
+        for factor in factors.values():
+            finite &= torch.isfinite(factor).flatten(1).all(dim=1)
+        finite = finite.tolist()
         for position, (key, gradient) in enumerate(zip(keys, gradients, strict=True)):
             gradient.copy_(approximation[position].view_as(gradient))
             state = self.states[key]
@@ -162,8 +169,8 @@ class Reducer:
             for name, value in factors.items():
                 if not name.startswith("_"):
                     state[name] = value[position]
-            if error is not None:
-                state["error"].copy_(error[position])
+            if local is not None:
+                torch.sub(stacked[position], local[position], out=state["error"])
 
     def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Scratch reused from step to step: fresh memory costs a page fault per page, which
