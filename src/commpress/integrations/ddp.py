@@ -1,8 +1,8 @@
 """``cp.ddp.hook(codec)``: a ``DistributedDataParallel`` comm hook with compressed all-reduce.
 
 The hook returns at once with a ``torch.futures.Future`` that the communication
-thread completes; nothing ever blocks inside a future callback (torch 2.13's own
-PowerSGD hook does, and hangs on gloo).
+thread completes; nothing ever blocks inside a future callback, and collectives are
+issued in the same order on every rank.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.

@@ -3,7 +3,8 @@
 With the scheduler (default), each bucket's compression and all-reduces run on a
 worker thread in bucket order while the training thread goes on with backward;
 the hook returns a future at once and never blocks inside a callback (torch
-2.13's ``powerSGD_hook`` waits inside one and hangs on gloo). Without it, the
+2.13's ``powerSGD_hook`` chains collectives from callbacks, and on gloo it hung or
+aborted with a collective mismatch in our runs). Without it, the
 hook does everything before returning: the baseline that shows what overlap buys.
 """
 

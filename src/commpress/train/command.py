@@ -145,7 +145,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--compare",
         nargs="+",
-        default=["plain", "int8"],
+        default=["plain", "int8", "int4"],
         metavar="RUN",
         help="configurations, same seed: plain (torch's collectives), a spec for both "
         "all-gather and reduce-scatter (int8, int4@alltoall), AG_SPEC/RS_SPEC; with --strategy "

@@ -28,7 +28,7 @@ TORCH_COLLECTIVE = "none@native"  # torch's own collective, through commpress's 
 class Run:
     """One configuration: ``plain`` (torch's collectives), ``SPEC`` or ``AG_SPEC/RS_SPEC``;
     for DDP also a low-rank algorithm (``powersgd:rank=4``, ``@serial`` for no scheduler)
-    or ``torch-powersgd:rank=4`` (torch's own hook; it hangs on gloo)."""
+    or ``torch-powersgd:rank=4`` (torch's own hook; on gloo it may hang or abort)."""
 
     label: str
     all_gather: str
@@ -92,7 +92,7 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
 
 
 def _torch_powersgd(ddp, spec: str) -> list:
-    """torch's own PowerSGD hook, for comparison (on gloo it blocks in a callback and hangs)."""
+    """torch's own PowerSGD hook, for comparison (on gloo it may hang or abort)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
     rank = cp.lowrank.get_algorithm(spec.removeprefix("torch-"))
