@@ -180,3 +180,24 @@ def test_launch_without_a_cluster_or_command_is_a_usage_error(prefix):
     assert missing.returncode == 2 and "give the command to run" in missing.stderr
     assert present(Layout(prefix)) == []
     assert os.geteuid() == 0
+
+
+def test_cluster_up_status_down_from_the_command_line(prefix):
+    def cli(*arguments):
+        return subprocess.run(
+            [sys.executable, "-m", "commpress.cli", "cluster", *arguments, "--prefix", prefix],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    up = cli("up", "--hosts", "3", "--link", "200mbit", "--mtu", "9000")
+    assert up.returncode == 0, up.stderr
+    assert "3 hosts, links 200mbit, mtu 9000" in up.stdout
+    status = cli("status")
+    assert "cluster: 3 hosts, links 200mbit, mtu 9000" in status.stdout
+    assert f"{prefix}-h2" in status.stdout and "10.213.0.3" in status.stdout
+    again = cli("up", "--hosts", "3", "--link", "200mbit")
+    assert again.returncode == 1 and "already exists" in again.stderr
+    down = cli("down")
+    assert down.returncode == 0 and f"{prefix}-br" in down.stdout
+    assert "nothing to remove" in cli("down").stdout
+    assert f"no cluster named '{prefix}'" in cli("status").stdout
