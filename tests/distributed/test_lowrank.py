@@ -130,13 +130,24 @@ def test_nan_reaches_the_result_and_the_error_buffer_starts_afresh():
 
 def _ddp(rank, world_size, spec, scheduler):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    ddp = DistributedDataParallel(model)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10),
+    )  # fmt: skip
+    # buckets of ~one layer after DDP's first-iteration rebuild: the scheduler pipelines them
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.015)
     if spec is not None:
         state, hook = cp.lowrank.ddp_hook(spec, model=model, scheduler=scheduler)
-        ddp.register_comm_hook(state, hook)
+
+        def counting(state, bucket):
+            buckets.append(bucket.index())
+            return hook(state, bucket)
+
+        counting.__annotations__["return"] = torch.futures.Future[torch.Tensor]  # DDP checks it
+
+        ddp.register_comm_hook(state, counting)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    losses = []
+    losses, buckets = [], []
     for step in range(6):
         generator = torch.Generator().manual_seed(10 * step + rank)
         x, y = (
@@ -150,7 +161,7 @@ def _ddp(rank, world_size, spec, scheduler):
         losses.append(loss.item())
     params = [p.detach().clone() for p in model.parameters()]
     checkpoint = state.state_dict() if spec is not None else None
-    return losses, params, checkpoint
+    return losses, params, checkpoint, len(buckets)
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +178,10 @@ def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
     plain = ddp_runs[None, True][0][0]
     with_scheduler = ddp_runs["powersgd:rank=2,start_iter=2", True]
     without = ddp_runs["powersgd:rank=2,start_iter=2", False]
-    for (losses, params, checkpoint), (other_losses, other_params, _) in zip(
+    for (losses, params, checkpoint, buckets), (other_losses, other_params, *_) in zip(
         with_scheduler, without, strict=True
     ):
+        assert buckets > 2 * 6  # several buckets per step: the pipeline had work to overlap
         assert losses == other_losses  # the scheduler changes when, not what
         assert all(torch.equal(a, b) for a, b in zip(params, other_params, strict=True))
         assert checkpoint["step"] == 6 and "0.weight" in checkpoint["states"]

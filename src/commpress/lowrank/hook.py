@@ -1,22 +1,29 @@
 """``ddp_hook(algorithm)``: low-rank compression as a DistributedDataParallel comm hook.
 
-With the scheduler (default), each bucket's compression and all-reduces run on a
-worker thread in bucket order while the training thread goes on with backward;
-the hook returns a future at once and never blocks inside a callback (torch
-2.13's ``powerSGD_hook`` chains collectives from callbacks, and on gloo it hung or
-aborted with a collective mismatch in our runs). Without it, the
-hook does everything before returning: the baseline that shows what overlap buys.
+With the scheduler (default), a worker thread takes the buckets in order while
+the training thread goes on with backward, and pipelines them: when bucket i
+arrives, its first all-reduce is started (asynchronously), then every older
+bucket advances one round (its pending all-reduce is waited for, absorbed, and
+its next one started, or it is finished). So bucket i's P travels while bucket
+i-1's Q is computed, and the sequence of all-reduces depends only on the bucket
+order: the same on every rank. The hook returns a future at once and never
+blocks inside a callback (torch 2.13's ``powerSGD_hook`` chains collectives from
+callbacks, and on gloo it hung or aborted with a collective mismatch in our
+runs). Without the scheduler the hook does everything before returning: the
+baseline that shows what overlap buys.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
 import concurrent.futures
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from commpress.lowrank.algorithm import LowRankAlgorithm
-from commpress.lowrank.reducer import Reducer
+from commpress.lowrank.reducer import Part, Reducer
 from commpress.lowrank.registry import get_algorithm
 
 
@@ -26,6 +33,7 @@ class LowRankHookState:
     names: dict
     scheduler: bool
     worker: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
+    pipeline: "Pipeline | None" = field(default=None, repr=False)
 
     def state_dict(self) -> dict:
         return self.reducer.state_dict()
@@ -53,10 +61,14 @@ def ddp_hook(
     if group is None:
         group = dist.new_group()
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
-    worker = None
+    reducer = Reducer(algorithm, group)
+    state = LowRankHookState(reducer, names, scheduler)
     if scheduler:
-        worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="commpress-lowrank")
-    return LowRankHookState(Reducer(algorithm, group), names, scheduler, worker), lowrank_hook
+        state.worker = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="commpress-lowrank"
+        )
+        state.pipeline = Pipeline(reducer)
+    return state, lowrank_hook
 
 
 def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -77,12 +89,76 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
         future.set_result(reduce())
         return future
 
-    def complete(done: concurrent.futures.Future) -> None:
-        error = done.exception()
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(done.result())
+    def submit() -> None:
+        state.pipeline.submit(pairs, future, buffer, last)
 
-    state.worker.submit(reduce).add_done_callback(complete)
+    state.worker.submit(submit)
     return future
+
+
+@dataclass
+class _InFlight:
+    part: Part
+    future: torch.futures.Future
+    buffer: torch.Tensor
+    round_: int = 0
+    payload: torch.Tensor | None = None
+    work: object = None
+    started: float = 0.0
+
+
+class Pipeline:
+    """The scheduler's state, used only by its worker thread."""
+
+    def __init__(self, reducer: Reducer) -> None:
+        self.reducer = reducer
+        self.in_flight: deque[_InFlight] = deque()
+        self.sequence = 0
+
+    def submit(self, pairs, future, buffer, last: bool) -> None:
+        try:
+            slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once
+            self.sequence += 1
+            entry = _InFlight(self.reducer.plan(pairs, slot), future, buffer)
+            older = list(self.in_flight)
+            self.in_flight.append(entry)
+            self._start(entry)
+            for waiting in older:
+                self._advance(waiting)
+            if last:
+                while self.in_flight:
+                    self._advance(self.in_flight[0])
+                self.reducer.finish_step()
+                self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
+        except BaseException as error:  # never leave DDP waiting on a future
+            for waiting in self.in_flight:
+                if not waiting.future.done():
+                    waiting.future.set_exception(error)
+            if not future.done():
+                future.set_exception(error)
+            self.in_flight.clear()
+
+    def _start(self, entry: _InFlight) -> None:
+        """Start the entry's current round, skipping rounds with nothing to send."""
+        while entry.round_ < entry.part.rounds:
+            entry.payload = entry.part.payload(entry.round_)
+            if entry.payload is not None:
+                entry.started = time.perf_counter()
+                entry.work = dist.all_reduce(entry.payload, group=self.reducer.group, async_op=True)
+                return
+            entry.round_ += 1
+        self._finish(entry)
+
+    def _advance(self, entry: _InFlight) -> None:
+        if entry not in self.in_flight:
+            return
+        entry.work.wait()
+        self.reducer.stats.seconds["communicate"] += time.perf_counter() - entry.started
+        entry.part.take(entry.round_, entry.payload)
+        entry.round_ += 1
+        self._start(entry)
+
+    def _finish(self, entry: _InFlight) -> None:
+        entry.part.finish()
+        self.in_flight.remove(entry)
+        entry.future.set_result(entry.buffer)

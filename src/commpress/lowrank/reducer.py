@@ -68,88 +68,38 @@ class Reducer:
     def reduce_part(self, gradients: Sequence[tuple[Hashable, torch.Tensor]]) -> None:
         """Average some of this step's gradients (a DDP bucket); call ``finish_step`` after
         the last part."""
+        part = self.plan(gradients)
+        for round_ in range(part.rounds):
+            payload = part.payload(round_)
+            if payload is not None:
+                start = time.perf_counter()
+                dist.all_reduce(payload, group=self.group)
+                self.stats.seconds["communicate"] += time.perf_counter() - start
+                part.take(round_, payload)
+        part.finish()
+
+    def plan(self, gradients: Sequence[tuple[Hashable, torch.Tensor]], slot: int = 0) -> Part:
+        """The work of averaging ``gradients``, round by round, for a caller that runs the
+        all-reduces itself (the scheduler overlaps several parts; each alive part needs
+        its own ``slot`` of scratch buffers)."""
         gradients = list(gradients)
         for key, gradient in gradients:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
-            self._all_reduce_uncompressed([g for _, g in gradients], world_size)
-            return
+            return UncompressedPart(self, [g for _, g in gradients], world_size)
         compressed, plain = [], []
         for key, gradient in gradients:
             matrix = as_matrix(gradient)
             worth = matrix is not None and self.algorithm.compresses(*matrix.shape)
             (compressed if worth else plain).append((key, gradient))
-        self._compressed_step(compressed, [g for _, g in plain], world_size)
+        return CompressedPart(self, compressed, [g for _, g in plain], world_size, slot)
 
     def finish_step(self) -> None:
         self.stats.compressed_steps += self.step >= self.algorithm.start_iter
         self.step += 1
         self.stats.steps += 1
-
-    # -- uncompressed ---------------------------------------------------------------------
-
-    def _all_reduce_uncompressed(self, tensors: list[torch.Tensor], world_size: int) -> None:
-        if not tensors:
-            return
-        flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        start = time.perf_counter()
-        dist.all_reduce(flat, group=self.group)
-        self.stats.seconds["communicate"] += time.perf_counter() - start
-        self.stats.sent_bytes += flat.numel() * 4
-        self.stats.raw_bytes += flat.numel() * 4
-        _scatter_back(flat / world_size, tensors)
-
-    # -- compressed -----------------------------------------------------------------------
-
-    def _compressed_step(self, compressed, plain: list[torch.Tensor], world_size: int) -> None:
-        algorithm, step = self.algorithm, self.step - self.algorithm.start_iter
-        clock = time.perf_counter()
-        matrices = [as_matrix(g) for _, g in compressed]
-        batches = []
-        for shape, indices in group_by_shape(matrices).items():
-            keys = [compressed[i][0] for i in indices]
-            stacked = self._buffer("stacked", (len(indices), *shape))
-            states = [self._state(key, *shape) for key in keys]
-            for position, (index, state) in enumerate(zip(indices, states, strict=True)):
-                if algorithm.error_feedback:  # one pass: M = gradient + error
-                    torch.add(matrices[index], state["error"], out=stacked[position])
-                else:
-                    stacked[position].copy_(matrices[index])
-            factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
-            batches.append((indices, keys, stacked, factors))
-        plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
-        self.stats.raw_bytes += sum(g.numel() for _, g in compressed) * 4
-        self.stats.raw_bytes += 0 if plain_flat is None else plain_flat.numel() * 4
-        clock = self._lap("compress", clock)
-        for round_ in range(algorithm.rounds(step)):
-            parts = [algorithm.factor(round_, step, m, f) for _, _, m, f in batches]
-            extra = [plain_flat] if round_ == 0 and plain_flat is not None else []
-            if not parts and not extra:
-                break  # nothing of this part is compressed, the rest has travelled
-            fused = torch.cat([p.reshape(-1) for p in parts] + extra)
-            clock = self._lap("compress", clock)
-            dist.all_reduce(fused, group=self.group)
-            self.stats.sent_bytes += fused.numel() * 4
-            clock = self._lap("communicate", clock)
-            sums = torch.split(fused, [p.numel() for p in parts] + [e.numel() for e in extra])
-            for (_, _, _, factors), part, total in zip(batches, parts, sums, strict=False):
-                algorithm.absorb(round_, step, total.view_as(part), factors, world_size)
-            if extra:
-                _scatter_back(sums[-1] / world_size, plain)
-            clock = self._lap("compress", clock)
-        for indices, keys, stacked, factors in batches:
-            approximation = self._buffer("approximation", stacked.shape)
-            algorithm.reconstruct(step, factors, approximation)
-            local = None
-            if algorithm.error_feedback:
-                local = self._buffer("local", stacked.shape)
-                if not algorithm.local_approximation(step, factors, local):
-                    local = approximation
-            gradients = [compressed[i][1] for i in indices]
-            self._write_back(keys, gradients, stacked, local, factors, approximation)
-        self._lap("reconstruct", clock)
 
     def _write_back(self, keys, gradients, stacked, local, factors, approximation) -> None:
         """Gradients get the approximation; each error buffer gets ``M - local`` in one pass."""
@@ -172,10 +122,10 @@ class Reducer:
             if local is not None:
                 torch.sub(stacked[position], local[position], out=state["error"])
 
-    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _buffer(self, name: str, shape: tuple[int, ...], slot: int = 0) -> torch.Tensor:
         """Scratch reused from step to step: fresh memory costs a page fault per page, which
         on the project's VM made a step of a 13M-parameter model 0.3 s slower."""
-        key = (name, tuple(shape))
+        key = (name, tuple(shape), slot)
         if key not in self._buffers:
             self._buffers[key] = torch.empty(shape)
         return self._buffers[key]
@@ -225,3 +175,106 @@ def _scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     for tensor in tensors:
         tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
         offset += tensor.numel()
+
+
+class Part:
+    """Averaging some gradients takes ``rounds`` all-reduces: for each, ``payload(round)``
+    is the tensor to sum over ranks (None: nothing this round), ``take(round, sum)``
+    uses the sum; ``finish()`` writes the gradients. The order of rounds is the same on
+    every rank, which is what lets a scheduler interleave parts safely."""
+
+    rounds = 1
+
+    def payload(self, round_: int) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def take(self, round_: int, total: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Nothing by default: ``take`` already wrote everything."""
+
+
+class UncompressedPart(Part):
+    """A warm-up step: every gradient, fused, averaged exactly."""
+
+    def __init__(self, reducer: Reducer, tensors: list[torch.Tensor], world_size: int):
+        self.reducer, self.tensors, self.world_size = reducer, tensors, world_size
+
+    def payload(self, round_):
+        if not self.tensors:
+            return None
+        flat = torch.cat([t.reshape(-1).float() for t in self.tensors])
+        self.reducer.stats.sent_bytes += flat.numel() * 4
+        self.reducer.stats.raw_bytes += flat.numel() * 4
+        return flat
+
+    def take(self, round_, total):
+        _scatter_back(total / self.world_size, self.tensors)
+
+
+class CompressedPart(Part):
+    """Matrices grouped by shape and compressed; small tensors ride in round 0's payload."""
+
+    def __init__(self, reducer: Reducer, compressed, plain, world_size: int, slot: int):
+        self.reducer, self.plain, self.world_size, self.slot = reducer, plain, world_size, slot
+        algorithm = reducer.algorithm
+        self.step = reducer.step - algorithm.start_iter
+        self.rounds = algorithm.rounds(self.step)
+        clock = time.perf_counter()
+        self.matrices = [as_matrix(g) for _, g in compressed]
+        self.gradients = [g for _, g in compressed]
+        self.batches = []
+        for shape, indices in group_by_shape(self.matrices).items():
+            keys = [compressed[i][0] for i in indices]
+            stacked = reducer._buffer("stacked", (len(indices), *shape), slot)
+            states = [reducer._state(key, *shape) for key in keys]
+            for position, (index, state) in enumerate(zip(indices, states, strict=True)):
+                if algorithm.error_feedback:  # one pass: M = gradient + error
+                    torch.add(self.matrices[index], state["error"], out=stacked[position])
+                else:
+                    stacked[position].copy_(self.matrices[index])
+            factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
+            self.batches.append((indices, keys, stacked, factors))
+        self.plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
+        reducer.stats.raw_bytes += sum(g.numel() for g in self.gradients) * 4
+        reducer.stats.raw_bytes += 0 if self.plain_flat is None else self.plain_flat.numel() * 4
+        self.parts: list[torch.Tensor] = []
+        self.extra: list[torch.Tensor] = []
+        reducer._lap("compress", clock)
+
+    def payload(self, round_):
+        clock, algorithm = time.perf_counter(), self.reducer.algorithm
+        self.parts = [algorithm.factor(round_, self.step, m, f) for _, _, m, f in self.batches]
+        self.extra = [self.plain_flat] if round_ == 0 and self.plain_flat is not None else []
+        if not self.parts and not self.extra:
+            return None  # nothing of this part is compressed, and the rest has travelled
+        fused = torch.cat([p.reshape(-1) for p in self.parts] + self.extra)
+        self.reducer.stats.sent_bytes += fused.numel() * 4
+        self.reducer._lap("compress", clock)
+        return fused
+
+    def take(self, round_, total):
+        clock, algorithm = time.perf_counter(), self.reducer.algorithm
+        sizes = [p.numel() for p in self.parts] + [e.numel() for e in self.extra]
+        sums = torch.split(total, sizes)
+        for (_, _, _, factors), part, value in zip(self.batches, self.parts, sums, strict=False):
+            algorithm.absorb(round_, self.step, value.view_as(part), factors, self.world_size)
+        if self.extra:
+            _scatter_back(sums[-1] / self.world_size, self.plain)
+        self.reducer._lap("compress", clock)
+
+    def finish(self):
+        clock, reducer = time.perf_counter(), self.reducer
+        algorithm = reducer.algorithm
+        for indices, keys, stacked, factors in self.batches:
+            approximation = reducer._buffer("approximation", stacked.shape, self.slot)
+            algorithm.reconstruct(self.step, factors, approximation)
+            local = None
+            if algorithm.error_feedback:
+                local = reducer._buffer("local", stacked.shape, self.slot)
+                if not algorithm.local_approximation(self.step, factors, local):
+                    local = approximation
+            gradients = [self.gradients[i] for i in indices]
+            reducer._write_back(keys, gradients, stacked, local, factors, approximation)
+        reducer._lap("reconstruct", clock)
