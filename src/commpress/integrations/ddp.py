@@ -57,17 +57,20 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     watch = Stopwatch(state.stats, wire, raw)
     if spec.algorithm == "native":  # gloo has no AVG: sum, then divide in the callback
         work = dist.all_reduce(tensor, group=state.group, async_op=True)
-        future = work.get_future().then(lambda _: tensor.div_(world_size))
-    else:
-        work = all_reduce(
-            tensor,
-            dist.ReduceOp.AVG,
-            state.group,
-            codec=spec.codec,
-            algorithm=spec.algorithm,
-            async_op=True,
-            timeout=state.timeout,
-        )
-        future = work.torch_future(tensor)
-    future.add_done_callback(watch.stop)
-    return future
+
+        def average(summed: torch.futures.Future) -> torch.Tensor:
+            summed.value()  # re-raises the all-reduce's error
+            watch.stop()
+            return tensor.div_(world_size)
+
+        return work.get_future().then(average)
+    work = all_reduce(
+        tensor,
+        dist.ReduceOp.AVG,
+        state.group,
+        codec=spec.codec,
+        algorithm=spec.algorithm,
+        async_op=True,
+        timeout=state.timeout,
+    )
+    return work.torch_future(tensor, before=watch.stop)

@@ -146,8 +146,7 @@ def _finish(work, watch: Stopwatch, async_op: bool):
     """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on."""
     if not isinstance(work, CollectiveWork):  # torch's own ("native"); gloo's has no future
         work = launch(work.wait, async_op=True)
-    future = work.torch_future()
-    future.add_done_callback(watch.stop)
+    future = work.torch_future(before=watch.stop)
     if not async_op:
         future.wait()
         return None

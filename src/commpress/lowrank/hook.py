@@ -113,6 +113,7 @@ class Pipeline:
     def __init__(self, reducer: Reducer) -> None:
         self.reducer = reducer
         self.in_flight: deque[_InFlight] = deque()
+        self.finished: list[_InFlight] = []
         self.sequence = 0
 
     def submit(self, pairs, future, buffer, last: bool) -> None:
@@ -130,7 +131,13 @@ class Pipeline:
                     self._advance(self.in_flight[0])
                 self.reducer.finish_step()
                 self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
+            # Completed only now: once the last future is done, DDP may read the step's state.
+            for done in self.finished:
+                done.future.set_result(done.buffer)
+            self.finished.clear()
         except BaseException as error:  # never leave DDP waiting on a future
+            self.in_flight.extend(self.finished)
+            self.finished.clear()
             for waiting in self.in_flight:
                 if not waiting.future.done():
                     waiting.future.set_exception(error)
@@ -161,4 +168,4 @@ class Pipeline:
     def _finish(self, entry: _InFlight) -> None:
         entry.part.finish()
         self.in_flight.remove(entry)
-        entry.future.set_result(entry.buffer)
+        self.finished.append(entry)
