@@ -106,6 +106,25 @@ def test_state_follows_parameters_across_bucketing_and_checkpoints():
     assert "checkpoint is for powersgd rank 2" in mismatch
 
 
+def _without_warm_start(rank, world_size):
+    results = []
+    for global_seed in (rank, 10 + 3 * rank):  # the global RNG differs by rank and by run
+        torch.manual_seed(global_seed)
+        reducer = Reducer(PowerSGD(rank=2, start_iter=0, warm_start=False))
+        for step in range(2):
+            grads = gradients(rank, step)
+            reducer.reduce(list(grads.items()))
+        results.append(grads)
+    return results
+
+
+def test_without_warm_start_every_rank_draws_the_same_fresh_q():
+    (first, second), (other_first, _) = run_distributed(_without_warm_start, 2, timeout=120)
+    for key in SHAPES:
+        assert torch.equal(first[key], second[key])
+        assert torch.equal(first[key], other_first[key])
+
+
 def _nan(rank, world_size):
     reducer = Reducer(PowerSGD(rank=2, start_iter=0))
     grads = gradients(rank, 0)
@@ -161,7 +180,8 @@ def _ddp(rank, world_size, spec, scheduler):
         losses.append(loss.item())
     params = [p.detach().clone() for p in model.parameters()]
     checkpoint = state.state_dict() if spec is not None else None
-    return losses, params, checkpoint, len(buckets)
+    waited = state.reducer.stats.snapshot()["exposed_seconds"] if spec is not None else None
+    return losses, params, checkpoint, len(buckets), waited
 
 
 @pytest.fixture(scope="module")
@@ -178,13 +198,14 @@ def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
     plain = ddp_runs[None, True][0][0]
     with_scheduler = ddp_runs["powersgd:rank=2,start_iter=2", True]
     without = ddp_runs["powersgd:rank=2,start_iter=2", False]
-    for (losses, params, checkpoint, buckets), (other_losses, other_params, *_) in zip(
+    for (losses, params, checkpoint, buckets, waited), (other_losses, other_params, *_) in zip(
         with_scheduler, without, strict=True
     ):
         assert buckets > 2 * 6  # several buckets per step: the pipeline had work to overlap
         assert losses == other_losses  # the scheduler changes when, not what
         assert all(torch.equal(a, b) for a, b in zip(params, other_params, strict=True))
         assert checkpoint["step"] == 6 and "0.weight" in checkpoint["states"]
+        assert waited > 0  # the training thread waits at least for the last bucket
     assert with_scheduler[0][0][:2] == plain[:2]  # warm-up steps are plain averages
     assert with_scheduler[0][0][2:] != plain[2:]
     assert all(

@@ -35,6 +35,22 @@ def test_train_compares_runs_and_writes_curves_summary_and_plot(strategy, tmp_pa
     assert (out / "loss.png").stat().st_size > 0
 
 
+def test_lowrank_runs_report_the_wait_the_scheduler_hides(tmp_path, capsys):
+    out = tmp_path / "results"
+    spec = "powersgd:rank=2,start_iter=1"
+    argv = ["train", *TINY, "--strategy", "ddp", "--compare", spec, f"{spec}@serial",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "waited(ms)" in capsys.readouterr().out
+    scheduled, serial = json.loads((out / "summary.json").read_text())["runs"]
+    assert scheduled["exposed_ms"] > 0 and serial["exposed_ms"] > 0
+    assert scheduled["hidden"] == 1 - scheduled["exposed_ms"] / serial["exposed_ms"]
+    with open(out / "losses.csv") as table:
+        rows = list(csv.DictReader(table))
+    curves = [[r["loss"] for r in rows if r["run"] == run] for run in (spec, f"{spec}@serial")]
+    assert curves[0] == curves[1]  # the scheduler changes when, not what
+
+
 def test_bad_run_specs_fail_before_anything_starts(capsys):
     assert main(["train", "--compare", "plain", "int9"]) == 2
     assert "unknown codec 'int9'" in capsys.readouterr().err

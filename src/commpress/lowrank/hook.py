@@ -78,19 +78,18 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
     ]
     buffer, last = bucket.buffer(), bucket.is_last()
 
-    def reduce() -> torch.Tensor:
+    handed = time.perf_counter()
+    future = torch.futures.Future()
+    if state.worker is None:
         state.reducer.reduce_part(pairs)
         if last:
             state.reducer.finish_step()
-        return buffer
-
-    future = torch.futures.Future()
-    if state.worker is None:
-        future.set_result(reduce())
+        state.reducer.stats.exposed_seconds += time.perf_counter() - handed
+        future.set_result(buffer)
         return future
 
     def submit() -> None:
-        state.pipeline.submit(pairs, future, buffer, last)
+        state.pipeline.submit(pairs, future, buffer, last, handed)
 
     state.worker.submit(submit)
     return future
@@ -116,7 +115,8 @@ class Pipeline:
         self.finished: list[_InFlight] = []
         self.sequence = 0
 
-    def submit(self, pairs, future, buffer, last: bool) -> None:
+    def submit(self, pairs, future, buffer, last: bool, handed: float) -> None:
+        """Take the bucket handed over at ``handed`` (a ``perf_counter`` time)."""
         try:
             slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once
             self.sequence += 1
@@ -132,6 +132,8 @@ class Pipeline:
                 self.reducer.finish_step()
                 self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
             # Completed only now: once the last future is done, DDP may read the step's state.
+            if last:  # backward has finished: from here on the training thread waits
+                self.reducer.stats.exposed_seconds += time.perf_counter() - handed
             for done in self.finished:
                 done.future.set_result(done.buffer)
             self.finished.clear()

@@ -23,8 +23,9 @@ class PowerSGD(LowRankAlgorithm):
 
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
         if round_ == 0:
-            if not self.warm_start:
-                factors["q"] = torch.randn_like(factors["q"])
+            if not self.warm_start:  # a fresh Q, the same on every rank
+                fresh = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+                factors["q"] = torch.randn(factors["q"].shape, generator=fresh)
             return times(matrices, factors["q"])
         return transposed_times(matrices, factors["p"])
 

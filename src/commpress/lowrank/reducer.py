@@ -32,6 +32,9 @@ class LowRankStats:
     raw_bytes: int = 0
     nonfinite_matrices: int = 0
     seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    #: Time the training thread waited for the hook's work (all of it without the
+    #: scheduler; with it, from the last bucket's hand-over to the last bucket's result).
+    exposed_seconds: float = 0.0
 
     @property
     def compression_ratio(self) -> float:
@@ -44,6 +47,7 @@ class LowRankStats:
             "wire_bytes": self.sent_bytes,
             "raw_bytes": self.raw_bytes,
             "seconds": self.seconds["communicate"],
+            "exposed_seconds": self.exposed_seconds,
         }
 
 

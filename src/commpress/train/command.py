@@ -3,7 +3,9 @@
 Reports per configuration the median step time, tokens/s, the speedup over the
 first configuration, the share of step time spent in collectives (time from a
 collective's call to its completion, summed, over the step time; overlapped
-collectives count too) and the training and held-out losses; writes a CSV of
+collectives count too) and the training and held-out losses; for low-rank hooks
+also the time the training thread waited for the hook per step, and the share of
+it the scheduler hides compared with the same spec ``@serial``. Writes a CSV of
 the loss curves, a JSON summary and a PNG plot.
 """
 
@@ -31,6 +33,10 @@ COLUMNS = (
     ("eval_loss", "eval loss", ".4f"),
     ("eval_delta", "eval vs first", "+.2%"),
     ("wire_mb", "wire MB/rank", ".1f"),
+)
+LOWRANK_COLUMNS = (
+    ("exposed_ms", "waited(ms)", ".1f"),
+    ("hidden", "hidden", ".0%"),
 )
 
 
@@ -67,18 +73,36 @@ def main(args) -> int:
         row["speedup"] = first["step_s"] / row["step_s"]
         row["eval_delta"] = row["eval_loss"] / first["eval_loss"] - 1
         row["wire_mb"] = row["wire_bytes"] / row["steps"] / 1e6
+    columns = COLUMNS
+    if any(run.lowrank is not None for run in config.runs):
+        _add_hidden_share(results)
+        columns = COLUMNS + LOWRANK_COLUMNS
     title = (
         f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
         f"context {config.model.context}, batch {config.batch_size}/rank), {config.steps} steps, "
         f"{where}"
     )
     print(f"# {title}")
-    print(report.format_table(results, COLUMNS))
+    print(report.format_table(results, columns))
     write_outputs(Path(args.out), title, results)
     if args.markdown:
-        report.write_markdown(args.markdown, title, results, COLUMNS)
+        report.write_markdown(args.markdown, title, results, columns)
     print(f"loss curves, summary and plot in {args.out}/")
     return 0
+
+
+def _add_hidden_share(results: list[dict]) -> None:
+    """``hidden`` for a low-rank run with the scheduler whose ``@serial`` twin also ran:
+    the share of the serial hook's time (all of it waited for) that the training thread
+    no longer waits for."""
+    waited_serial = {
+        row["run"].removesuffix("@serial"): row["exposed_ms"]
+        for row in results
+        if row["run"].endswith("@serial")
+    }
+    for row in results:
+        serial = waited_serial.get(row["run"])
+        row["hidden"] = 1 - row["exposed_ms"] / serial if serial else float("nan")
 
 
 def _check_specs(config: TrainConfig) -> None:

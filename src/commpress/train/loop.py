@@ -142,19 +142,21 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
         progress = Progress(run.label, config.steps, enabled=rank == 0)
-        losses, step_seconds, comm_seconds = [], [], []
+        losses, step_seconds, comm_seconds, exposed_seconds = [], [], [], []
         for step in range(config.steps):
             tokens, targets = batch(
                 corpus.train, config.batch_size, config.model.context, generator
             )
-            busy_before = sum(c.snapshot()["seconds"] for c in counters)
+            before = _totals(counters)
             start = time.perf_counter()
             loss = _loss(model, tokens, targets)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step_seconds.append(time.perf_counter() - start)
-            comm_seconds.append(sum(c.snapshot()["seconds"] for c in counters) - busy_before)
+            after = _totals(counters)
+            comm_seconds.append(after["seconds"] - before["seconds"])
+            exposed_seconds.append(after["exposed_seconds"] - before["exposed_seconds"])
             mean_loss = loss.detach().clone()
             dist.all_reduce(mean_loss, group=side)
             losses.append(mean_loss.item() / world_size)
@@ -167,6 +169,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
                 losses,
                 step_seconds,
                 comm_seconds,
+                exposed_seconds,
                 _evaluate(model, corpus, config),
                 counters,
             )
@@ -188,7 +191,28 @@ def _evaluate(model, corpus: Corpus, config: TrainConfig) -> float:
     return sum(losses) / len(losses)
 
 
-def _summary(run, config, world_size, losses, step_seconds, comm_seconds, eval_loss, counters):
+def _totals(counters) -> dict[str, float]:
+    """Seconds in collectives, and seconds the training thread waited for a low-rank
+    hook (NaN where the integration does not measure it), summed over ``counters``."""
+    snapshots = [c.snapshot() for c in counters]
+    exposed = [s["exposed_seconds"] for s in snapshots if "exposed_seconds" in s]
+    return {
+        "seconds": sum(s["seconds"] for s in snapshots),
+        "exposed_seconds": sum(exposed) if exposed else float("nan"),
+    }
+
+
+def _summary(
+    run,
+    config,
+    world_size,
+    losses,
+    step_seconds,
+    comm_seconds,
+    exposed_seconds,
+    eval_loss,
+    counters,
+):
     warmup = min(3, len(step_seconds) // 5)  # lazy initialisation, first kernel builds
     timed, comm = step_seconds[warmup:], comm_seconds[warmup:]
     median = statistics.median(timed)
@@ -204,6 +228,7 @@ def _summary(run, config, world_size, losses, step_seconds, comm_seconds, eval_l
         "step_s": median,
         "tokens_per_s": tokens_per_step / median,
         "comm_fraction": sum(comm) / sum(timed) if counters else float("nan"),
+        "exposed_ms": statistics.median(exposed_seconds[warmup:]) * 1e3,
         "final_loss": sum(losses[-5:]) / len(losses[-5:]),
         "eval_loss": eval_loss,
         "wire_bytes": sum(t["wire_bytes"] for t in traffic),
