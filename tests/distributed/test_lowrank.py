@@ -125,6 +125,26 @@ def test_without_warm_start_every_rank_draws_the_same_fresh_q():
         assert torch.equal(first[key], other_first[key])
 
 
+def _layouts(rank, world_size):
+    """The same values as a contiguous fp32 gradient, a strided one and a bf16 one."""
+    values = gradients(rank, 0)["a"].bfloat16().float()
+    layouts = {
+        "contiguous": values.clone(),
+        "strided": values.T.contiguous().T,
+        "bf16": values.bfloat16(),
+    }
+    for name, gradient in layouts.items():
+        Reducer(PowerSGD(rank=2, start_iter=0)).reduce([("a", gradient)])
+    return layouts
+
+
+def test_gradients_of_any_layout_and_dtype_get_the_same_result():
+    for layouts in run_distributed(_layouts, 2, timeout=120):
+        assert not layouts["strided"].is_contiguous()
+        assert torch.equal(layouts["strided"], layouts["contiguous"])
+        assert torch.equal(layouts["bf16"], layouts["contiguous"].bfloat16())
+
+
 def _nan(rank, world_size):
     reducer = Reducer(PowerSGD(rank=2, start_iter=0))
     grads = gradients(rank, 0)

@@ -86,8 +86,8 @@ def simulate(algorithm, per_rank: list[torch.Tensor], factors, step=0) -> torch.
             algorithm.absorb(round_, step, total.clone(), state, world_size)
     outputs = []
     for state in states:
-        outputs.append(torch.empty(per_rank[0].shape))
-        algorithm.reconstruct(step, state, outputs[-1])
+        left, right = algorithm.reconstruct(step, state)
+        outputs.append(left @ right.transpose(1, 2))
     for output in outputs[1:]:
         assert torch.equal(output, outputs[0])  # every rank reconstructs the same
     return outputs[0]

@@ -39,12 +39,10 @@ class ACPSGD(LowRankAlgorithm):
     def absorb(self, round_, step, total, factors, world_size) -> None:
         factors["p" if step % 2 == 0 else "q"] = total / world_size
 
-    def reconstruct(self, step, factors, out) -> None:
-        torch.bmm(factors["p"], factors["q"].transpose(1, 2), out=out)
+    def reconstruct(self, step, factors):
+        return factors["p"], factors["q"]
 
-    def local_approximation(self, step, factors, out) -> bool:
+    def local_approximation(self, step, factors):
         if step % 2 == 0:
-            torch.bmm(factors["_local"], factors["q"].transpose(1, 2), out=out)
-        else:
-            torch.bmm(factors["p"], factors["_local"].transpose(1, 2), out=out)
-        return True
+            return factors["_local"], factors["q"]
+        return factors["p"], factors["_local"]

@@ -84,15 +84,19 @@ class LowRankAlgorithm(ABC):
         """Take the sum over ranks of this round's factor into ``factors``."""
 
     @abstractmethod
-    def reconstruct(self, step: int, factors: Factors, out: torch.Tensor) -> None:
-        """Write the averaged gradient approximation, ``(b, n, m)``, into ``out``."""
+    def reconstruct(self, step: int, factors: Factors) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(left, right)``, ``(b, n, rank)`` and ``(b, m, rank)``: the averaged gradient
+        approximation is ``left @ right^T`` (the reducer writes it into the gradients)."""
 
-    def local_approximation(self, step: int, factors: Factors, out: torch.Tensor) -> bool:
-        """Write what this rank's own matrices were compressed to into ``out``, for error
-        feedback (``error = M - local``), and return True; or return False when that is the
-        averaged reconstruction, as in PowerSGD, where orthogonalizing after the all-reduce
-        leaves no local one. Factors named with a leading ``_`` are scratch for one step."""
-        return False
+    def local_approximation(
+        self, step: int, factors: Factors
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What this rank's own matrices were compressed to, as ``(left, right)`` like
+        :meth:`reconstruct`, for error feedback (``error = M - left @ right^T``); or None
+        when that is the averaged reconstruction, as in PowerSGD, where orthogonalizing
+        after the all-reduce leaves no local one. Factors named with a leading ``_`` are
+        scratch for one step."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, start_iter={self.start_iter})"

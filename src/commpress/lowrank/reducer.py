@@ -105,26 +105,34 @@ class Reducer:
         self.step += 1
         self.stats.steps += 1
 
-    def _write_back(self, keys, gradients, stacked, local, factors, approximation) -> None:
-        """Gradients get the approximation; each error buffer gets ``M - local`` in one pass."""
+    def _write_back(self, keys, gradients, stacked, factors, average, local) -> None:
+        """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``), each error
+        buffer ``M - local``, matrix by matrix, written where they belong in one pass."""
         # NaN/Inf in any gradient reach the factors (a full pass over the approximation
         # would cost more than computing it)
         finite = torch.ones(len(keys), dtype=torch.bool)
         for factor in factors.values():
             finite &= torch.isfinite(factor).flatten(1).all(dim=1)
         finite = finite.tolist()
+        (left, right), (local_left, local_right) = average, local
         for position, (key, gradient) in enumerate(zip(keys, gradients, strict=True)):
-            gradient.copy_(approximation[position].view_as(gradient))
+            _write_product(left[position], right[position], gradient)
             state = self.states[key]
             if not finite[position]:  # NaN/Inf reached the gradient; start this matrix afresh
                 self.stats.nonfinite_matrices += 1
-                self.states[key] = self._fresh_state(*approximation.shape[1:])
+                self.states[key] = self._fresh_state(*stacked.shape[1:])
                 continue
             for name, value in factors.items():
                 if not name.startswith("_"):
                     state[name] = value[position]
-            if local is not None:
-                torch.sub(stacked[position], local[position], out=state["error"])
+            if "error" in state:
+                torch.addmm(
+                    stacked[position],
+                    local_left[position],
+                    local_right[position].T,
+                    alpha=-1,
+                    out=state["error"],
+                )
 
     def _buffer(self, name: str, shape: tuple[int, ...], slot: int = 0) -> torch.Tensor:
         """Scratch reused from step to step: fresh memory costs a page fault per page, which
@@ -172,6 +180,15 @@ class Reducer:
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
+
+
+def _write_product(left: torch.Tensor, right: torch.Tensor, gradient: torch.Tensor) -> None:
+    """``gradient = left @ right^T`` (as a matrix), in place; straight into its memory when
+    it is a contiguous fp32 tensor, else through a temporary."""
+    if gradient.dtype == torch.float32 and gradient.is_contiguous():
+        torch.mm(left, right.T, out=as_matrix(gradient))
+    else:
+        gradient.copy_((left @ right.T).view(gradient.shape))
 
 
 def _scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
@@ -272,13 +289,8 @@ class CompressedPart(Part):
         clock, reducer = time.perf_counter(), self.reducer
         algorithm = reducer.algorithm
         for indices, keys, stacked, factors in self.batches:
-            approximation = reducer._buffer("approximation", stacked.shape, self.slot)
-            algorithm.reconstruct(self.step, factors, approximation)
-            local = None
-            if algorithm.error_feedback:
-                local = reducer._buffer("local", stacked.shape, self.slot)
-                if not algorithm.local_approximation(self.step, factors, local):
-                    local = approximation
+            average = algorithm.reconstruct(self.step, factors)
+            local = algorithm.local_approximation(self.step, factors) or average
             gradients = [self.gradients[i] for i in indices]
-            reducer._write_back(keys, gradients, stacked, local, factors, approximation)
+            reducer._write_back(keys, gradients, stacked, factors, average, local)
         reducer._lap("reconstruct", clock)

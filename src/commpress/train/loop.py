@@ -139,7 +139,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
     for run in config.runs:
         torch.manual_seed(config.seed)
         model, counters = _wrap(GPT(config.model), config, run)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, fused=True)
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
         progress = Progress(run.label, config.steps, enabled=rank == 0)
         losses, step_seconds, comm_seconds, exposed_seconds = [], [], [], []
