@@ -133,7 +133,7 @@ def _layouts(rank, world_size):
         "strided": values.T.contiguous().T,
         "bf16": values.bfloat16(),
     }
-    for name, gradient in layouts.items():
+    for gradient in layouts.values():
         Reducer(PowerSGD(rank=2, start_iter=0)).reduce([("a", gradient)])
     return layouts
 

@@ -61,6 +61,7 @@ class Reducer:
         self.stats = LowRankStats()
         self._generator = torch.Generator().manual_seed(algorithm.seed)
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._error_stacks: dict[tuple, torch.Tensor] = {}
 
     # -- the public step ------------------------------------------------------------------
 
@@ -106,33 +107,46 @@ class Reducer:
         self.stats.steps += 1
 
     def _write_back(self, keys, gradients, stacked, factors, average, local) -> None:
-        """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``), each error
-        buffer ``M - local``, matrix by matrix, written where they belong in one pass."""
+        """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``) written
+        into it; with error feedback, ``stacked`` (M, held in the error buffers) becomes
+        ``M - local`` in place."""
         # NaN/Inf in any gradient reach the factors (a full pass over the approximation
         # would cost more than computing it)
         finite = torch.ones(len(keys), dtype=torch.bool)
         for factor in factors.values():
             finite &= torch.isfinite(factor).flatten(1).all(dim=1)
         finite = finite.tolist()
-        (left, right), (local_left, local_right) = average, local
+        left, right = average
         for position, (key, gradient) in enumerate(zip(keys, gradients, strict=True)):
             _write_product(left[position], right[position], gradient)
-            state = self.states[key]
             if not finite[position]:  # NaN/Inf reached the gradient; start this matrix afresh
                 self.stats.nonfinite_matrices += 1
                 self.states[key] = self._fresh_state(*stacked.shape[1:])
                 continue
             for name, value in factors.items():
                 if not name.startswith("_"):
-                    state[name] = value[position]
-            if "error" in state:
-                torch.addmm(
-                    stacked[position],
-                    local_left[position],
-                    local_right[position].T,
-                    alpha=-1,
-                    out=state["error"],
-                )
+                    self.states[key][name] = value[position]
+        if self.algorithm.error_feedback:
+            local_left, local_right = local
+            stacked.baddbmm_(local_left, local_right.transpose(1, 2), alpha=-1)
+
+    def _error_stack(self, keys: list, states: list[dict]) -> torch.Tensor:
+        """The error buffers of ``keys`` as one ``(b, n, m)`` tensor whose rows *are* the
+        buffers, so that M and the new error are computed in place. Built (one copy) the
+        first time a group of keys is seen, or after a buffer was replaced."""
+        group = tuple(keys)
+        stack = self._error_stacks.get(group)
+        if stack is None or any(
+            state["error"].data_ptr() != stack[position].data_ptr()
+            for position, state in enumerate(states)
+        ):
+            for stale in [other for other in self._error_stacks if set(other) & set(group)]:
+                del self._error_stacks[stale]
+            stack = torch.stack([state["error"] for state in states])
+            for position, state in enumerate(states):
+                state["error"] = stack[position]
+            self._error_stacks[group] = stack
+        return stack
 
     def _buffer(self, name: str, shape: tuple[int, ...], slot: int = 0) -> torch.Tensor:
         """Scratch reused from step to step: fresh memory costs a page fault per page, which
@@ -180,6 +194,7 @@ class Reducer:
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
+        self._error_stacks.clear()
 
 
 def _write_product(left: torch.Tensor, right: torch.Tensor, gradient: torch.Tensor) -> None:
@@ -248,12 +263,14 @@ class CompressedPart(Part):
         self.batches = []
         for shape, indices in group_by_shape(self.matrices).items():
             keys = [compressed[i][0] for i in indices]
-            stacked = reducer._buffer("stacked", (len(indices), *shape), slot)
             states = [reducer._state(key, *shape) for key in keys]
-            for position, (index, state) in enumerate(zip(indices, states, strict=True)):
-                if algorithm.error_feedback:  # one pass: M = gradient + error
-                    torch.add(self.matrices[index], state["error"], out=stacked[position])
-                else:
+            if algorithm.error_feedback:  # M = error + gradient, in the error buffers
+                stacked = reducer._error_stack(keys, states)
+                for position, index in enumerate(indices):
+                    stacked[position].add_(self.matrices[index])
+            else:
+                stacked = reducer._buffer("stacked", (len(indices), *shape), slot)
+                for position, index in enumerate(indices):
                     stacked[position].copy_(self.matrices[index])
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             self.batches.append((indices, keys, stacked, factors))
