@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -16,10 +17,17 @@ import torch
 import commpress
 
 
+def _cell(value, spec: str) -> str:
+    """``value`` formatted; a missing measurement (NaN) shows as ``-``."""
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return format(value, spec)
+
+
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
     """Right-aligned plain-text table. ``columns``: (key, header, format spec)."""
     cells = [[header for _, header, _ in columns]]
-    cells += [[format(row[key], spec) for key, _, spec in columns] for row in rows]
+    cells += [[_cell(row[key], spec) for key, _, spec in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells
@@ -30,7 +38,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]
     lines = ["| " + " | ".join(header for _, header, _ in columns) + " |"]
     lines.append("|" + "---:|" * len(columns))
     for row in rows:
-        lines.append("| " + " | ".join(format(row[k], spec) for k, _, spec in columns) + " |")
+        lines.append("| " + " | ".join(_cell(row[k], spec) for k, _, spec in columns) + " |")
     return "\n".join(lines)
 
 
