@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from commpress.bench.busbw import busbw_factor
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 
@@ -32,6 +33,8 @@ class LowRankStats:
     raw_bytes: int = 0
     nonfinite_matrices: int = 0
     seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    #: Bytes a rank puts on the wire per byte all-reduced (ring all-reduce: 2(n-1)/n).
+    wire_per_byte: float = 1.0
     #: Time the training thread waited for the hook's work (all of it without the
     #: scheduler; with it, from the last bucket's hand-over to the last bucket's result).
     exposed_seconds: float = 0.0
@@ -41,11 +44,12 @@ class LowRankStats:
         return self.raw_bytes / self.sent_bytes if self.sent_bytes else 1.0
 
     def snapshot(self) -> dict:
-        """The counters ``commpress train`` reads from every integration."""
+        """The counters ``commpress train`` reads from every integration (bytes each rank
+        sends on the wire with a ring all-reduce, compressed and not)."""
         return {
             "calls": self.steps,
-            "wire_bytes": self.sent_bytes,
-            "raw_bytes": self.raw_bytes,
+            "wire_bytes": round(self.sent_bytes * self.wire_per_byte),
+            "raw_bytes": round(self.raw_bytes * self.wire_per_byte),
             "seconds": self.seconds["communicate"],
             "exposed_seconds": self.exposed_seconds,
         }
@@ -92,6 +96,7 @@ class Reducer:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
         world_size = dist.get_world_size(self.group)
+        self.stats.wire_per_byte = busbw_factor("all_reduce", world_size)
         if self.step < self.algorithm.start_iter:
             return UncompressedPart(self, [g for _, g in gradients], world_size)
         compressed, plain = [], []
