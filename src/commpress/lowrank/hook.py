@@ -10,11 +10,14 @@ order: the same on every rank. The hook returns a future at once and never
 blocks inside a callback (torch 2.13's ``powerSGD_hook`` chains collectives from
 callbacks, and on gloo it hung or aborted with a collective mismatch in our
 runs). Without the scheduler the hook does everything before returning: the
-baseline that shows what overlap buys.
+baseline that shows what overlap buys. On CUDA the worker runs on its own stream,
+ordered after backward's stream, and the futures carry that stream's events to
+DDP (written for NCCL; not yet run on a GPU).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
 import concurrent.futures
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -79,7 +82,9 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
     buffer, last = bucket.buffer(), bucket.is_last()
 
     handed = time.perf_counter()
-    future = torch.futures.Future()
+    cuda = buffer.device if buffer.is_cuda else None
+    # On CUDA the future records the stream it is completed on, and DDP's stream waits for it
+    future = torch.futures.Future(devices=[cuda]) if cuda else torch.futures.Future()
     if state.worker is None:
         state.reducer.reduce_part(pairs)
         if last:
@@ -88,8 +93,11 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
         future.set_result(buffer)
         return future
 
+    producer = torch.cuda.current_stream(cuda) if cuda else None
+
     def submit() -> None:
-        state.pipeline.submit(pairs, future, buffer, last, handed)
+        with state.pipeline.side_stream(producer):
+            state.pipeline.submit(pairs, future, buffer, last, handed)
 
     state.worker.submit(submit)
     return future
@@ -114,6 +122,20 @@ class Pipeline:
         self.in_flight: deque[_InFlight] = deque()
         self.finished: list[_InFlight] = []
         self.sequence = 0
+        self.stream = None  # CUDA only: compression and all-reduces leave backward's stream
+
+    @contextlib.contextmanager
+    def side_stream(self, producer):
+        """On CUDA, run on the scheduler's own stream, after the work queued on
+        ``producer`` (backward's stream, which wrote the bucket); on CPU, nothing."""
+        if producer is None:
+            yield
+            return
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(producer.device)
+        self.stream.wait_stream(producer)
+        with torch.cuda.stream(self.stream):
+            yield
 
     def submit(self, pairs, future, buffer, last: bool, handed: float) -> None:
         """Take the bucket handed over at ``handed`` (a ``perf_counter`` time)."""

@@ -25,7 +25,8 @@ class PowerSGD(LowRankAlgorithm):
         if round_ == 0:
             if not self.warm_start:  # a fresh Q, the same on every rank
                 fresh = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-                factors["q"] = torch.randn(factors["q"].shape, generator=fresh)
+                q = torch.randn(factors["q"].shape, generator=fresh)
+                factors["q"] = q.to(factors["q"].device)
             return times(matrices, factors["q"])
         return transposed_times(matrices, factors["p"])
 
