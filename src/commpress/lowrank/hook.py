@@ -153,9 +153,9 @@ class Pipeline:
                     self._advance(self.in_flight[0])
                 self.reducer.finish_step()
                 self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
-            # Completed only now: once the last future is done, DDP may read the step's state.
             if last:  # backward has finished: from here on the training thread waits
                 self.reducer.stats.exposed_seconds += time.perf_counter() - handed
+            # Completed only now: once the last future is done, DDP may read the step's state.
             for done in self.finished:
                 done.future.set_result(done.buffer)
             self.finished.clear()
