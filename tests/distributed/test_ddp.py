@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
 from commpress.testing.distributed import run_distributed
+from commpress.testing.training import sgd_steps
 
 STEPS = 4
 
@@ -21,19 +21,7 @@ def _train(rank, world_size, spec):
     if spec is not None:
         state, hook = cp.ddp.hook(spec)
         ddp.register_comm_hook(state, hook)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    losses = []
-    for step in range(STEPS):
-        generator = torch.Generator().manual_seed(100 * step + rank)
-        x, y = (
-            torch.randn(16, 32, generator=generator),
-            torch.randint(0, 10, (16,), generator=generator),
-        )
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = sgd_steps(ddp, STEPS, rank, features=32, batch=16, seed_stride=100)
     stats = None if state is None else state.stats.snapshot()
     return losses, [p.detach().clone() for p in model.parameters()], stats
 

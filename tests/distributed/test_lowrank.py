@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
 from commpress.lowrank import ACPSGD, PowerSGD, Reducer
 from commpress.testing.distributed import run_distributed
+from commpress.testing.training import sgd_steps
 
 SHAPES = {"a": (40, 30), "b": (40, 30), "c": (16, 3, 3, 3), "bias": (30,), "thin": (40, 2)}
 
@@ -175,6 +175,7 @@ def _ddp(rank, world_size, spec, scheduler):
     )  # fmt: skip
     # buckets of ~one layer after DDP's first-iteration rebuild: the scheduler pipelines them
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.015)
+    buckets = []
     if spec is not None:
         state, hook = cp.lowrank.ddp_hook(spec, model=model, scheduler=scheduler)
 
@@ -185,19 +186,7 @@ def _ddp(rank, world_size, spec, scheduler):
         counting.__annotations__["return"] = torch.futures.Future[torch.Tensor]  # DDP checks it
 
         ddp.register_comm_hook(state, counting)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    losses, buckets = [], []
-    for step in range(6):
-        generator = torch.Generator().manual_seed(10 * step + rank)
-        x, y = (
-            torch.randn(32, 64, generator=generator),
-            torch.randint(0, 10, (32,), generator=generator),
-        )
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = sgd_steps(ddp, 6, rank, features=64, batch=32, seed_stride=10)
     params = [p.detach().clone() for p in model.parameters()]
     checkpoint = state.state_dict() if spec is not None else None
     waited = state.reducer.stats.snapshot()["exposed_seconds"] if spec is not None else None
@@ -257,18 +246,9 @@ def _on_cuda(rank, world_size):
         ddp.register_comm_hook(
             *cp.lowrank.ddp_hook("acpsgd:rank=2,start_iter=1", model=model, scheduler=scheduler)
         )
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        losses = []
-        for step in range(4):
-            generator = torch.Generator().manual_seed(step)
-            x = torch.randn(32, 64, generator=generator).cuda()
-            y = torch.randint(0, 10, (32,), generator=generator).cuda()
-            loss = F.cross_entropy(ddp(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-        runs[scheduler] = losses
+        runs[scheduler] = sgd_steps(
+            ddp, 4, rank, features=64, batch=32, seed_stride=10, device="cuda"
+        )
     return on_cpu, {k: v.cpu() for k, v in on_gpu.items()}, runs
 
 
