@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,17 @@ class TrainConfig:
     corpus_bytes: int = 4 << 20
     bf16: bool = False
     eval_batches: int = 4
+
+
+@dataclass
+class Curves:
+    """One run, step by step: loss (mean over ranks), step time, time in collectives, and
+    time the training thread waited for a low-rank hook (NaN where not measured)."""
+
+    losses: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    comm_seconds: list[float] = field(default_factory=list)
+    exposed_seconds: list[float] = field(default_factory=list)
 
 
 def _wrap(model: GPT, config: TrainConfig, run: Run):
@@ -142,7 +153,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, fused=True)
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
         progress = Progress(run.label, config.steps, enabled=rank == 0)
-        losses, step_seconds, comm_seconds, exposed_seconds = [], [], [], []
+        curves = Curves()
         for step in range(config.steps):
             tokens, targets = batch(
                 corpus.train, config.batch_size, config.model.context, generator
@@ -153,27 +164,16 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            step_seconds.append(time.perf_counter() - start)
+            curves.step_seconds.append(time.perf_counter() - start)
             after = _totals(counters)
-            comm_seconds.append(after["seconds"] - before["seconds"])
-            exposed_seconds.append(after["exposed_seconds"] - before["exposed_seconds"])
+            curves.comm_seconds.append(after["seconds"] - before["seconds"])
+            curves.exposed_seconds.append(after["exposed_seconds"] - before["exposed_seconds"])
             mean_loss = loss.detach().clone()
             dist.all_reduce(mean_loss, group=side)
-            losses.append(mean_loss.item() / world_size)
-            progress.update(step, losses[-1], step_seconds[-1])
-        results.append(
-            _summary(
-                run,
-                config,
-                world_size,
-                losses,
-                step_seconds,
-                comm_seconds,
-                exposed_seconds,
-                _evaluate(model, corpus, config),
-                counters,
-            )
-        )
+            curves.losses.append(mean_loss.item() / world_size)
+            progress.update(step, curves.losses[-1], curves.step_seconds[-1])
+        eval_loss = _evaluate(model, corpus, config)
+        results.append(_summary(run, config, world_size, curves, eval_loss, counters))
         dist.barrier(side)
     return results if rank == 0 else None
 
@@ -202,19 +202,10 @@ def _totals(counters) -> dict[str, float]:
     }
 
 
-def _summary(
-    run,
-    config,
-    world_size,
-    losses,
-    step_seconds,
-    comm_seconds,
-    exposed_seconds,
-    eval_loss,
-    counters,
-):
+def _summary(run, config, world_size, curves: Curves, eval_loss, counters):
+    losses, step_seconds = curves.losses, curves.step_seconds
     warmup = min(3, len(step_seconds) // 5)  # lazy initialisation, first kernel builds
-    timed, comm = step_seconds[warmup:], comm_seconds[warmup:]
+    timed, comm = step_seconds[warmup:], curves.comm_seconds[warmup:]
     median = statistics.median(timed)
     tokens_per_step = world_size * config.batch_size * config.model.context
     traffic = [c.snapshot() for c in counters]
@@ -228,7 +219,7 @@ def _summary(
         "step_s": median,
         "tokens_per_s": tokens_per_step / median,
         "comm_fraction": sum(comm) / sum(timed) if counters else float("nan"),
-        "exposed_ms": statistics.median(exposed_seconds[warmup:]) * 1e3,
+        "exposed_ms": statistics.median(curves.exposed_seconds[warmup:]) * 1e3,
         "final_loss": sum(losses[-5:]) / len(losses[-5:]),
         "eval_loss": eval_loss,
         "wire_bytes": sum(t["wire_bytes"] for t in traffic),
