@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.bench.busbw import busbw_factor
 from commpress.collectives import REDUCE_SCATTER_ALGORITHMS, all_reduce
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
@@ -49,7 +50,7 @@ def hook(
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
-    raw = tensor.numel() * tensor.element_size() * 2 * (world_size - 1) // world_size
+    raw = round(tensor.numel() * tensor.element_size() * busbw_factor("all_reduce", world_size))
     wire = raw
     if spec.algorithm != "native":
         chunk = -(-tensor.numel() // world_size)

@@ -34,9 +34,12 @@ from commpress.lowrank.registry import get_algorithm
 class LowRankHookState:
     reducer: Reducer
     names: dict
-    scheduler: bool
     worker: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     pipeline: "Pipeline | None" = field(default=None, repr=False)
+
+    @property
+    def scheduler(self) -> bool:
+        return self.worker is not None
 
     def state_dict(self) -> dict:
         return self.reducer.state_dict()
@@ -65,7 +68,7 @@ def ddp_hook(
         group = dist.new_group()
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
     reducer = Reducer(algorithm, group)
-    state = LowRankHookState(reducer, names, scheduler)
+    state = LowRankHookState(reducer, names)
     if scheduler:
         state.worker = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="commpress-lowrank"

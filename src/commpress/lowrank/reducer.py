@@ -174,10 +174,8 @@ class Reducer:
             state["error"] = torch.zeros(n, m, device=device)
         return state
 
-    def _lap(self, stage: str, since: float) -> float:
-        now = time.perf_counter()
-        self.stats.seconds[stage] += now - since
-        return now
+    def _lap(self, stage: str, since: float) -> None:
+        self.stats.seconds[stage] += time.perf_counter() - since
 
     # -- checkpoints ----------------------------------------------------------------------
 
@@ -265,21 +263,21 @@ class CompressedPart(Part):
         self.step = reducer.step - algorithm.start_iter
         self.rounds = algorithm.rounds(self.step)
         clock = time.perf_counter()
-        self.matrices = [as_matrix(g) for _, g in compressed]
+        matrices = [as_matrix(g) for _, g in compressed]
         self.gradients = [g for _, g in compressed]
         self.batches = []
-        for shape, indices in group_by_shape(self.matrices).items():
+        for shape, indices in group_by_shape(matrices).items():
             keys = [compressed[i][0] for i in indices]
-            device = self.matrices[indices[0]].device
+            device = matrices[indices[0]].device
             states = [reducer._state(key, *shape, device) for key in keys]
             if algorithm.error_feedback:  # M = error + gradient, in the error buffers
                 stacked = reducer._error_stack(keys, states)
                 for position, index in enumerate(indices):
-                    stacked[position].add_(self.matrices[index])
+                    stacked[position].add_(matrices[index])
             else:
                 stacked = reducer._buffer("stacked", (len(indices), *shape), slot, device)
                 for position, index in enumerate(indices):
-                    stacked[position].copy_(self.matrices[index])
+                    stacked[position].copy_(matrices[index])
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             self.batches.append((indices, keys, stacked, factors))
         self.plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
