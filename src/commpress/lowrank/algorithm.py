@@ -7,7 +7,7 @@ compressed gradients), what to do with the sum, and how to reconstruct the
 averaged gradient. Everything else (grouping by shape, fusing every batch's
 factor and the uncompressed tensors into one all-reduce per round, error
 feedback, warm-up, statistics, checkpoints) is :class:`commpress.lowrank.Reducer`'s.
-A new algorithm is one file with these four methods.
+A new algorithm is one file with the five abstract methods below.
 """
 
 from __future__ import annotations
