@@ -9,7 +9,8 @@ import pytest
 
 from commpress.cli import main
 from commpress.train.data import Corpus, batch
-from commpress.train.loop import Run
+from commpress.train.loop import Run, TrainConfig
+from commpress.train.model import GPTConfig
 
 TINY = ["--steps", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--context", "16",
         "--batch", "2"]  # fmt: skip
@@ -84,3 +85,31 @@ def test_run_labels_parse_into_specs():
         "none/int4@alltoall", "none", "int4@alltoall"
     )
     assert Run.parse("plain", "ddp").all_gather == "none@native"
+
+
+def test_optimizer_choice_and_learning_rate(capsys):
+    import torch
+
+    parameters = [torch.nn.Parameter(torch.zeros(2))]
+    config = TrainConfig(runs=(), model=GPTConfig(), optimizer="sgd")
+    sgd = config.make_optimizer(parameters)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["nesterov"]
+    assert sgd.defaults["lr"] == 0.1 and sgd.defaults["momentum"] == 0.9
+    adamw = TrainConfig(runs=(), model=GPTConfig(), learning_rate=1e-4).make_optimizer(parameters)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["lr"] == 1e-4
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        TrainConfig(runs=(), model=GPTConfig(), optimizer="lion")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        TrainConfig(runs=(), model=GPTConfig(), schedule="linear")
+    assert main(["train", "--lr", "0", "--compare", "plain"]) == 2
+    assert "learning rate must be positive" in capsys.readouterr().err
+
+
+def test_cosine_schedule_decays_from_the_learning_rate_to_its_floor():
+    cosine = TrainConfig(runs=(), model=GPTConfig(), steps=100, schedule="cosine")
+    factors = [cosine.lr_factor(step) for step in range(101)]
+    assert factors[0] == 1.0 and factors[50] == pytest.approx(0.55)
+    assert factors[100] == pytest.approx(0.1)
+    assert all(a > b for a, b in zip(factors, factors[1:], strict=False))
+    constant = TrainConfig(runs=(), model=GPTConfig(), steps=100)
+    assert {constant.lr_factor(step) for step in range(101)} == {1.0}

@@ -143,12 +143,24 @@ def test_powersgd_step_equals_the_textbook_given_the_same_q():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [("powersgd:rank=0", "rank must be an int of at least 1"), ("topk", "unknown low-rank"),
-     ("acpsgd:rank=x", "rank in 'acpsgd:rank=x' must be int"), ("powersgd:depth=2", "bad option"),
+     ("acpsgd:rank=x", r"rank='x' in spec 'acpsgd:rank=x' must be an int"),
+     ("powersgd:depth=2", "unknown option 'depth' for algorithm 'powersgd'"),
+     ("powersgd:warm_start=maybe", "must be true or false"), ("powersgd:rank", "key=value"),
      ("powersgd:orthogonalization=lu", "unknown orthogonalization")],
 )  # fmt: skip
 def test_bad_algorithm_specs_are_value_errors(spec, message):
     with pytest.raises(ValueError, match=message):
         get_algorithm(spec)
+
+
+def test_algorithm_specs_set_every_kind_of_option():
+    algorithm = get_algorithm(
+        "acpsgd:rank=8,start_iter=0,min_compression_rate=1.5,warm_start=false,"
+        "error_feedback=no,orthogonalization=cholesky"
+    )
+    assert isinstance(algorithm, ACPSGD) and algorithm.rank == 8 and algorithm.start_iter == 0
+    assert algorithm.min_compression_rate == 1.5 and algorithm.orthogonalization == "cholesky"
+    assert algorithm.warm_start is False and algorithm.error_feedback is False
 
 
 def test_what_is_worth_compressing():

@@ -11,11 +11,9 @@ import dataclasses
 import typing
 
 from commpress.codecs.base import Codec, CodecBase
+from commpress.spec_options import parse_options
 
 _REGISTRY: dict[str, type[CodecBase]] = {}
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
 
 
 def register(cls: type[CodecBase]) -> type[CodecBase]:
@@ -48,34 +46,5 @@ def get_codec(spec: str | Codec) -> Codec:
 
 def _parse_options(cls: type[CodecBase], text: str, spec: str) -> dict[str, object]:
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls) if f.init]
-    options: dict[str, object] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not raw:
-            raise ValueError(f"option {item!r} in codec spec {spec!r} must look like key=value")
-        if key not in known:
-            raise ValueError(
-                f"unknown option {key!r} for codec {cls.name!r} in spec {spec!r}; "
-                f"known options: {known or 'none'}"
-            )
-        options[key] = _convert(raw, hints[key], key, spec)
-    return options
-
-
-def _convert(raw: str, kind: object, key: str, spec: str) -> object:
-    if kind is bool:
-        lowered = raw.lower()
-        if lowered in _TRUE | _FALSE:
-            return lowered in _TRUE
-        raise ValueError(f"option {key}={raw!r} in spec {spec!r} must be true or false")
-    if kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ValueError(
-                f"option {key}={raw!r} in spec {spec!r} must be a{'n' if kind is int else ''} "
-                f"{kind.__name__}"
-            ) from None
-    return raw
+    types = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+    return parse_options(text, types, spec, f"codec {cls.name!r}")

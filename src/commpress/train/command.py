@@ -20,7 +20,14 @@ from commpress.bench.arguments import positive_int
 from commpress.cluster import cluster_for
 from commpress.cluster.commands import add_link_arguments
 from commpress.testing.distributed import run_distributed
-from commpress.train.loop import Run, TrainConfig, train_worker
+from commpress.train.loop import (
+    COSINE_FLOOR,
+    OPTIMIZERS,
+    SCHEDULES,
+    Run,
+    TrainConfig,
+    train_worker,
+)
 from commpress.train.model import GPTConfig
 
 COLUMNS = (
@@ -49,7 +56,9 @@ def config_from(args) -> TrainConfig:
         strategy=args.strategy,
         steps=args.steps,
         batch_size=args.batch,
+        optimizer=args.optimizer,
         learning_rate=args.lr,
+        schedule=args.schedule,
         seed=args.seed,
         bf16=args.bf16,
     )
@@ -80,7 +89,7 @@ def main(args) -> int:
     title = (
         f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
         f"context {config.model.context}, batch {config.batch_size}/rank), {config.steps} steps, "
-        f"{where}"
+        f"{config.optimizer} lr {config.lr:g} {config.schedule}, {where}"
     )
     print(f"# {title}")
     print(report.format_table(results, columns))
@@ -181,7 +190,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dim", type=positive_int, default=128, help="model width (128)")
     parser.add_argument("--layers", type=positive_int, default=4, help="transformer blocks (4)")
     parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (4)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZERS),
+        default="adamw",
+        help="adamw, or sgd with Nesterov momentum 0.9 (adamw)",
+    )
+    parser.add_argument(
+        "--lr",
+        type=float,
+        help="learning rate (" + ", ".join(f"{k} {v:g}" for k, v in OPTIMIZERS.items()) + ")",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="constant",
+        help=f"learning rate: constant, or cosine decay to {COSINE_FLOOR:g} of it (constant)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduction")
     parser.add_argument("--nprocs", type=positive_int, default=2, help="local processes (2)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -54,6 +55,14 @@ class Run:
         return cls(text, gather, scatter if slash else gather)
 
 
+#: Optimizers ``commpress train`` offers, with their default learning rates.
+OPTIMIZERS = {"adamw": 3e-3, "sgd": 0.1}
+SGD_MOMENTUM = 0.9
+#: Learning-rate schedules: constant, or cosine decay to this share of the start over the run.
+SCHEDULES = ("constant", "cosine")
+COSINE_FLOOR = 0.1
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     runs: tuple[Run, ...]
@@ -61,11 +70,40 @@ class TrainConfig:
     strategy: str = "fsdp"
     steps: int = 200
     batch_size: int = 8
-    learning_rate: float = 3e-3
+    optimizer: str = "adamw"
+    learning_rate: float | None = None
+    schedule: str = "constant"
     seed: int = 0
     corpus_bytes: int = 4 << 20
     bf16: bool = False
     eval_batches: int = 4
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            known = sorted(OPTIMIZERS)
+            raise ValueError(f"optimizer must be one of {known}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(f"learning rate must be positive, got {self.learning_rate}")
+
+    @property
+    def lr(self) -> float:
+        """The learning rate used: the one given, or the optimizer's default."""
+        return OPTIMIZERS[self.optimizer] if self.learning_rate is None else self.learning_rate
+
+    def make_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """AdamW (fused), or SGD with Nesterov momentum (PowerSGD's published setting)."""
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(parameters, lr=self.lr, momentum=SGD_MOMENTUM, nesterov=True)
+        return torch.optim.AdamW(parameters, lr=self.lr, fused=True)
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate at ``step`` as a share of :attr:`lr`."""
+        if self.schedule == "constant":
+            return 1.0
+        cosine = 0.5 * (1 + math.cos(math.pi * step / self.steps))
+        return COSINE_FLOOR + (1 - COSINE_FLOOR) * cosine
 
 
 @dataclass
@@ -150,7 +188,8 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
     for run in config.runs:
         torch.manual_seed(config.seed)
         model, counters = _wrap(GPT(config.model), config, run)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, fused=True)
+        optimizer = config.make_optimizer(model.parameters())
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_factor)
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
         progress = Progress(run.label, config.steps, enabled=rank == 0)
         curves = Curves()
@@ -163,6 +202,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
             loss = _loss(model, tokens, targets)
             loss.backward()
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad(set_to_none=True)
             curves.step_seconds.append(time.perf_counter() - start)
             after = _totals(counters)
