@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -225,6 +229,52 @@ def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
 def test_acpsgd_hook_trains(ddp_runs):
     losses = ddp_runs["acpsgd:rank=2,start_iter=2", True][0][0]
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+STALL_SECONDS = 15.0
+
+
+def _peer_fails(rank, world_size, scheduler, failure):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.015)
+    state, hook = cp.lowrank.ddp_hook(
+        "powersgd:rank=2,start_iter=1", model=model, scheduler=scheduler,
+        timeout=timedelta(seconds=3),
+    )  # fmt: skip
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 2, rank, features=64, batch=8, seed_stride=10)  # warm-up, one compressed
+    if rank == 1:
+        if failure == "dies":
+            os._exit(3)  # like a crashed process
+        time.sleep(STALL_SECONDS)  # never joins the next step
+        return None
+    start = time.monotonic()
+    try:
+        sgd_steps(ddp, 1, rank, features=64, batch=8, seed_stride=10)
+    except Exception as error:
+        return type(error).__name__, str(error)[:300], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+@pytest.mark.parametrize("failure", ["stalls", "dies"])
+@pytest.mark.parametrize("scheduler", [True, False], ids=["scheduler", "serial"])
+def test_a_peer_that_stalls_or_dies_makes_every_other_rank_raise(scheduler, failure):
+    results = run_distributed(
+        _peer_fails, 3, scheduler, failure, timeout=90, allow_dead=failure == "dies"
+    )
+    assert results[1] is None
+    for rank in (0, 2):
+        kind, message, elapsed = results[rank]
+        assert kind == "RuntimeError" and "low-rank all-reduce failed" in message, message
+        assert elapsed < STALL_SECONDS - 5, (rank, elapsed, message)
+
+
+def test_bad_timeout_is_rejected():
+    with pytest.raises(TypeError, match="timeout must be a datetime.timedelta"):
+        Reducer(PowerSGD(), timeout=3)
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        Reducer(PowerSGD(), timeout=timedelta(0))
 
 
 def _on_cuda(rank, world_size):

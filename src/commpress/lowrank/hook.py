@@ -21,6 +21,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -54,20 +55,22 @@ def ddp_hook(
     model: torch.nn.Module | None = None,
     group: dist.ProcessGroup | None = None,
     scheduler: bool = True,
+    timeout: timedelta | None = None,
 ):
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook``.
 
     ``algorithm``: a :class:`LowRankAlgorithm` or a spec (``"powersgd:rank=4"``).
     ``model`` (the module DDP wraps) names the state of each parameter, which
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
-    one for the hook's all-reduces.
+    one for the hook's all-reduces. ``timeout``: a peer that dies or stalls makes the
+    step raise on every other rank after at most this long (default: the group's).
     """
     if isinstance(algorithm, str):
         algorithm = get_algorithm(algorithm)
+    reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
-        group = dist.new_group()
+        reducer.group = dist.new_group(timeout=timeout)
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
-    reducer = Reducer(algorithm, group)
     state = LowRankHookState(reducer, names)
     if scheduler:
         state.worker = concurrent.futures.ThreadPoolExecutor(
@@ -126,6 +129,9 @@ class Pipeline:
         self.finished: list[_InFlight] = []
         self.sequence = 0
         self.stream = None  # CUDA only: compression and all-reduces leave backward's stream
+        #: The error that broke the pipeline (a dead or stalled peer, say). Every later
+        #: bucket fails with it at once: the ranks' collectives are no longer in step.
+        self.failure: BaseException | None = None
 
     @contextlib.contextmanager
     def side_stream(self, producer):
@@ -142,6 +148,9 @@ class Pipeline:
 
     def submit(self, pairs, future, buffer, last: bool, handed: float) -> None:
         """Take the bucket handed over at ``handed`` (a ``perf_counter`` time)."""
+        if self.failure is not None:
+            future.set_exception(self.failure)
+            return
         try:
             slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once
             self.sequence += 1
@@ -163,6 +172,7 @@ class Pipeline:
                 done.future.set_result(done.buffer)
             self.finished.clear()
         except BaseException as error:  # never leave DDP waiting on a future
+            self.failure = error
             self.in_flight.extend(self.finished)
             self.finished.clear()
             for waiting in self.in_flight:
@@ -186,7 +196,7 @@ class Pipeline:
     def _advance(self, entry: _InFlight) -> None:
         if entry not in self.in_flight:
             return
-        entry.work.wait()
+        self.reducer.wait(entry.work)
         self.reducer.stats.seconds["communicate"] += time.perf_counter() - entry.started
         entry.part.take(entry.round_, entry.payload)
         entry.round_ += 1

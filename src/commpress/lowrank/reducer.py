@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from commpress.bench.busbw import busbw_factor
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
+from commpress.transport.p2p import wait
 
 STAGES = ("compress", "communicate", "reconstruct")
 
@@ -56,10 +58,21 @@ class LowRankStats:
 
 
 class Reducer:
-    def __init__(self, algorithm: LowRankAlgorithm, group: dist.ProcessGroup | None = None):
+    def __init__(
+        self,
+        algorithm: LowRankAlgorithm,
+        group: dist.ProcessGroup | None = None,
+        timeout: timedelta | None = None,
+    ):
+        """``timeout``: how long an all-reduce may wait for a dead or stalled peer before
+        it raises (default: the process group's)."""
         if not isinstance(algorithm, LowRankAlgorithm):
             raise TypeError(f"algorithm must be a LowRankAlgorithm, got {type(algorithm).__name__}")
-        self.algorithm, self.group = algorithm, group
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+        if timeout is not None and timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.algorithm, self.group, self.timeout = algorithm, group, timeout
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
         self.stats = LowRankStats()
@@ -82,7 +95,7 @@ class Reducer:
             payload = part.payload(round_)
             if payload is not None:
                 start = time.perf_counter()
-                dist.all_reduce(payload, group=self.group)
+                self.wait(dist.all_reduce(payload, group=self.group, async_op=True))
                 self.stats.seconds["communicate"] += time.perf_counter() - start
                 part.take(round_, payload)
         part.finish()
@@ -105,6 +118,17 @@ class Reducer:
             worth = matrix is not None and self.algorithm.compresses(*matrix.shape)
             (compressed if worth else plain).append((key, gradient))
         return CompressedPart(self, compressed, [g for _, g in plain], world_size, slot)
+
+    def wait(self, work) -> None:
+        """Wait for one of this reducer's all-reduces; a peer that died, or stalled past
+        the timeout, raises a RuntimeError saying so."""
+        try:
+            wait(work, self.timeout)
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"commpress low-rank all-reduce failed (a peer died or stalled; timeout "
+                f"{self.timeout or 'of the process group'}): {error}"
+            ) from error
 
     def finish_step(self) -> None:
         self.stats.compressed_steps += self.step >= self.algorithm.start_iter
