@@ -165,7 +165,7 @@ class Pipeline:
                     self._advance(self.in_flight[0])
                 self.reducer.finish_step()
                 self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
-            if last:  # backward has finished: from here on the training thread waits
+                # backward had finished at the hand-over: since then the training thread waited
                 self.reducer.stats.exposed_seconds += time.perf_counter() - handed
             # Completed only now: once the last future is done, DDP may read the step's state.
             for done in self.finished:

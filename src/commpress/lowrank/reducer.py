@@ -22,7 +22,7 @@ import torch.distributed as dist
 from commpress.bench.busbw import busbw_factor
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
-from commpress.transport.p2p import wait
+from commpress.transport import p2p
 
 STAGES = ("compress", "communicate", "reconstruct")
 
@@ -123,7 +123,7 @@ class Reducer:
         """Wait for one of this reducer's all-reduces; a peer that died, or stalled past
         the timeout, raises a RuntimeError saying so."""
         try:
-            wait(work, self.timeout)
+            p2p.wait(work, self.timeout)
         except RuntimeError as error:
             raise RuntimeError(
                 f"commpress low-rank all-reduce failed (a peer died or stalled; timeout "
