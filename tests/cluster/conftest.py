@@ -9,7 +9,9 @@ import pytest
 
 from commpress.cluster import Layout, present, remove
 
-PREFIX = "cpt"  # never the default "cp": a user's own cluster is left alone
+# Never the default "cp": a user's own cluster is left alone. Overridable so that two test
+# runs on one machine (each needs its own namespaces and bridge) do not remove each other's.
+PREFIX = os.environ.get("COMMPRESS_TEST_CLUSTER_PREFIX", "cpt")
 
 if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
     pytest.skip("the emulated cluster needs root and iproute2", allow_module_level=True)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.collectives import all_gather_into_tensor
 from commpress.testing.distributed import DistributedError, run_distributed
+from commpress.testing.silence import CommunicationAttempted, forbid_communication
 
 WORLD_SIZES = [2, 3, 4]
 SIZES = [1, 255, 1000, 4097]
@@ -142,6 +143,15 @@ def test_nan_propagates_to_every_rank():
 
 
 def _bad_shapes(rank, world_size):
+    if rank != 0:  # the peer never enters a collective: a call that communicated would hang
+        return None
+    with forbid_communication() as attempted:
+        errors = _bad_shape_errors(world_size)
+    assert attempted == []
+    return errors
+
+
+def _bad_shape_errors(world_size):
     inp = torch.zeros(10)
     errors = []
     for out, kind in (
@@ -173,6 +183,21 @@ def test_bad_arguments_raise_before_any_communication():
     assert "same dtype" in errors[1] and "same dtype" in errors[2]
     assert "cannot take inp.dtype=torch.int64" in errors[3]
     assert "unknown algorithm 'tree'" in errors[4]
+
+
+def _communicates_inside_the_guard(rank, world_size):
+    with forbid_communication() as attempted:
+        try:
+            all_gather_into_tensor(torch.zeros(20), torch.zeros(10), codec="none")
+        except CommunicationAttempted:
+            return attempted
+    return None
+
+
+def test_the_guard_catches_a_call_that_communicates():
+    """The guard of the test above is not vacuous: a valid call inside it is caught."""
+    for attempted in run_distributed(_communicates_inside_the_guard, 2):
+        assert attempted
 
 
 def _raises(rank, world_size):

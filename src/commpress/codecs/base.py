@@ -24,6 +24,10 @@ class Codec(Protocol):
     name: ClassVar[str]
     #: True when ``decode(encode(x))`` reproduces ``x`` bit for bit.
     lossless: ClassVar[bool]
+    #: True when a decoded tensor encodes to itself again (``y = decode(encode(x))`` gives
+    #: ``decode(encode(y)) == y`` bit for bit), so re-encoding at every hop (``ring-hop``)
+    #: leaves every rank with the same values.
+    idempotent: bool
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         """Exact payload size for a tensor of ``numel`` elements of ``dtype``."""
@@ -57,6 +61,7 @@ class CodecBase:
 
     name: ClassVar[str] = ""
     lossless: ClassVar[bool] = False
+    idempotent: ClassVar[bool] = True
     #: Input dtypes this codec accepts; ``None`` means any dtype.
     input_dtypes: ClassVar[tuple[torch.dtype, ...] | None] = FLOAT_DTYPES
 

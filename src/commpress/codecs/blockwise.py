@@ -26,13 +26,17 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from commpress.codecs import native
+from commpress.codecs import native, rounding_noise
 from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
 from commpress.codecs.kernels import Kernel
 
 IMPLEMENTATIONS = ("fused", "compiled", "reference")
 #: Slack for fp32 rounding in the scale and unscale steps, as a fraction of absmax.
 FP32_SLACK = 2.0**-20
+#: Dtypes the native (C, fp32) kernels serve: 16-bit floats are widened to fp32 for them.
+NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Elements widened to fp32 at a time for the native kernels (bounds the extra memory).
+WIDEN_ELEMENTS = 1 << 20
 
 
 def num_blocks(numel: int, block: int) -> int:
@@ -90,8 +94,8 @@ class BlockScaledCodec(CodecBase):
 
     #: Elements per block; each block costs 4 extra bytes for its absmax.
     block: int = 256
-    #: "fused": the fastest available path (native C kernels for fp32 on the CPU where a
-    #: C compiler exists, else torch.compile); "compiled": torch.compile only;
+    #: "fused": the fastest available path (native C kernels for fp32, bf16 and fp16 on
+    #: the CPU where a C compiler exists, else torch.compile); "compiled": torch.compile only;
     #: "reference": plain torch ops, the specification. All three agree bit for bit.
     impl: str = "fused"
 
@@ -194,10 +198,15 @@ class BlockScaledCodec(CodecBase):
         return flat.float().abs() * self.relative_error + absmax * grid
 
     def _native(self, name: str | None, *tensors: torch.Tensor):
-        """The native kernel ``name`` if it applies to these fp32 CPU tensors, else None."""
+        """The native kernel ``name`` if it applies to these CPU float tensors, else None.
+
+        The C kernels read and write fp32; 16-bit tensors go through them widened to fp32
+        (see :meth:`_encode_rows`), which is exactly what the reference does first, so no
+        dtype ever waits for ``torch.compile`` on the CPU.
+        """
         if self.impl != "fused" or name is None:
             return None
-        if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        if any(t.device.type != "cpu" or t.dtype not in NATIVE_DTYPES for t in tensors):
             return None
         return native.kernel(name)
 
@@ -205,27 +214,68 @@ class BlockScaledCodec(CodecBase):
         rows = blocks.shape[0]
         noise = self.noise(rows, blocks.device)
         fast = self._native(self.native_encode, blocks)
-        if fast and fast(blocks, noise, rows, self.block, self.qmax, scales, codes):
+        if fast and self._encode_native(fast, blocks, noise, scales, codes):
             return
         self.encode_kernel(blocks, noise, scales, codes, fused=self.impl != "reference")
 
+    def _encode_native(self, fast, blocks, noise, scales, codes) -> bool:
+        """Run the C encoder on fp32 rows; 16-bit input is widened a slice of rows at a time."""
+        if blocks.dtype == torch.float32:
+            return fast(blocks, noise, blocks.shape[0], self.block, self.qmax, scales, codes)
+        step = max(1, WIDEN_ELEMENTS // self.block)
+        for start in range(0, blocks.shape[0], step):
+            rows = slice(start, start + step)
+            widened = blocks[rows].float()
+            part_noise = None if noise is None else noise[rows]
+            count = widened.shape[0]
+            encoded = fast(
+                widened, part_noise, count, self.block, self.qmax, scales[rows], codes[rows]
+            )
+            if not encoded:
+                return False
+        return True
+
     def _decode_rows(self, absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
-        rows = codes.shape[0]
         fast = self._native(self.native_decode, out)
-        if fast and fast(absmax, codes, rows, self.block, self.qmax, out):
+        if fast and self._decode_native(fast, absmax, codes, out):
             return
         self.decode_kernel(absmax, codes, out, fused=self.impl != "reference")
+
+    def _decode_native(self, fast, absmax, codes, out) -> bool:
+        """Run the C decoder into fp32; 16-bit output is rounded from it a slice at a time."""
+        rows = codes.shape[0]
+        if out.dtype == torch.float32:
+            return fast(absmax, codes, rows, self.block, self.qmax, out)
+        step = max(1, WIDEN_ELEMENTS // self.block)
+        wide = torch.empty(min(rows, step) * self.block)
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            part = wide[: count * self.block]
+            chunk_codes = codes[start : start + count]
+            if not fast(absmax[start:], chunk_codes, count, self.block, self.qmax, part):
+                return False
+            out[start * self.block : (start + count) * self.block].copy_(part)
+        return True
 
 
 @dataclasses.dataclass(frozen=True)
 class IntegerBlockCodec(BlockScaledCodec):
-    """Block absmax quantization to signed integers in [-qmax, qmax]."""
+    """Block absmax quantization to signed integers in [-qmax, qmax].
+
+    Stochastic rounding draws its noise from generators that belong to this instance
+    (one per device and process rank, see :mod:`commpress.codecs.rounding_noise`): each
+    encode continues the stream, so successive calls and different ranks round
+    independently, and ``get_codec`` returns one shared instance per spec, so the stream
+    persists across collectives that name the same spec. A new instance (the class called
+    directly, or ``dataclasses.replace(codec)``) restarts the stream: the same seed, rank
+    and sequence of encodes reproduce the same payloads.
+    """
 
     #: Unbiased stochastic rounding instead of round-to-nearest.
     stochastic: bool = False
-    #: Seed of the stochastic-rounding generator (one generator per device).
+    #: Seed of the stochastic-rounding noise, mixed with the process rank and the device.
     seed: int = 0
-    _generators: dict[torch.device, torch.Generator] = dataclasses.field(
+    _generators: rounding_noise.Generators = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -240,11 +290,13 @@ class IntegerBlockCodec(BlockScaledCodec):
     def grid_error(self) -> float:
         return 1.0 if self.stochastic else 0.5
 
+    @property
+    def idempotent(self) -> bool:
+        # A decoded value sits a few fp32 ulps off its grid point: round-to-nearest finds
+        # the point again, stochastic rounding may leave it by one step.
+        return not self.stochastic
+
     def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         if not self.stochastic:
             return None
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = torch.Generator(device=device).manual_seed(self.seed)
-            self._generators[device] = generator
-        return torch.rand((rows, self.block), generator=generator, device=device)
+        return rounding_noise.uniform(self._generators, self.seed, (rows, self.block), device)

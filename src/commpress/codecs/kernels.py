@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from commpress import _torch_private
+
 #: Graphs per kernel: input dtype x output dtype x stochastic or not x size-1 specializations.
 #: torch's default of 8 per function is too few for that product.
 RECOMPILE_LIMIT = 64
@@ -68,7 +70,7 @@ class Kernel:
         if self._compiled is None:
             self._compiled = torch.compile(self.reference, dynamic=True, fullgraph=True)
         try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            with _torch_private.dynamo_config().patch(recompile_limit=RECOMPILE_LIMIT):
                 return self._compiled(*args)
         except Exception as error:  # compilation failures surface at the first call
             _disable_fused(error)

@@ -3,17 +3,27 @@
 Each codec is a frozen dataclass; its init fields are its options, parsed from the
 spec by their annotated type. Validation of values lives in the codec's
 ``__post_init__``.
+
+``get_codec`` returns one shared instance per codec value (``"int8"`` and
+``"int8:block=256"`` are one codec): state that a codec keeps on purpose, such as the
+stochastic-rounding generators of ``int8``/``int4``, then lives across every collective
+that names the spec, instead of restarting (and repeating its noise) on each call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import typing
 
 from commpress.codecs.base import Codec, CodecBase
 from commpress.spec_options import parse_options
 
 _REGISTRY: dict[str, type[CodecBase]] = {}
+#: The shared instance of each codec value, and of each spec text seen.
+_SHARED: dict[Codec, Codec] = {}
+_SHARED_BY_TEXT: dict[str, Codec] = {}
+_shared_lock = threading.Lock()
 
 
 def register(cls: type[CodecBase]) -> type[CodecBase]:
@@ -32,11 +42,24 @@ def list_codecs() -> list[str]:
 
 
 def get_codec(spec: str | Codec) -> Codec:
-    """Build a codec from a spec string ``NAME[:key=value,...]``; a codec passes through."""
+    """The codec of a spec string ``NAME[:key=value,...]``; a codec passes through.
+
+    Every call with an equivalent spec returns the same instance (see the module doc).
+    """
     if isinstance(spec, CodecBase):
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"codec spec must be a str or a codec, got {type(spec).__name__}")
+    shared = _SHARED_BY_TEXT.get(spec)
+    if shared is None:
+        built = _build(spec)
+        with _shared_lock:
+            shared = _SHARED.setdefault(built, built)
+            _SHARED_BY_TEXT[spec] = shared
+    return shared
+
+
+def _build(spec: str) -> Codec:
     name, _, option_text = spec.strip().partition(":")
     cls = _REGISTRY.get(name)
     if cls is None:

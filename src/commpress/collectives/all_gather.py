@@ -18,6 +18,7 @@ import torch.distributed as dist
 from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.checks import check_algorithm, check_pair
+from commpress.collectives.fingerprint import Fingerprint, agree
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
@@ -40,6 +41,9 @@ def all_gather_into_tensor(
     Same convention as :func:`torch.distributed.all_gather_into_tensor`, plus ``codec``
     and ``algorithm`` (``codec`` is ignored by ``native``). A peer that dies or stalls
     longer than ``timeout`` (default: the process group's) raises on every other rank.
+    Ranks that disagree on the arguments (size, dtype, codec, algorithm) all raise
+    :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` before ``out`` is
+    written (``native`` excepted: that is torch's own collective).
     """
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
@@ -49,7 +53,13 @@ def all_gather_into_tensor(
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
     hop = algorithm == "ring-hop"
-    return launch(lambda: ring_all_gather(out, inp, group, codec, hop, timeout), async_op)
+    fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
+
+    def run() -> None:
+        agree(group, fingerprint, timeout, inp.device)
+        ring_all_gather(out, inp, group, codec, hop, timeout)
+
+    return launch(run, async_op, (out, inp))
 
 
 def ring_all_gather(

@@ -10,6 +10,16 @@
 * ``alltoall``: each rank encodes each destination's slice once; one all-to-all;
   each destination decodes and sums in fp32. One rounding per contribution
   instead of n - 1 re-quantizations of a partial sum.
+
+What a ring hop sends (:func:`partial_sum_dtype`): a lossy codec encodes the fp32
+partial sum (its payload size does not depend on the dtype, so it never exceeds the
+input's native size). A lossless codec (``none``) sends the partial sum in the input's
+dtype, so bf16/fp16 input costs 2 bytes per element, as native does: each hop still adds
+in fp32, then rounds the partial sum to bf16/fp16 for the wire, like NCCL's bf16 ring.
+A bf16 result can therefore differ from an fp32-accumulated one by up to n - 1
+roundings of partial sums (each at most half an ulp of bf16, 2**-8 relative); fp32
+input is summed and sent in fp32, unchanged. ``all_reduce`` all-gathers its reduced
+chunks in the same dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from commpress.algorithms.ring import neighbours, reduce_scatter_steps
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import ring_all_gather
 from commpress.collectives.checks import check_algorithm, check_op, check_pair
+from commpress.collectives.fingerprint import Fingerprint, agree
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
@@ -67,14 +78,17 @@ def reduce_scatter_tensor(
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
+    pieces = chunk_bytes if algorithm == "ring" else 0
+    fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
     def run() -> None:
+        agree(group, fingerprint, timeout, inp.device)
         total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes, timeout, residual)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         out.view(-1).copy_(total)
 
-    return launch(run, async_op)
+    return launch(run, async_op, (out, inp) if residual is None else (out, inp, residual))
 
 
 def all_reduce(
@@ -105,8 +119,10 @@ def all_reduce(
     codec = get_codec(codec)
     codec.check_dtype(tensor.dtype, "tensor.dtype")
     world_size, numel = dist.get_world_size(group), tensor.numel()
+    fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
+        agree(group, fingerprint, timeout, tensor.device)
         chunk = -(-numel // world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
@@ -116,6 +132,10 @@ def all_reduce(
         total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout)
         if op == dist.ReduceOp.AVG:
             total /= world_size
+        sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each
+        if total.dtype != sent_dtype:
+            narrowed = workspace.take("all_reduce.narrowed", chunk, sent_dtype, total.device)
+            total = narrowed.copy_(total)
         gathered = workspace.take(
             "all_reduce.gathered", world_size * chunk, total.dtype, total.device
         )
@@ -123,7 +143,7 @@ def all_reduce(
         ring_all_gather(gathered, total, group, codec, hop, timeout)  # already on the thread
         tensor.view(-1).copy_(gathered[:numel])
 
-    return launch(run, async_op)
+    return launch(run, async_op, (tensor,))
 
 
 def _check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
@@ -156,8 +176,25 @@ def _reduce_scatter_fp32(
     if algorithm == "alltoall":
         feedback = None if residual is None else residual.view(world_size, -1)
         return _alltoall(contributions, group, codec, timeout, feedback)
-    piece = max(1, chunk_bytes // 4) if algorithm == "ring" else contributions.shape[1]
+    piece = ring_piece_numel(algorithm, contributions.shape[1], chunk_bytes)
     return _ring(contributions, group, codec, piece, algorithm == "ring", timeout)
+
+
+def partial_sum_dtype(codec: Codec, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a ring's partial sums (and ``all_reduce``'s reduced chunks) are encoded in.
+
+    fp32, except with a lossless codec on 16-bit floats: those send the input's dtype, so
+    that ``none`` never sends more bytes than native. A lossy codec's payload size does
+    not depend on the dtype, so encoding the fp32 sum costs nothing extra.
+    """
+    if codec.lossless and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return torch.float32
+
+
+def ring_piece_numel(algorithm: str, numel: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Elements per piece of a chunk of ``numel``: each piece is encoded on its own."""
+    return max(1, chunk_bytes // 4) if algorithm == "ring" else numel
 
 
 def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, timeout):
@@ -168,7 +205,8 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     pieces = [
         slice(start, min(start + piece_numel, numel)) for start in range(0, numel, piece_numel)
     ]
-    wire = [codec.wire_bytes(p.stop - p.start, torch.float32) for p in pieces]
+    sent_dtype = partial_sum_dtype(codec, contributions.dtype)
+    wire = [codec.wire_bytes(p.stop - p.start, sent_dtype) for p in pieces]
     device = contributions.device
     outgoing = workspace.take_pieces("reduce_scatter.outgoing", wire, device)
     incoming = workspace.take_pieces("reduce_scatter.incoming", wire, device)
@@ -177,9 +215,14 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     scratch = workspace.take(
         "reduce_scatter.scratch", min(piece_numel, numel), torch.float32, device
     )
+    narrow = None  # the partial sum rounded to the dtype it is sent in, when not fp32
+    if sent_dtype != torch.float32:
+        narrow = workspace.take(
+            "reduce_scatter.narrow", min(piece_numel, numel), sent_dtype, device
+        )
     steps = reduce_scatter_steps(rank, world_size)
     for p, part in enumerate(pieces):
-        codec.encode(contributions[steps[0].send, part].float(), out=outgoing[p])
+        codec.encode(contributions[steps[0].send, part].to(sent_dtype), out=outgoing[p])
     left, right = neighbours(rank, world_size)
 
     for index, step in enumerate(steps):
@@ -188,8 +231,15 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
         def accumulate(p: int, step=step, last=last, forward=forward) -> None:
             own = contributions[step.recv, pieces[p]]
             partial = scratch[: own.numel()]
+            rounded = None if narrow is None else narrow[: own.numel()]
             _add_own(
-                codec, incoming[p], own, partial, result[pieces[p]] if last else None, forward[p]
+                codec,
+                incoming[p],
+                own,
+                partial,
+                result[pieces[p]] if last else None,
+                forward[p],
+                rounded,
             )
 
         for p in range(len(pieces)):
@@ -205,15 +255,27 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     return result
 
 
-def _add_own(codec: Codec, received, own, partial, result_part, forward_payload) -> None:
+def _add_own(
+    codec: Codec, received, own, partial, result_part, forward_payload, rounded=None
+) -> None:
     """Decode a received partial sum into ``partial``, add the own contribution in fp32,
-    then keep it (``result_part``) or re-encode it for the next hop."""
-    codec.decode(received, own.numel(), torch.float32, out=partial)
+    then keep it (``result_part``) or re-encode it for the next hop.
+
+    ``rounded``: a buffer of the dtype partial sums travel in when that is not fp32 (a
+    lossless codec on 16-bit input): the payload is decoded through it, and the fp32 sum
+    is rounded into it before encoding.
+    """
+    if rounded is None:
+        codec.decode(received, own.numel(), torch.float32, out=partial)
+    else:
+        partial.copy_(codec.decode(received, own.numel(), rounded.dtype, out=rounded))
     partial += own
     if result_part is not None:
         result_part.copy_(partial)
-    else:
+    elif rounded is None:
         codec.encode(partial, out=forward_payload)
+    else:
+        codec.encode(rounded.copy_(partial), out=forward_payload)
 
 
 def _alltoall(contributions, group, codec: Codec, timeout, residual=None):

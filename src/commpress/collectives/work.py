@@ -2,27 +2,71 @@
 
 Every compressed collective, synchronous or not, is queued on the same single
 thread, so commpress operations run in the order the program issued them on
-every rank. A program must not run torch.distributed's own collectives on the
-same group while a commpress ``async_op`` is in flight: their relative order
-could differ between ranks.
+every rank. Integrations give commpress its own process groups, so torch's own
+collectives on the user's groups never interleave with ours.
+
+On CUDA, commpress keeps torch.distributed's stream contract: a collective is
+ordered after the work already queued on the caller's current stream (an event
+recorded there at issue, waited for by the communication stream), and once
+``wait()`` returns, or the ``torch.futures.Future`` of :meth:`CollectiveWork.torch_future`
+completes, the output is safe to use on the waiter's current stream (which waits
+for an event recorded on the communication stream when the collective finished).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
 
 _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="commpress")
+#: The communication thread's stream on each CUDA device (created on first use).
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def cuda_device(*tensors: torch.Tensor) -> torch.device | None:
+    """The CUDA device of the collective's tensors, or None when they live on the CPU."""
+    for tensor in tensors:
+        if tensor.is_cuda:
+            return tensor.device
+    return None
+
+
+class StreamOrder:
+    """The CUDA events that order one collective between the caller and the comm stream."""
+
+    def __init__(self, device: torch.device, tensors: tuple[torch.Tensor, ...]):
+        self.device = device
+        self.stream = _streams.get(device)
+        if self.stream is None:
+            self.stream = _streams.setdefault(device, torch.cuda.Stream(device))
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(device))  # the producer's work so far
+        self.done = torch.cuda.Event()
+        for tensor in tensors:  # the caller may free them before the comm stream is done
+            tensor.record_stream(self.stream)
+
+    @contextlib.contextmanager
+    def on_comm_stream(self) -> Iterator[None]:
+        """Run the body on the comm stream, after the producer; record completion after."""
+        self.stream.wait_event(self.ready)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
+        self.done.record(self.stream)
+
+    def make_current_stream_wait(self) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.done)
 
 
 class CollectiveWork:
     """Like torch's ``Work``: ``wait()`` blocks (and re-raises), ``is_completed()`` polls."""
 
-    def __init__(self, future: concurrent.futures.Future):
+    def __init__(self, future: concurrent.futures.Future, order: StreamOrder | None = None):
         self._future = future
+        self._order = order
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = None if timeout is None else timeout.total_seconds()
@@ -30,6 +74,8 @@ class CollectiveWork:
             self._future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"collective did not complete within {timeout}") from None
+        if self._order is not None:
+            self._order.make_current_stream_wait()
         return True
 
     def is_completed(self) -> bool:
@@ -40,8 +86,10 @@ class CollectiveWork:
     ) -> torch.futures.Future:
         """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
         collective finishes; completing it never blocks a thread. ``before`` runs first, so
-        whoever waits on the future sees its effects."""
-        future = torch.futures.Future()
+        whoever waits on the future sees its effects. On CUDA the future carries its device,
+        and is completed on the comm stream: a waiter's current stream waits for it."""
+        order = self._order
+        future = torch.futures.Future(devices=[order.device]) if order else torch.futures.Future()
 
         def complete(done: concurrent.futures.Future) -> None:
             if before is not None:
@@ -49,16 +97,36 @@ class CollectiveWork:
             error = done.exception()
             if error is not None:
                 future.set_exception(error)
-            else:
+                return
+            if order is None:
                 future.set_result(value)
+                return
+            with torch.cuda.device(order.device), torch.cuda.stream(order.stream):
+                future.set_result(value)  # records an event on the comm stream
 
         self._future.add_done_callback(complete)
         return future
 
 
-def launch(run: Callable[[], None], async_op: bool) -> CollectiveWork | None:
-    """Queue ``run`` on the communication thread; wait for it unless ``async_op``."""
-    work = CollectiveWork(_executor.submit(run))
+def launch(
+    run: Callable[[], None], async_op: bool, tensors: tuple[torch.Tensor, ...] = ()
+) -> CollectiveWork | None:
+    """Queue ``run`` on the communication thread; wait for it unless ``async_op``.
+
+    ``tensors``: the collective's inputs and outputs. On CUDA they order ``run`` after
+    the caller's current stream and the caller's stream after ``run`` (module doc).
+    """
+    device = cuda_device(*tensors)
+    order = StreamOrder(device, tensors) if device is not None else None
+
+    def on_thread() -> None:
+        if order is None:
+            run()
+            return
+        with order.on_comm_stream():
+            run()
+
+    work = CollectiveWork(_executor.submit(on_thread), order)
     if async_op:
         return work
     work.wait()

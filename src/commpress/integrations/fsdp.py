@@ -16,8 +16,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from commpress import _torch_private
 from commpress.collectives import (
     ALL_GATHER_ALGORITHMS,
     REDUCE_SCATTER_ALGORITHMS,
@@ -25,9 +25,11 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.work import CollectiveWork, launch
+from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 
+AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
 MARK = "_commpress_fsdp"
 ON_UNSUPPORTED = ("raise", "native")
 
@@ -40,6 +42,9 @@ class Compression:
     left_native: list[str]
     all_gather: CommStats = field(default_factory=CommStats)
     reduce_scatter: CommStats = field(default_factory=CommStats)
+    #: commpress's own process group for each of FSDP's, so that torch's collectives on
+    #: FSDP's groups never interleave with ours (which run on the communication thread).
+    groups: OwnGroups | None = None
 
 
 def compress(
@@ -67,6 +72,12 @@ def compress(
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter")
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
+    if gather is not None and gather.algorithm == "ring-hop" and not gather.codec.idempotent:
+        raise ValueError(
+            f"all_gather={all_gather!r}: ring-hop re-encodes the shard at every hop and "
+            f"{gather.codec.name} is not idempotent, so ranks would end with different "
+            "parameters; use @ring (encode once) for this codec"
+        )
     if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
@@ -84,17 +95,24 @@ def compress(
         if getattr(module, MARK, False):
             raise ValueError(f"module {name!r} is already compressed: call compress once per model")
         _check_dtypes(name, module, gather, scatter)
-    result = Compression(modules=[], left_native=[])
+    # A collective call on every rank: after the checks, so that bad input raises alone.
+    fsdp_groups = [
+        pg
+        for _, m in modules
+        for g in _torch_private.fsdp_param_groups(m)
+        for pg in g.process_groups
+    ]
+    result = Compression(modules=[], left_native=[], groups=OwnGroups(fsdp_groups, timeout))
     for name, module in modules:
         try:
             if gather is not None:
                 module.set_custom_all_gather(
-                    CompressedAllGather(gather, result.all_gather, timeout, name)
+                    CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
                 )
             if scatter is not None:
                 module.set_custom_reduce_scatter(
                     CompressedReduceScatter(
-                        scatter, result.reduce_scatter, timeout, name, error_feedback
+                        scatter, result.reduce_scatter, timeout, name, error_feedback, result.groups
                     )
                 )
         except ValueError as error:  # FSDP2 refuses modules with several parameter groups
@@ -114,18 +132,13 @@ def _parse(spec, algorithms, argument) -> CollectiveSpec | None:
     return None if spec is None else CollectiveSpec.parse(spec, algorithms, argument)
 
 
-def _param_groups(module) -> list:
-    state = module._get_fsdp_state()
-    return list(getattr(state, "_fsdp_param_groups", []))
-
-
 def _check_dtypes(name, module, gather, scatter) -> None:
     """The dtypes FSDP will hand each collective must be ones the codec can encode."""
-    for group in _param_groups(module):
+    for group in _torch_private.fsdp_param_groups(module):
         policy = group.mp_policy
         dtypes = set()
-        for fsdp_param in group.fsdp_params:
-            original = fsdp_param.sharded_param.dtype
+        for sharded in group.sharded:
+            original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
         if gather is not None and not gather.codec.lossless and len(dtypes) > 1:
@@ -142,20 +155,27 @@ def _check_dtypes(name, module, gather, scatter) -> None:
                 scatter.codec.check_dtype(reduce_dtype, f"module {name!r} reduce-scatter dtype")
 
 
-def _finish(work, watch: Stopwatch, async_op: bool):
-    """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on."""
-    if not isinstance(work, CollectiveWork):  # torch's own ("native"); gloo's has no future
-        work = launch(work.wait, async_op=True)
+def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
+    """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on.
+
+    Waiting on either makes the waiter's current CUDA stream wait for the collective.
+    """
+    if not isinstance(work, CollectiveWork):  # torch's own ("native")
+        if tensor.is_cuda:  # NCCL's Work keeps the stream contract itself
+            work.get_future().then(watch.stop)
+            return work if async_op else work.wait()
+        work = launch(work.wait, async_op=True)  # gloo's Work has no future to chain on
     future = work.torch_future(before=watch.stop)
     if not async_op:
         future.wait()
         return None
-    return torch._C._distributed_c10d._create_work_from_future(future)
+    return _torch_private.work_from_future(future)
 
 
 class CompressedAllGather(AllGather):
-    def __init__(self, spec: CollectiveSpec, stats: CommStats, timeout, module_name: str):
+    def __init__(self, spec: CollectiveSpec, stats: CommStats, timeout, module_name, groups):
         self.spec, self.stats, self.timeout, self.module_name = spec, stats, timeout, module_name
+        self.groups: OwnGroups = groups
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -172,22 +192,23 @@ class CompressedAllGather(AllGather):
         work = all_gather_into_tensor(
             output_tensor,
             input_tensor,
-            group,
+            self.groups.own(group, spec.algorithm),
             codec=spec.codec,
             algorithm=spec.algorithm,
             async_op=True,
             timeout=self.timeout,
         )
-        return _finish(work, watch, async_op)
+        return _finish(work, watch, async_op, input_tensor)
 
     def __repr__(self) -> str:
         return f"CompressedAllGather({self.spec.text!r}, module={self.module_name!r})"
 
 
 class CompressedReduceScatter(ReduceScatter):
-    def __init__(self, spec, stats: CommStats, timeout, module_name: str, error_feedback: bool):
+    def __init__(self, spec, stats: CommStats, timeout, module_name, error_feedback, groups):
         self.spec, self.stats, self.timeout, self.module_name = spec, stats, timeout, module_name
         self.error_feedback = error_feedback
+        self.groups: OwnGroups = groups
         self.residual: torch.Tensor | None = None
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -207,14 +228,14 @@ class CompressedReduceScatter(ReduceScatter):
             output_tensor,
             input_tensor,
             op,
-            group,
+            self.groups.own(group, spec.algorithm),
             codec=spec.codec,
             algorithm=spec.algorithm,
             async_op=True,
             timeout=self.timeout,
             residual=self._residual(input_tensor),
         )
-        return _finish(work, watch, async_op)
+        return _finish(work, watch, async_op, input_tensor)
 
     def _residual(self, input_tensor: torch.Tensor) -> torch.Tensor | None:
         if not self.error_feedback:

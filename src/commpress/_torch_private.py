@@ -1,0 +1,159 @@
+"""Every private PyTorch API commpress (and its tests) uses, in one place.
+
+torch may rename or drop any of these in any release. Each is reached through a
+function here that raises :class:`PrivateAPIMissing` (a ``RuntimeError``) naming the
+API and the installed torch version, so that a feature never stops working silently;
+``tests/unit/test_torch_private.py`` checks that every entry of :data:`PRIVATE_APIS`
+exists in the installed torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+FSDP_API_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_api"
+
+
+class PrivateAPIMissing(RuntimeError):
+    """A private torch API commpress relies on is missing from the installed torch."""
+
+
+def _missing(api: str) -> PrivateAPIMissing:
+    return PrivateAPIMissing(
+        f"commpress relies on the private PyTorch API {api}, which torch {torch.__version__} "
+        "does not have (renamed or removed); use a torch version commpress supports or "
+        "update commpress._torch_private"
+    )
+
+
+def _attribute(owner: Any, name: str, api: str) -> Any:
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise _missing(api) from None
+
+
+def _module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise _missing(name) from None
+
+
+def fsdp_comm_classes() -> tuple[type, type]:
+    """FSDP2's base classes of custom collectives: ``(AllGather, ReduceScatter)``."""
+    api = _module(FSDP_API_MODULE)
+    return (
+        _attribute(api, "AllGather", f"{FSDP_API_MODULE}.AllGather"),
+        _attribute(api, "ReduceScatter", f"{FSDP_API_MODULE}.ReduceScatter"),
+    )
+
+
+def work_from_future(future: torch.futures.Future) -> dist.Work:
+    """A ``torch.distributed.Work`` that completes with ``future`` (what FSDP2 waits on)."""
+    return _create_work_from_future()(future)
+
+
+def dynamo_config() -> Any:
+    """``torch._dynamo.config`` (its ``patch`` raises the recompile limit of the codecs)."""
+    return _module("torch._dynamo.config")
+
+
+def dynamo_counters() -> Any:
+    """``torch._dynamo.utils.counters`` (tests count compilations with it)."""
+    return _attribute(_module("torch._dynamo.utils"), "counters", "torch._dynamo.utils.counters")
+
+
+def cuda_sleep(cycles: int) -> None:
+    """``torch.cuda._sleep``: keep the current CUDA stream busy (GPU tests of stream order)."""
+    _cuda_sleep()(cycles)
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """What commpress reads of one FSDP2 parameter group (``FSDPParamGroup``)."""
+
+    #: The ``FSDPParam`` objects, for :func:`unsharded_parameters`.
+    fsdp_params: list
+    #: Each parameter's local shard, in the group's order.
+    sharded: list[torch.Tensor]
+    #: The group's ``MixedPrecisionPolicy``.
+    mp_policy: Any
+    #: Every process group FSDP may hand this group's custom collectives: the shard
+    #: group, the post-forward shard group, a separate reduce-scatter group.
+    process_groups: tuple[dist.ProcessGroup, ...]
+
+
+def fsdp_param_groups(module: torch.nn.Module) -> list[ParamGroup]:
+    """The parameter groups of an ``FSDPModule`` (``_get_fsdp_state()._fsdp_param_groups``)."""
+    state = _attribute(module, "_get_fsdp_state", "FSDPModule._get_fsdp_state")()
+    groups = _attribute(state, "_fsdp_param_groups", "FSDPState._fsdp_param_groups")
+    return [_param_group(group) for group in groups]
+
+
+def _param_group(group: Any) -> ParamGroup:
+    fsdp_params = _attribute(group, "fsdp_params", "FSDPParamGroup.fsdp_params")
+    sharded = [_attribute(p, "sharded_param", "FSDPParam.sharded_param") for p in fsdp_params]
+    meshes = [
+        _attribute(group, "mesh_info", "FSDPParamGroup.mesh_info"),
+        _attribute(group, "post_forward_mesh_info", "FSDPParamGroup.post_forward_mesh_info"),
+    ]
+    process_groups = []
+    for mesh in meshes:
+        if mesh is None:  # no resharding to a smaller mesh after forward
+            continue
+        process_groups.append(
+            _attribute(mesh, "shard_process_group", "FSDPMeshInfo.shard_process_group")
+        )
+        separate = getattr(mesh, "reduce_scatter_process_group", None)  # optional by design
+        if separate is not None:
+            process_groups.append(separate)
+    return ParamGroup(
+        fsdp_params=list(fsdp_params),
+        sharded=sharded,
+        mp_policy=_attribute(group, "mp_policy", "FSDPParamGroup.mp_policy"),
+        process_groups=tuple(process_groups),
+    )
+
+
+def unsharded_parameters(group: ParamGroup) -> list[torch.Tensor]:
+    """The group's unsharded parameters (``FSDPParam.unsharded_param``; after ``unshard()``)."""
+    return [
+        _attribute(p, "unsharded_param", "FSDPParam.unsharded_param") for p in group.fsdp_params
+    ]
+
+
+def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
+    c10d = _module("torch._C._distributed_c10d")
+    return _attribute(
+        c10d, "_create_work_from_future", "torch._C._distributed_c10d._create_work_from_future"
+    )
+
+
+def _cuda_sleep() -> Callable[[int], None]:
+    return _attribute(torch.cuda, "_sleep", "torch.cuda._sleep")
+
+
+def _get_fsdp_state_method() -> object:
+    from torch.distributed.fsdp import FSDPModule
+
+    return _attribute(FSDPModule, "_get_fsdp_state", "FSDPModule._get_fsdp_state")
+
+
+#: Every private API above that can be checked without an FSDP model, by name. The
+#: per-instance ones (``_fsdp_param_groups``, ``mesh_info``, ...) are checked on a real
+#: FSDP2 model in the tests.
+PRIVATE_APIS: dict[str, Callable[[], object]] = {
+    f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
+    "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
+    "torch._C._distributed_c10d._create_work_from_future": _create_work_from_future,
+    "torch._dynamo.config": dynamo_config,
+    "torch._dynamo.utils.counters": dynamo_counters,
+    "torch.cuda._sleep": _cuda_sleep,
+}

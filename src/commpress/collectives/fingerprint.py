@@ -1,0 +1,228 @@
+"""Ranks agree on a collective's arguments before any payload moves.
+
+Every compressed collective starts with :func:`agree`: one backend all-gather of a
+fixed-size fingerprint per rank (operation, reduction, algorithm, element count, dtype,
+codec spec, pipeline piece size, and the call's sequence number on the group). If any
+rank's fingerprint differs, every rank raises :class:`CollectiveMismatchError` naming
+both sides' arguments, before it sends a payload or writes its output; the process
+and the group stay usable, so the next collective with matching arguments works.
+
+Why a fixed-size all-gather and not a header on each payload: gloo ends the process
+when a message's size differs from the receive posted for it, and payload sizes
+depend on the very arguments being checked; and with an all-gather every rank, not
+only the neighbours of a mismatch, sees every other rank's arguments at once.
+
+The sequence number counts this process's checked collectives per group: a rank
+that skipped or added one is named ("rank 1 is at collective #8 on this group").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commpress.transport.p2p import wait
+
+OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
+#: Reductions by wire code; code 0 ("") is a collective without one.
+REDUCTIONS = ("", "sum", "avg")
+_REDUCE_OPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"))
+FINGERPRINT_BYTES = 128
+_MAGIC, _VERSION = b"cpfp", 1
+# magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest
+_HEAD = struct.Struct("<4sBBBBQQQ8s")
+_TEXT_BYTES = FINGERPRINT_BYTES - _HEAD.size
+_TRUNCATED = "…"
+_MAX_U64 = 2**64 - 1
+
+_sequences: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks called the same collective slot with different arguments."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    """The arguments every rank of a collective must agree on."""
+
+    op: str  # one of OPERATIONS
+    algorithm: str
+    numel: int  # elements of this rank's input
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+    codec: str  # canonical spec, str(codec)
+    reduction: str = ""  # "sum", "avg", or "" for all_gather
+    chunk_bytes: int = 0  # pipeline piece size where it shapes the messages, else 0
+
+    def __post_init__(self):
+        if self.op not in OPERATIONS:
+            raise ValueError(f"op must be one of {OPERATIONS}, got {self.op!r}")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {self.reduction!r}")
+
+    @classmethod
+    def of(
+        cls, op: str, tensor: torch.Tensor, codec, algorithm: str, reduce_op=None, chunk_bytes=0
+    ) -> Fingerprint:
+        """The fingerprint of a call on ``tensor`` (the rank's input)."""
+        return cls(
+            op=op,
+            algorithm=algorithm,
+            numel=tensor.numel(),
+            dtype=str(tensor.dtype).removeprefix("torch."),
+            codec=str(codec),
+            reduction=_reduction_name(reduce_op),
+            chunk_bytes=chunk_bytes,
+        )
+
+    def _text(self) -> str:
+        return f"{self.dtype} {self.algorithm} {self.codec}"
+
+    def to_bytes(self, sequence: int) -> bytes:
+        text = self._text().encode()
+        head = _HEAD.pack(
+            _MAGIC,
+            _VERSION,
+            OPERATIONS.index(self.op),
+            REDUCTIONS.index(self.reduction),
+            min(len(text), 255),
+            sequence,
+            self.numel,
+            min(self.chunk_bytes, _MAX_U64),
+            hashlib.blake2b(text, digest_size=8).digest(),
+        )
+        return head + text[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
+
+    def call(self) -> str:
+        """'all_gather (ring)', 'reduce_scatter (alltoall, avg)'."""
+        reduction = f", {self.reduction}" if self.reduction else ""
+        return f"{self.op} ({self.algorithm}{reduction})"
+
+    def describe(self) -> str:
+        return f"{self.call()} with {self.numel} {self.dtype} elements, codec {self.codec}"
+
+
+def _reduction_name(reduce_op) -> str:
+    if reduce_op is None:
+        return ""
+    for known, name in _REDUCE_OPS:
+        if reduce_op == known:
+            return name
+    raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {reduce_op}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Received:
+    """A fingerprint as read back from the wire (its text may be truncated)."""
+
+    fingerprint: Fingerprint
+    sequence: int
+    digest: bytes
+
+
+def _parse(row: bytes) -> _Received | None:
+    """``None`` for bytes that are not a fingerprint this version can read."""
+    magic, version, op, reduction, length, sequence, numel, chunk, digest = _HEAD.unpack(
+        row[: _HEAD.size]
+    )
+    if magic != _MAGIC or version != _VERSION or op >= len(OPERATIONS):
+        return None
+    if reduction >= len(REDUCTIONS):
+        return None
+    text = row[_HEAD.size :].rstrip(b"\0").decode(errors="replace")
+    if length > _TEXT_BYTES:
+        text += _TRUNCATED
+    dtype, algorithm, codec = (text.split(" ", 2) + ["?", "?"])[:3]
+    fingerprint = Fingerprint(
+        OPERATIONS[op], algorithm, numel, dtype, codec, REDUCTIONS[reduction], chunk
+    )
+    return _Received(fingerprint, sequence, digest)
+
+
+def agree(
+    group: dist.ProcessGroup | None,
+    mine: Fingerprint,
+    timeout: timedelta | None,
+    device: torch.device,
+) -> None:
+    """Exchange fingerprints with every rank of ``group``; raise on any difference.
+
+    Call it on the communication thread, before the collective touches its output or
+    sends a payload; ``device`` is where the collective's tensors live. Raises
+    :class:`CollectiveMismatchError` on every rank of a mismatch; a peer that stalls
+    past ``timeout`` raises as any collective does.
+    """
+    group = dist.group.WORLD if group is None else group
+    world_size = dist.get_world_size(group)
+    sequence = _sequences.get(group, 0)
+    _sequences[group] = sequence + 1
+    if world_size == 1:
+        return
+    row = mine.to_bytes(sequence)
+    local = torch.frombuffer(bytearray(row), dtype=torch.uint8)
+    device = _fingerprint_device(group, device)
+    gathered = torch.empty(world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+    work = dist.all_gather_into_tensor(gathered, local.to(device), group=group, async_op=True)
+    wait(work, timeout)
+    rows = gathered.cpu().numpy().tobytes()
+    rows = [rows[r * FINGERPRINT_BYTES : (r + 1) * FINGERPRINT_BYTES] for r in range(world_size)]
+    if any(other != row for other in rows):
+        raise CollectiveMismatchError(_mismatch_message(rows, dist.get_rank(group), world_size))
+
+
+def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
+    """NCCL moves only CUDA tensors; every other backend takes the fingerprint on the CPU."""
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
+    own = _parse(rows[rank])
+    assert own is not None, "this rank's own fingerprint must parse"
+    parts = []
+    groups: dict[bytes, list[int]] = {}
+    for other, row in enumerate(rows):
+        if row != rows[rank]:
+            groups.setdefault(row, []).append(other)
+    for row, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        theirs = _parse(row)
+        if theirs is None:
+            parts.append(
+                f"{who} sent a fingerprint this rank cannot read (another commpress version, "
+                "or a torch.distributed collective on the same group)"
+            )
+        else:
+            parts.append(_difference(who, theirs, own))
+    return (
+        f"ranks of a group of {world_size} called a collective with different arguments "
+        f"(this is rank {rank}): " + "; ".join(parts)
+    )
+
+
+def _difference(who: str, theirs: _Received, own: _Received) -> str:
+    """'rank 1 called all_gather (ring) with 1200 float32 elements, codec int4; this rank:
+    1000 elements, codec int8'."""
+    a, b = theirs.fingerprint, own.fingerprint
+    mine = []
+    if a.op != b.op or a.algorithm != b.algorithm or a.reduction != b.reduction:
+        mine.append(b.call())
+    if a.numel != b.numel:
+        mine.append(f"{b.numel} elements")
+    if a.dtype != b.dtype:
+        mine.append(b.dtype)
+    if a.codec != b.codec or (theirs.digest != own.digest and not mine):
+        mine.append(f"codec {b.codec}")
+    said = f"{who} called {a.describe()}"
+    if a.chunk_bytes != b.chunk_bytes:
+        said += f", chunk_bytes={a.chunk_bytes}"
+        mine.append(f"chunk_bytes={b.chunk_bytes}")
+    if theirs.sequence != own.sequence:
+        said += f" as its collective #{theirs.sequence} on this group"
+        mine.append(f"collective #{own.sequence} (a rank skipped or added a commpress collective)")
+    return f"{said}; this rank: {', '.join(mine)}"

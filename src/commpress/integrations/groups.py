@@ -1,0 +1,49 @@
+"""commpress's own process groups beside the ones FSDP2 hands its custom collectives.
+
+Compressed collectives run on commpress's communication thread, while FSDP2 issues
+torch's own collectives (a reduce-scatter left uncompressed, say) from the training
+thread: on one process group their order could differ between ranks, which hangs
+NCCL. So each of FSDP's groups gets a twin with the same ranks, created once by
+``cp.fsdp.compress``, and only commpress's traffic uses the twins.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+class OwnGroups:
+    """A twin of every process group in ``groups``, created collectively on every rank.
+
+    Ranks may hold different groups (the shard groups of HSDP): every rank publishes the
+    rank lists of its own, and every rank then creates the twins of all of them in one
+    agreed order, as ``new_group`` requires.
+    """
+
+    def __init__(self, groups: list[dist.ProcessGroup], timeout: timedelta | None = None):
+        mine = {(tuple(dist.get_process_group_ranks(g)), dist.get_backend(g)) for g in groups}
+        published: list = [None] * dist.get_world_size()
+        dist.all_gather_object(published, sorted(mine))
+        everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
+        self._twins: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        for ranks, backend in everyone:
+            twin = dist.new_group(list(ranks), timeout=timeout, backend=backend)
+            if dist.get_rank() in ranks:
+                self._twins[ranks] = twin
+
+    def own(self, group: dist.ProcessGroup, algorithm: str) -> dist.ProcessGroup:
+        """commpress's twin of FSDP's ``group``; ``native`` keeps FSDP's own group, since
+        torch's collective is issued on the training thread in FSDP's order."""
+        if algorithm == "native":
+            return group
+        ranks = tuple(dist.get_process_group_ranks(group))
+        twin = self._twins.get(ranks)
+        if twin is None:
+            raise RuntimeError(
+                f"FSDP handed commpress a process group of ranks {list(ranks)} that its "
+                "modules did not have when cp.fsdp.compress ran; call compress after "
+                "fully_shard and do not change the device mesh afterwards"
+            )
+        return twin

@@ -1,0 +1,100 @@
+"""cp.fsdp.compress gives its collectives process groups of their own.
+
+FSDP2 issues torch's own collectives (here an uncompressed reduce-scatter) from the
+training thread while commpress's compressed all-gathers, prefetched, run on the
+communication thread: on one shared group their order could differ between ranks,
+which hangs NCCL. Each of FSDP's groups gets a twin with the same ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+import commpress as cp
+from commpress import _torch_private
+from commpress.integrations import fsdp as fsdp_integration
+from commpress.testing.distributed import run_distributed
+
+STEPS = 3
+
+
+def _model(prefetch: bool) -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)], nn.Linear(32, 10))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    if prefetch:
+        layers = list(model)
+        for index, layer in enumerate(layers[:-1]):
+            layer.set_modules_to_forward_prefetch([layers[index + 1]])
+        for index, layer in enumerate(layers[1:], start=1):
+            layer.set_modules_to_backward_prefetch([layers[index - 1]])
+    return model
+
+
+def _train(model, rank) -> list[torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(8, 32, generator=generator)
+        y = torch.randint(0, 10, (8,), generator=generator)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+def _mixed(rank, world_size):
+    used_groups = []
+    real = fsdp_integration.all_gather_into_tensor
+
+    def recording(out, inp, group, **kwargs):
+        used_groups.append(group)
+        return real(out, inp, group, **kwargs)
+
+    fsdp_integration.all_gather_into_tensor = recording
+    try:
+        results = {}
+        for prefetch in (False, True):
+            model = _model(prefetch)
+            compression = cp.fsdp.compress(model, all_gather="int8", reduce_scatter=None)
+            results[prefetch] = _train(model, rank)
+    finally:
+        fsdp_integration.all_gather_into_tensor = real
+    fsdp_group = _torch_private.fsdp_param_groups(model[0])[0].process_groups[0]
+    return {
+        "same": all(torch.equal(a, b) for a, b in zip(results[False], results[True], strict=True)),
+        "calls": len(used_groups),
+        "on_fsdp_group": sum(g is fsdp_group for g in used_groups),
+        "twin_ranks": {tuple(dist.get_process_group_ranks(g)) for g in used_groups},
+        "twin": compression.groups.own(fsdp_group, "ring") is not fsdp_group,
+        "native_keeps": compression.groups.own(fsdp_group, "native") is fsdp_group,
+    }
+
+
+def test_compressed_all_gather_with_torch_reduce_scatter_and_prefetching():
+    for result in run_distributed(_mixed, 2, timeout=180):
+        assert result["calls"] >= 2 * STEPS * 5  # every layer, forward and backward
+        assert result["on_fsdp_group"] == 0, "commpress shared FSDP's group"
+        assert result["twin_ranks"] == {(0, 1)}
+        assert result["twin"] and result["native_keeps"]
+        assert result["same"], "prefetching changed the result"
+
+
+def _ring_hop_zfp(rank, world_size):
+    try:
+        cp.fsdp.compress(_model(False), all_gather="zfp@ring-hop")
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_non_idempotent_codec_is_refused_for_a_ring_hop_all_gather():
+    message = run_distributed(_ring_hop_zfp, 2, timeout=60)[0]
+    assert message.startswith("all_gather='zfp@ring-hop': ring-hop re-encodes")
+    assert "not idempotent" in message

@@ -1,0 +1,113 @@
+"""Ranks that call a collective with different arguments all get a clear error, not a crash.
+
+Every compressed collective starts by exchanging a fingerprint of its arguments
+(``commpress.collectives.fingerprint``); without it gloo kills a process whose receive size
+differs, and the other rank reads garbage or a reset connection.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+import commpress as cp
+from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerprint
+from commpress.testing.distributed import run_distributed
+
+TIMEOUT = timedelta(seconds=10)
+SENTINEL = -7.0
+
+
+def _mismatched(rank, world_size, call):
+    """Run ``call(rank)`` (which must raise), then a matching all-gather that must work."""
+    out, error = call(rank)
+    untouched = bool(out is None or torch.all(out == SENTINEL))
+    inp = torch.full((8,), float(rank))
+    gathered = torch.empty(8 * world_size)
+    cp.all_gather_into_tensor(gathered, inp, codec="none", timeout=TIMEOUT)
+    recovered = torch.equal(gathered, torch.arange(world_size).float().repeat_interleave(8))
+    return error, untouched, recovered
+
+
+def _all_gather(numel_by_rank, codec_by_rank, dtype_by_rank=None):
+    def call(rank):
+        numel = numel_by_rank[rank]
+        dtype = (dtype_by_rank or {}).get(rank, torch.float32)
+        out = torch.full((numel * len(numel_by_rank),), SENTINEL, dtype=dtype)
+        try:
+            cp.all_gather_into_tensor(
+                out, torch.ones(numel, dtype=dtype), codec=codec_by_rank[rank], timeout=TIMEOUT
+            )
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return call
+
+
+def _sizes(rank, world_size):
+    return _mismatched(rank, world_size, _all_gather({0: 1000, 1: 1200}, {0: "int8", 1: "int8"}))
+
+
+def _codecs(rank, world_size):
+    numel = {r: 1000 for r in range(world_size)}
+    codecs = {r: "int8" for r in range(world_size)}
+    codecs[world_size - 1] = "int4"
+    return _mismatched(rank, world_size, _all_gather(numel, codecs))
+
+
+def _dtypes(rank, world_size):
+    def call(rank):
+        dtype = torch.bfloat16 if rank == 1 else torch.float32
+        out = torch.full((500,), SENTINEL, dtype=dtype)
+        try:
+            cp.reduce_scatter_tensor(
+                out, torch.ones(1000, dtype=dtype), codec="int8", timeout=TIMEOUT
+            )
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_different_sizes_raise_on_every_rank_naming_both_sides():
+    results = run_distributed(_sizes, 2, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None, f"rank {rank} did not raise"
+        assert untouched and recovered
+    assert "rank 1 called all_gather (ring) with 1200 float32 elements, codec int8" in results[0][0]
+    assert "this rank: 1000 elements" in results[0][0]
+    assert "rank 0 called all_gather (ring) with 1000 float32 elements" in results[1][0]
+    assert "this rank: 1200 elements" in results[1][0]
+
+
+def test_different_codecs_raise_on_every_rank_of_three():
+    results = run_distributed(_codecs, 3, timeout=60)
+    for error, untouched, recovered in results:
+        assert error is not None and untouched and recovered
+    assert "rank 2 called all_gather (ring) with 1000 float32 elements, codec int4" in results[0][0]
+    assert "this rank: codec int8" in results[0][0]
+    assert "ranks 0, 1 called" in results[2][0]
+
+
+def test_different_dtypes_of_a_reduce_scatter_are_named():
+    results = run_distributed(_dtypes, 2, timeout=60)
+    assert all(error is not None and recovered for error, _, recovered in results)
+    assert "rank 1 called reduce_scatter (ring, sum) with 1000 bfloat16 elements" in results[0][0]
+    assert "this rank: float32" in results[0][0]
+
+
+def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
+    from commpress.collectives import fingerprint
+
+    long_codec = "zfp:rate=16," + "x" * 300  # only its text is truncated
+    row = Fingerprint("all_gather", "ring", 10, "float32", long_codec).to_bytes(3)
+    assert len(row) == fingerprint.FINGERPRINT_BYTES
+    parsed = fingerprint._parse(row)
+    assert parsed.sequence == 3 and parsed.fingerprint.numel == 10
+    assert parsed.fingerprint.codec.endswith("…")
+    with pytest.raises(ValueError, match="op must be one of"):
+        Fingerprint("gather", "ring", 10, "float32", "int8")

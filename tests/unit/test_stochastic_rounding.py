@@ -1,0 +1,98 @@
+"""Stochastic rounding draws fresh noise on every call and on every rank, reproducibly.
+
+Unbiased rounding only helps when its errors are independent: the mean of k encodes of
+the same tensor must approach the tensor like 1/sqrt(k), which it cannot do if every call
+(or every rank) repeats the same noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import commpress as cp
+from commpress.codecs import rounding_noise
+
+SPECS = ["int8:stochastic=true,block=64", "int4:stochastic=true,block=64"]
+
+
+def values() -> torch.Tensor:
+    """Values strictly between grid points, so every element is rounded at random."""
+    x = torch.linspace(-0.93, 0.93, 4096, dtype=torch.float32)
+    x[::64] = 1.0  # each block's absmax, exactly on the grid
+    return x
+
+
+def mean_error(decodes: list[torch.Tensor], x: torch.Tensor) -> float:
+    """RMS distance between the mean of the decodes and ``x``, over the rounded elements."""
+    mean = torch.stack([d.double() for d in decodes]).mean(dim=0)
+    rounded = x != 1.0
+    return (mean - x.double())[rounded].pow(2).mean().sqrt().item()
+
+
+def encodes_through_the_registry(spec: str, x: torch.Tensor, calls: int) -> list[torch.Tensor]:
+    """What successive collectives do: look the codec up by its spec on every call."""
+    return [
+        cp.get_codec(spec).decode(cp.get_codec(spec).encode(x), x.numel(), x.dtype)
+        for _ in range(calls)
+    ]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_mean_over_calls_converges_like_one_over_sqrt_k(spec):
+    x = values()
+    few = mean_error(encodes_through_the_registry(spec, x, 16), x)
+    many = mean_error(encodes_through_the_registry(spec, x, 256), x)
+    # 16x the draws: the error of the mean shrinks 4x; repeated noise would not shrink at all.
+    assert 2.5 < few / many < 6.5, (few, many)
+
+
+def test_the_convergence_check_fails_for_noise_that_repeats():
+    """The check above is not vacuous: a codec rebuilt for every call (seed 0 each time, the
+    old behaviour) repeats its noise, and the error of the mean does not shrink."""
+    x = values()
+    spec = SPECS[0]
+
+    def rebuilt(calls: int) -> list[torch.Tensor]:
+        fresh = [dataclasses.replace(cp.get_codec(spec)) for _ in range(calls)]
+        return [c.decode(c.encode(x), x.numel(), x.dtype) for c in fresh]
+
+    few, many = mean_error(rebuilt(16), x), mean_error(rebuilt(256), x)
+    assert not 2.5 < few / many < 6.5
+    assert few == pytest.approx(many)
+
+
+def test_every_spec_text_of_one_codec_shares_one_noise_stream():
+    codec = cp.get_codec("int8:stochastic=true,seed=3")
+    assert cp.get_codec("int8:stochastic=true,seed=3,block=256") is codec
+    x = values()
+    assert not torch.equal(codec.encode(x), codec.encode(x))
+
+
+def test_a_new_instance_reproduces_the_same_stream_from_its_seed():
+    base = cp.get_codec("int8:stochastic=true,seed=5")
+    first, second = dataclasses.replace(base), dataclasses.replace(base)
+    other = dataclasses.replace(base, seed=6)
+    x = values()
+    for _ in range(3):
+        payload = first.encode(x)
+        assert torch.equal(payload, second.encode(x))
+        assert not torch.equal(payload, other.encode(x))
+
+
+def test_seeds_of_different_ranks_and_seeds_never_coincide():
+    cpu = torch.device("cpu")
+    seeds = {
+        rounding_noise.stream_seed(seed, rank, cpu) for seed in range(64) for rank in range(64)
+    }
+    assert len(seeds) == 64 * 64  # seed + rank would collide (seed 1 rank 0 = seed 0 rank 1)
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_round_to_nearest_draws_no_noise():
+    codec = cp.get_codec("int8")
+    assert codec.noise(4, torch.device("cpu")) is None
+    assert math.isclose(codec.grid_error, 0.5)

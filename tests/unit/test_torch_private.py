@@ -1,0 +1,75 @@
+"""Every private torch API commpress uses exists, and a missing one is a loud, named error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from commpress import _torch_private
+from commpress._torch_private import PRIVATE_APIS, PrivateAPIMissing
+from commpress.testing.distributed import run_distributed
+
+
+@pytest.mark.parametrize("api", sorted(PRIVATE_APIS))
+def test_each_private_api_exists_in_the_installed_torch(api):
+    assert PRIVATE_APIS[api]() is not None
+
+
+def test_a_missing_private_api_names_itself_and_the_torch_version(monkeypatch):
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    with pytest.raises(PrivateAPIMissing, match=r"torch\.cuda\._sleep") as caught:
+        _torch_private.cuda_sleep(1)
+    assert torch.__version__ in str(caught.value)
+    assert isinstance(caught.value, RuntimeError)
+
+
+def test_a_missing_private_module_names_itself(monkeypatch):
+    monkeypatch.setattr(_torch_private, "FSDP_API_MODULE", "torch.no_such_module")
+    with pytest.raises(PrivateAPIMissing, match=r"torch\.no_such_module"):
+        _torch_private.fsdp_comm_classes()
+
+
+def _fsdp_state(rank, world_size):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    found = []
+    for module in (model, model[0]):
+        for group in _torch_private.fsdp_param_groups(module):
+            module.unshard()
+            found.append(
+                (
+                    [tuple(s.to_local().shape) for s in group.sharded],
+                    [tuple(p.shape) for p in _torch_private.unsharded_parameters(group)],
+                    {tuple(dist.get_process_group_ranks(g)) for g in group.process_groups},
+                )
+            )
+            module.reshard()
+    return found
+
+
+def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
+    found = run_distributed(_fsdp_state, 2, timeout=60)[0]
+    # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,).
+    assert found == [([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)})]
+
+
+def _renamed_param_groups(rank, world_size):
+    model = nn.Linear(8, 8)
+    fully_shard(model)
+    state = model._get_fsdp_state()
+    del state._fsdp_param_groups  # what a torch release that renamed it would look like
+    try:
+        _torch_private.fsdp_param_groups(model)
+    except PrivateAPIMissing as error:
+        return str(error)
+    return None
+
+
+def test_a_renamed_fsdp_attribute_fails_loudly_instead_of_skipping_checks():
+    message = run_distributed(_renamed_param_groups, 2, timeout=60)[0]
+    assert message is not None and "FSDPState._fsdp_param_groups" in message
