@@ -8,8 +8,20 @@ import pytest
 import torch
 
 import commpress as cp
+from commpress.bench import wire
+from commpress.bench.arguments import DTYPES
 from commpress.cli import main
 from commpress.cluster import Layout, present
+
+#: Most bytes of headers one packet carries: Ethernet 14, IPv4 20, TCP 20 + at most 40 of
+#: options. The interface counts one header per segmentation-offload packet (up to 64 KiB),
+#: ACKs included, so this times the packets sent bounds what a host sends beyond the payload.
+HEADER_BYTES = 14 + 20 + 60
+#: Per call: the bench's own barrier and timing all-reduce each iteration, gloo's message
+#: framing (measured: 2.2 to 2.8 KB).
+CONTROL_BYTES = 8 << 10
+HOSTS = 4
+SIZE = 2 << 20
 
 
 def test_bench_on_the_cluster_reports_traffic_and_efficiency(prefix, tmp_path):
@@ -39,3 +51,52 @@ def test_bench_refuses_nprocs_with_hosts(prefix, capsys):
     argv = ["bench", "--hosts", "2", "--link", "1gbit", "--prefix", prefix, "--nprocs", "2"]
     assert main(argv) == 2
     assert "--nprocs is for local processes" in capsys.readouterr().err
+
+
+def _bench_rows(prefix, tmp_path, op: str, dtype: str) -> dict:
+    path = tmp_path / f"{op}-{dtype}.json"
+    argv = ["bench", "--hosts", str(HOSTS), "--link", "1gbit", "--prefix", prefix,
+            "-b", str(SIZE), "-e", str(SIZE), "-n", "2", "-w", "1", "--op", op,
+            "--algorithm", "native,ring", "--codec", "none,int8", "--dtype", dtype,
+            "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    return {(r["algorithm"], r["codec"]): r for r in json.loads(path.read_text())["rows"]}
+
+
+def _slack(row: dict, host: int) -> float:
+    return HEADER_BYTES * row["tx_packets"][host] + CONTROL_BYTES
+
+
+def _assert_sends(row: dict, payload: int) -> None:
+    """Every host sent ``payload`` bytes, plus at most its packets' headers and the bench's
+    own synchronization."""
+    for host, sent in enumerate(row["tx_bytes"]):
+        assert payload <= sent <= payload + _slack(row, host), (
+            f"{row['algorithm']} {row['codec']} {row['type']}: host {host} sent {sent} bytes "
+            f"per call, the bench reports {payload}"
+        )
+
+
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
+    rows = {dtype: _bench_rows(prefix, tmp_path, op, dtype) for dtype in ("float", "bfloat16")}
+    for dtype, by_variant in rows.items():
+        for (algorithm, codec), row in by_variant.items():
+            assert row["wrong"] == 0, (algorithm, codec, dtype)
+            if (op, algorithm) == ("reduce_scatter", "native"):
+                # Measured: gloo's reduce-scatter all-reduces the whole tensor, twice the
+                # bytes of a ring (reported as the ring's, the nccl-tests convention).
+                _assert_sends(row, wire.native("all_reduce", row["count"], HOSTS, DTYPES[dtype]))
+            else:
+                _assert_sends(row, row["wire_bytes"])
+
+    # A bf16 element costs `none@ring` 2 bytes, as it does native: half of a float's (at
+    # the same size in bytes a bf16 tensor has twice the elements, and costs the same).
+    half, full = rows["bfloat16"][("ring", "none")], rows["float"][("ring", "none")]
+    native = rows["bfloat16"][("native", "none")]
+    ring_bytes = SIZE * (HOSTS - 1) // HOSTS * (2 if op == "all_reduce" else 1)
+    assert half["count"] == 2 * full["count"]
+    assert half["wire_bytes"] == full["wire_bytes"] == native["wire_bytes"] == ring_bytes
+    for host, sent in enumerate(half["tx_bytes"]):
+        assert sent <= native["tx_bytes"][host] + _slack(half, host)
+        assert abs(sent - full["tx_bytes"][host]) <= _slack(half, host)

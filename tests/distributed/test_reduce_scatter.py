@@ -252,3 +252,17 @@ def test_error_feedback_residual_holds_exactly_what_the_encoding_lost():
             # each residual is an int8 rounding error: at most absmax/254 of its block
             inp, before, after, _ = histories[rank][step]
             assert after.abs().max() <= (inp + before).abs().max() / 254 * 1.001
+
+
+def _empty(rank, world_size):
+    finished = []
+    for algorithm in ("ring", "ring-hop", "alltoall"):
+        cp.reduce_scatter_tensor(torch.empty(0), torch.empty(0), codec="int8", algorithm=algorithm)
+        finished.append(algorithm)
+    return finished
+
+
+def test_an_empty_reduce_scatter_works_with_every_algorithm():
+    """ring-hop once cut an empty chunk into pieces of 0 elements (range step 0)."""
+    for finished in run_distributed(_empty, 2, timeout=60):
+        assert finished == ["ring", "ring-hop", "alltoall"]

@@ -59,3 +59,29 @@ def test_bench_rejects_sweeps_that_cannot_run(argv, capsys):
 def test_bench_rejects_a_first_size_above_the_last(capsys):
     assert main(["bench", "-b", "2M", "-e", "1M"]) == 2
     assert "must not exceed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["double", "bf16", "FLOAT", ""])
+def test_bench_rejects_an_unknown_dtype(dtype, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dtype", dtype])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --dtype: invalid choice" in err
+    assert all(name in err.split("choose from")[1] for name in ("float", "bfloat16", "half"))
+
+
+def test_bench_counts_elements_of_the_dtype(tmp_path):
+    """Sizes stay bytes: 64 KiB of bf16 is 32K elements, and `none` sends 2 bytes each."""
+    path = tmp_path / "rows.json"
+    argv = ["bench", "--nprocs", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0",
+            "--op", "reduce_scatter", "--algorithm", "native,ring", "--codec", "none,int8",
+            "--dtype", "bfloat16", "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    rows = {row["codec"] if row["algorithm"] == "ring" else "native": row
+            for row in json.loads(path.read_text())["rows"]}  # fmt: skip
+    assert {row["type"] for row in rows.values()} == {"bfloat16"}
+    assert {row["count"] for row in rows.values()} == {32 << 10}
+    assert rows["native"]["wire_bytes"] == rows["none"]["wire_bytes"] == 32 << 10
+    assert rows["int8"]["wire_bytes"] == (16 << 10) + 4 * 64
+    assert all(row["wrong"] == 0 for row in rows.values())

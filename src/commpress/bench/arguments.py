@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+#: ``--dtype`` values, named as nccl-tests names them.
+DTYPES = {"float": torch.float32, "bfloat16": torch.bfloat16, "half": torch.float16}
 
 
 def positive_int(text: str) -> int:

@@ -9,6 +9,12 @@ With ``--hosts N --link RATE`` the ranks run one per host of an emulated cluster
 each host really sent per call (``tx_bytes``, from its interface counters, all
 headers included), the time the link needs for the bytes the algorithm must
 send (``ideal_us`` = wire bytes / RATE) and ``efficiency`` = ideal / measured.
+
+Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
+``wire(B)`` comes from :mod:`commpress.bench.wire`. ``rel_err`` (rank 0's output) and
+``#wrong`` (summed over ranks) compare with the exact result of the known inputs, and
+``#wrong`` counts the elements outside the algorithm's error bound
+(:mod:`commpress.bench.correctness`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench import report
+from commpress.bench import correctness, report
 from commpress.bench.arguments import (
+    DTYPES,
     byte_size,
     comma_list,
     non_negative_int,
@@ -30,6 +37,7 @@ from commpress.bench.arguments import (
     size_factor,
 )
 from commpress.bench.busbw import busbw_factor
+from commpress.bench.wire import itemsize, wire_bytes
 from commpress.cluster import Link, cluster_for, read_local
 from commpress.cluster.commands import add_link_arguments
 from commpress.testing.distributed import run_distributed
@@ -91,7 +99,8 @@ def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tens
 
 
 def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
-    """Median seconds per call, and with ``interface`` the bytes each rank sent per call."""
+    """Median seconds per call, and with ``interface`` the bytes and packets each rank sent
+    per call (two lists, one entry per rank)."""
     for _ in range(warmups):
         _run(op, algorithm, codec, inp, out)
     dist.barrier()
@@ -107,15 +116,15 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     if interface is None:
         return statistics.median(times), None
     dist.barrier()  # every peer has received what this rank sent: it has left the link
-    sent = (read_local(interface) - before).tx_bytes // iterations
+    sent = read_local(interface) - before
     per_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, sent)
-    return statistics.median(times), per_rank
+    dist.all_gather_object(per_rank, (sent.tx_bytes // iterations, sent.tx_packets / iterations))
+    return statistics.median(times), tuple(map(list, zip(*per_rank, strict=True)))
 
 
-def _input_numel(op: str, size_bytes: int, world_size: int) -> int:
+def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
     """nccl-tests sizes: all-gather's total output, reduce-scatter's total input."""
-    count = size_bytes // 4
+    count = size_bytes // itemsize(dtype)
     if op == "all_gather":
         return count // world_size
     if op == "reduce_scatter":
@@ -123,42 +132,22 @@ def _input_numel(op: str, size_bytes: int, world_size: int) -> int:
     return count
 
 
-def _wire_bytes(op: str, algorithm: str, codec: str, numel: int, world_size: int) -> int:
-    """Bytes each rank sends per call (the ring's, for every algorithm of that family)."""
-    n = world_size
-    shard = numel if op == "all_gather" else -(-numel // n)
-    per_message = (
-        4 * shard if algorithm == "native" else cp.get_codec(codec).wire_bytes(shard, torch.float32)
-    )
-    messages = 2 * (n - 1) if op == "all_reduce" else n - 1
-    return messages * per_message
-
-
-def _summation_tolerance(op, inp, out, world_size):
-    """How far two correct fp32 sums of the same n terms may differ: a reduction's order
-    is the algorithm's own, and each order is within (n - 1) u sum|x| of the exact sum."""
-    if op == "all_gather":
-        return 0.0
-    _run(op, "native", "none", inp.abs(), out)
-    return 2 * (world_size - 1) * 2.0**-24 * out.clone()
-
-
 def _worker(rank, world_size, config):
     op, pairs = config["op"], variants(config["algorithms"], config["codecs"])
+    dtype_name = config["dtype"]
+    dtype = DTYPES[dtype_name]
     rows = []
     for size_bytes in sizes(config["begin"], config["end"], config["factor"]):
-        numel = _input_numel(op, size_bytes, world_size)
-        generator = torch.Generator().manual_seed(rank)
-        inp = torch.randn(numel, generator=generator)
+        numel = _input_numel(op, size_bytes, world_size, dtype)
+        inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
+        inp = inputs[rank]
         out = _output(op, inp, world_size)
-        _run(op, "native", "none", inp, out)
-        reference = out.clone()
-        tolerance = _summation_tolerance(op, inp, out, world_size)
+        exact = correctness.expected(op, inputs, rank)
         native_time = None
         for algorithm, codec in pairs:
             if rank == 0:
                 print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
-            seconds, tx_bytes = _time(
+            seconds, tx = _time(
                 op,
                 algorithm,
                 codec,
@@ -170,40 +159,42 @@ def _worker(rank, world_size, config):
             )
             _run(op, algorithm, codec, inp, out)
             native_time = seconds if algorithm == "native" else native_time
-            error = (out.double() - reference.double()).norm() / reference.double().norm()
-            wrong = 0
-            if cp.get_codec(codec).lossless:
-                wrong = int(((out - reference).abs() > tolerance).sum())
+            bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
+            wrong = torch.tensor([correctness.count_wrong(out, exact, bound)])
+            dist.all_reduce(wrong)
+            error = (out.double() - exact).norm() / exact.norm()
             algbw = size_bytes / seconds / 1e9
-            wire_bytes = _wire_bytes(op, algorithm, codec, numel, world_size)
+            wire = wire_bytes(op, algorithm, codec, numel, world_size, dtype)
             rows.append(
                 {
                     "op": op,
                     "algorithm": algorithm,
                     "codec": codec,
                     "size_bytes": size_bytes,
-                    "count": size_bytes // 4,
-                    "type": "float",
+                    "count": size_bytes // itemsize(dtype),
+                    "type": dtype_name,
                     "time_us": seconds * 1e6,
                     "algbw_gbps": algbw,
                     "busbw_gbps": algbw * busbw_factor(op, world_size),
-                    "wire_bytes": wire_bytes,
+                    "wire_bytes": wire,
                     "rel_err": error.item(),
-                    "wrong": wrong,
+                    "wrong": int(wrong.item()),
                     "speedup": native_time / seconds,
                     "nprocs": world_size,
-                    **_link_columns(config.get("link_bits"), wire_bytes, seconds, tx_bytes),
+                    **_link_columns(config.get("link_bits"), wire, seconds, tx),
                 }
             )
     return rows if rank == 0 else None
 
 
-def _link_columns(link_bits, wire_bytes, seconds, tx_bytes) -> dict:
+def _link_columns(link_bits, wire, seconds, tx) -> dict:
     if link_bits is None:
         return {}
-    ideal = Link(link_bits).seconds_for(wire_bytes)
+    tx_bytes, tx_packets = tx
+    ideal = Link(link_bits).seconds_for(wire)
     return {
         "tx_bytes": tx_bytes,
+        "tx_packets": tx_packets,
         "tx_max": max(tx_bytes),
         "ideal_us": ideal * 1e6,
         "efficiency": ideal / seconds,
@@ -248,8 +239,8 @@ def title(op: str, world_size: int, link: str | None) -> str:
 def main(args) -> int:
     if args.minbytes > args.maxbytes:
         raise ValueError(f"-b ({args.minbytes}) must not exceed -e ({args.maxbytes})")
-    for codec in args.codec:
-        cp.get_codec(codec)  # fail on a bad spec before spawning anything
+    for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
+        cp.get_codec(codec).check_dtype(DTYPES[args.dtype], "--dtype")
     config = {
         "op": args.op,
         "algorithms": args.algorithm,
@@ -259,6 +250,7 @@ def main(args) -> int:
         "factor": args.stepfactor,
         "iters": args.iters,
         "warmup": args.warmup,
+        "dtype": args.dtype,
     }
     columns, link = COLUMNS, None
     if args.hosts is None and args.link is None:
@@ -296,6 +288,12 @@ def add_arguments(parser) -> None:
         "-f", "--stepfactor", type=size_factor, default=2, help="size multiplier (2)"
     )
     parser.add_argument("--op", choices=OPS, default="all_gather")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float",
+        help="element type, named as nccl-tests does (float)",
+    )
     parser.add_argument(
         "--algorithm",
         type=comma_list,

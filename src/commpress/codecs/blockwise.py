@@ -222,16 +222,16 @@ class BlockScaledCodec(CodecBase):
         """Run the C encoder on fp32 rows; 16-bit input is widened a slice of rows at a time."""
         if blocks.dtype == torch.float32:
             return fast(blocks, noise, blocks.shape[0], self.block, self.qmax, scales, codes)
-        step = max(1, WIDEN_ELEMENTS // self.block)
-        for start in range(0, blocks.shape[0], step):
-            rows = slice(start, start + step)
-            widened = blocks[rows].float()
-            part_noise = None if noise is None else noise[rows]
-            count = widened.shape[0]
-            encoded = fast(
-                widened, part_noise, count, self.block, self.qmax, scales[rows], codes[rows]
-            )
-            if not encoded:
+        rows, step = blocks.shape[0], max(1, WIDEN_ELEMENTS // self.block)
+        wide = torch.empty(min(rows, step), self.block)  # reused: fresh memory is slow to touch
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            part = wide[:count].copy_(blocks[start : start + count])
+            part_noise = None if noise is None else noise[start : start + count]
+            end = start + count
+            if not fast(
+                part, part_noise, count, self.block, self.qmax, scales[start:end], codes[start:end]
+            ):
                 return False
         return True
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.checks import check_algorithm, check_pair
-from commpress.collectives.fingerprint import Fingerprint, agree
+from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
@@ -56,16 +57,26 @@ def all_gather_into_tensor(
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
 
     def run() -> None:
-        agree(group, fingerprint, timeout, inp.device)
-        ring_all_gather(out, inp, group, codec, hop, timeout)
+        agreement = Agreement(group, fingerprint, timeout, inp.device)
+        ring_all_gather(out, inp, group, codec, hop, timeout, gate=agreement.check)
 
     return launch(run, async_op, (out, inp))
 
 
 def ring_all_gather(
-    out, inp, group, codec: Codec, recompress_every_hop: bool, timeout: timedelta | None
+    out,
+    inp,
+    group,
+    codec: Codec,
+    recompress_every_hop: bool,
+    timeout: timedelta | None,
+    gate: Callable[[], None] | None = None,
 ) -> None:
-    """The ring itself, on the calling thread (arguments already checked)."""
+    """The ring itself, on the calling thread (arguments already checked).
+
+    ``gate`` runs after the own shard is encoded and before ``out`` is written or anything
+    is sent (the argument check of :class:`~commpress.collectives.fingerprint.Agreement`).
+    """
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel, dtype = inp.numel(), inp.dtype
     chunks = out.view(world_size, numel)
@@ -73,6 +84,8 @@ def ring_all_gather(
     payloads = workspace.take("all_gather.payloads", world_size * wire, torch.uint8, inp.device)
     payloads = payloads.view(world_size, wire)
     codec.encode(inp, out=payloads[rank])
+    if gate is not None:
+        gate()
     codec.decode(payloads[rank], numel, dtype, out=chunks[rank])
     left, right = neighbours(rank, world_size)
     undecoded = None

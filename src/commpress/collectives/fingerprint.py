@@ -1,6 +1,6 @@
 """Ranks agree on a collective's arguments before any payload moves.
 
-Every compressed collective starts with :func:`agree`: one backend all-gather of a
+Every compressed collective starts with an :class:`Agreement`: one backend all-gather of a
 fixed-size fingerprint per rank (operation, reduction, algorithm, element count, dtype,
 codec spec, pipeline piece size, and the call's sequence number on the group). If any
 rank's fingerprint differs, every rank raises :class:`CollectiveMismatchError` naming
@@ -145,6 +145,53 @@ def _parse(row: bytes) -> _Received | None:
     return _Received(fingerprint, sequence, digest)
 
 
+class Agreement:
+    """A fingerprint exchange in flight: :meth:`check` waits for it and raises on mismatch.
+
+    Started before a collective encodes its first payload and checked just before the
+    first send or write to the output, so the exchange overlaps the encoding.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        mine: Fingerprint,
+        timeout: timedelta | None,
+        device: torch.device,
+    ):
+        group = dist.group.WORLD if group is None else group
+        self._group, self._timeout = group, timeout
+        self._world_size = dist.get_world_size(group)
+        sequence = _sequences.get(group, 0)
+        _sequences[group] = sequence + 1
+        self._work = None
+        if self._world_size == 1:
+            return
+        self._row = mine.to_bytes(sequence)
+        local = torch.frombuffer(bytearray(self._row), dtype=torch.uint8)
+        device = _fingerprint_device(group, device)
+        self._gathered = torch.empty(
+            self._world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=device
+        )
+        self._work = dist.all_gather_single(
+            self._gathered, local.to(device), group=group, async_op=True
+        )
+
+    def check(self) -> None:
+        """Block until every rank's fingerprint is here; raise if any differs from ours.
+        Later calls return at once."""
+        if self._work is None:
+            return
+        work, self._work = self._work, None
+        wait(work, self._timeout)
+        rows = self._gathered.cpu().numpy().tobytes()
+        size = FINGERPRINT_BYTES
+        rows = [rows[r * size : (r + 1) * size] for r in range(self._world_size)]
+        if any(other != self._row for other in rows):
+            rank = dist.get_rank(self._group)
+            raise CollectiveMismatchError(_mismatch_message(rows, rank, self._world_size))
+
+
 def agree(
     group: dist.ProcessGroup | None,
     mine: Fingerprint,
@@ -158,22 +205,7 @@ def agree(
     :class:`CollectiveMismatchError` on every rank of a mismatch; a peer that stalls
     past ``timeout`` raises as any collective does.
     """
-    group = dist.group.WORLD if group is None else group
-    world_size = dist.get_world_size(group)
-    sequence = _sequences.get(group, 0)
-    _sequences[group] = sequence + 1
-    if world_size == 1:
-        return
-    row = mine.to_bytes(sequence)
-    local = torch.frombuffer(bytearray(row), dtype=torch.uint8)
-    device = _fingerprint_device(group, device)
-    gathered = torch.empty(world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
-    work = dist.all_gather_into_tensor(gathered, local.to(device), group=group, async_op=True)
-    wait(work, timeout)
-    rows = gathered.cpu().numpy().tobytes()
-    rows = [rows[r * FINGERPRINT_BYTES : (r + 1) * FINGERPRINT_BYTES] for r in range(world_size)]
-    if any(other != row for other in rows):
-        raise CollectiveMismatchError(_mismatch_message(rows, dist.get_rank(group), world_size))
+    Agreement(group, mine, timeout, device).check()
 
 
 def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:

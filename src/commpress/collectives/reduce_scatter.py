@@ -33,7 +33,7 @@ from commpress.algorithms.ring import neighbours, reduce_scatter_steps
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import ring_all_gather
 from commpress.collectives.checks import check_algorithm, check_op, check_pair
-from commpress.collectives.fingerprint import Fingerprint, agree
+from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
 from commpress.transport.p2p import Exchange, wait
@@ -82,8 +82,10 @@ def reduce_scatter_tensor(
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
     def run() -> None:
-        agree(group, fingerprint, timeout, inp.device)
-        total = _reduce_scatter_fp32(inp, group, codec, algorithm, chunk_bytes, timeout, residual)
+        gate = Agreement(group, fingerprint, timeout, inp.device).check
+        total = _reduce_scatter_fp32(
+            inp, group, codec, algorithm, chunk_bytes, timeout, gate, residual
+        )
         if op == dist.ReduceOp.AVG:
             total /= world_size
         out.view(-1).copy_(total)
@@ -122,14 +124,16 @@ def all_reduce(
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
-        agree(group, fingerprint, timeout, tensor.device)
+        gate = Agreement(group, fingerprint, timeout, tensor.device).check
         chunk = -(-numel // world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )
         padded[:numel] = tensor.view(-1)
         padded[numel:] = 0
-        total = _reduce_scatter_fp32(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout)
+        total = _reduce_scatter_fp32(
+            padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, gate
+        )
         if op == dist.ReduceOp.AVG:
             total /= world_size
         sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each
@@ -169,15 +173,17 @@ def _check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
 
 
 def _reduce_scatter_fp32(
-    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, residual=None
+    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, gate, residual=None
 ):
+    """The reduced chunk of this rank in fp32. ``gate`` runs after the first encodes and
+    before the first send (the argument check, overlapping the encoding)."""
     world_size = dist.get_world_size(group)
     contributions = inp.view(world_size, -1)
     if algorithm == "alltoall":
         feedback = None if residual is None else residual.view(world_size, -1)
-        return _alltoall(contributions, group, codec, timeout, feedback)
+        return _alltoall(contributions, group, codec, timeout, gate, feedback)
     piece = ring_piece_numel(algorithm, contributions.shape[1], chunk_bytes)
-    return _ring(contributions, group, codec, piece, algorithm == "ring", timeout)
+    return _ring(contributions, group, codec, piece, algorithm == "ring", timeout, gate)
 
 
 def partial_sum_dtype(codec: Codec, dtype: torch.dtype) -> torch.dtype:
@@ -194,13 +200,14 @@ def partial_sum_dtype(codec: Codec, dtype: torch.dtype) -> torch.dtype:
 
 def ring_piece_numel(algorithm: str, numel: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     """Elements per piece of a chunk of ``numel``: each piece is encoded on its own."""
-    return max(1, chunk_bytes // 4) if algorithm == "ring" else numel
+    return max(1, chunk_bytes // 4) if algorithm == "ring" else max(1, numel)
 
 
-def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, timeout):
+def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, timeout, gate):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     numel = contributions.shape[1]
     if world_size == 1:
+        gate()
         return contributions[rank].to(torch.float32, copy=True)
     pieces = [
         slice(start, min(start + piece_numel, numel)) for start in range(0, numel, piece_numel)
@@ -223,6 +230,7 @@ def _ring(contributions, group, codec: Codec, piece_numel: int, overlap: bool, t
     steps = reduce_scatter_steps(rank, world_size)
     for p, part in enumerate(pieces):
         codec.encode(contributions[steps[0].send, part].to(sent_dtype), out=outgoing[p])
+    gate()
     left, right = neighbours(rank, world_size)
 
     for index, step in enumerate(steps):
@@ -278,8 +286,10 @@ def _add_own(
         codec.encode(rounded.copy_(partial), out=forward_payload)
 
 
-def _alltoall(contributions, group, codec: Codec, timeout, residual=None):
+def _alltoall(contributions, group, codec: Codec, timeout, gate, residual=None):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if residual is not None:  # the encodes below update it: check the arguments first
+        gate()
     numel, dtype = contributions.shape[1], contributions.dtype
     wire = codec.wire_bytes(numel, dtype)
     device = contributions.device
@@ -298,6 +308,7 @@ def _alltoall(contributions, group, codec: Codec, timeout, residual=None):
             torch.sub(corrected, sent, out=residual[destination])
     received = workspace.take("alltoall.received", world_size * wire, torch.uint8, device)
     received = received.view(world_size, wire)
+    gate()
     wait(
         dist.all_to_all_single(received.view(-1), send.view(-1), group=group, async_op=True),
         timeout,

@@ -75,7 +75,7 @@ def compress(
     if gather is not None and gather.algorithm == "ring-hop" and not gather.codec.idempotent:
         raise ValueError(
             f"all_gather={all_gather!r}: ring-hop re-encodes the shard at every hop and "
-            f"{gather.codec.name} is not idempotent, so ranks would end with different "
+            f"{gather.codec} is not idempotent, so ranks would end with different "
             "parameters; use @ring (encode once) for this codec"
         )
     if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):

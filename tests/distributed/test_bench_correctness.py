@@ -1,0 +1,75 @@
+"""The bench's error bounds against real collectives (gloo, 3 ranks): a correct lossy
+result has no ``#wrong`` element, and a corrupted one does."""
+
+from __future__ import annotations
+
+import torch
+
+import commpress as cp
+from commpress.bench import correctness
+from commpress.testing.distributed import run_distributed
+
+WORLD_SIZE = 3
+CHUNK = 3000  # elements per rank's chunk (all-gather: per shard)
+#: Two ring pieces per chunk, whose blocks of 1000 restart at the second piece.
+TWO_PIECES = cp.collectives.DEFAULT_CHUNK_BYTES // 4 + 3000
+CASES = [
+    ("reduce_scatter", "ring", "int8", torch.float32, CHUNK),
+    ("reduce_scatter", "ring", "int8", torch.bfloat16, CHUNK),
+    ("reduce_scatter", "ring", "none", torch.bfloat16, CHUNK),
+    ("reduce_scatter", "alltoall", "int4", torch.float32, CHUNK),
+    ("reduce_scatter", "native", "none", torch.bfloat16, CHUNK),
+    ("all_reduce", "ring", "int8", torch.bfloat16, CHUNK),
+    ("all_reduce", "ring-hop", "int4", torch.float32, CHUNK),
+    ("all_gather", "ring-hop", "int8", torch.float16, CHUNK),
+    ("reduce_scatter", "ring", "int8:block=1000", torch.float32, TWO_PIECES),
+]
+
+
+def _collective(op, algorithm, codec, inp):
+    if op == "all_gather":
+        out = inp.new_empty(WORLD_SIZE * inp.numel())
+        cp.all_gather_into_tensor(out, inp, codec=codec, algorithm=algorithm)
+    elif op == "reduce_scatter":
+        out = inp.new_empty(inp.numel() // WORLD_SIZE)
+        cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm=algorithm)
+    else:
+        out = inp.clone()
+        cp.all_reduce(out, codec=codec, algorithm=algorithm)
+    return out
+
+
+def _check(rank, world_size):
+    results = []
+    for op, algorithm, codec, dtype, chunk in CASES:
+        numel = chunk if op == "all_gather" else chunk * world_size
+        inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
+        out = _collective(op, algorithm, codec, inputs[rank])
+        expected = correctness.expected(op, inputs, rank)
+        bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
+        nudged = out.double().clone()
+        nudged[7] = expected[7] + 2 * bound[7] + 1e-6
+        results.append(
+            {
+                "case": (op, algorithm, codec, dtype, chunk),
+                "numel": out.numel(),
+                "wrong": correctness.count_wrong(out, expected, bound),
+                "negated": correctness.count_wrong(-out, expected, bound),
+                "doubled": correctness.count_wrong(out * 2, expected, bound),
+                "nudged": correctness.count_wrong(nudged, expected, bound),
+                "worst": ((out.double() - expected).abs() / bound).max().item(),
+            }
+        )
+    return results
+
+
+def test_bounds_hold_for_correct_results_and_catch_corrupted_ones():
+    for per_rank in run_distributed(_check, WORLD_SIZE):
+        for result in per_rank:
+            case = result["case"]
+            assert result["wrong"] == 0, case
+            assert result["nudged"] == 1, case
+            assert result["negated"] > result["numel"] // 2, case
+            assert result["doubled"] > result["numel"] // 2, case
+            # Not vacuous: the worst element uses a good part of its bound.
+            assert 0.3 < result["worst"] <= 1, case

@@ -1,0 +1,67 @@
+"""The bench's ``#wrong`` counting, ring order and wire bytes, checked by hand (one process).
+
+The bounds themselves are checked against real collectives in
+``tests/distributed/test_bench_correctness.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commpress.bench import correctness, wire
+
+M = 1 << 20
+
+
+def test_count_wrong_counts_elements_outside_the_bound_and_nan():
+    expected = torch.zeros(5, dtype=torch.float64)
+    out = torch.tensor([0.0, 1.0, -1.0, 1.5, float("nan")])
+    assert correctness.count_wrong(out, expected, torch.ones(5, dtype=torch.float64)) == 2
+
+
+def test_ring_order_adds_the_owner_last_going_right():
+    # Rank r sends to r + 1: the chunk starts at its owner's right neighbour.
+    assert correctness.ring_order(0, 4) == [1, 2, 3, 0]
+    assert correctness.ring_order(2, 3) == [0, 1, 2]
+    assert correctness.ring_order(0, 1) == [0]
+
+
+def test_bench_inputs_are_reproducible_on_any_rank():
+    first = correctness.bench_input(2, 100, torch.bfloat16)
+    assert first.dtype == torch.bfloat16
+    assert torch.equal(first, correctness.bench_input(2, 100, torch.bfloat16))
+    assert not torch.equal(first, correctness.bench_input(3, 100, torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("op", "algorithm", "codec", "dtype", "expected"),
+    [
+        # 4 ranks, 4M elements in (all-gather: 1M each): chunks of 1M, ring pieces of 512K.
+        ("reduce_scatter", "native", "none", torch.float32, 3 * M * 4),
+        ("reduce_scatter", "native", "none", torch.bfloat16, 3 * M * 2),
+        ("all_reduce", "native", "none", torch.float16, 2 * 3 * M * 2),
+        ("all_gather", "native", "none", torch.bfloat16, 3 * M * 2),
+        # int8: one byte per element and a 4-byte scale per block of 256.
+        ("reduce_scatter", "ring", "int8", torch.float32, 3 * 2 * (M // 2 + 4 * 2048)),
+        ("reduce_scatter", "ring", "int8", torch.bfloat16, 3 * 2 * (M // 2 + 4 * 2048)),
+        # Blocks of 1000 restart at each 512K piece: 525 scales per piece, not 1049 per chunk.
+        ("reduce_scatter", "ring", "int8:block=1000", torch.float32, 3 * 2 * (M // 2 + 4 * 525)),
+        ("reduce_scatter", "ring-hop", "int8:block=1000", torch.float32, 3 * (M + 4 * 1049)),
+        # `none` sends bf16 partial sums as bf16, fp32 ones as fp32.
+        ("reduce_scatter", "ring", "none", torch.bfloat16, 3 * M * 2),
+        ("reduce_scatter", "ring", "none", torch.float32, 3 * M * 4),
+        ("reduce_scatter", "alltoall", "int8", torch.bfloat16, 3 * (M + 4 * 4096)),
+        ("all_reduce", "ring", "none", torch.bfloat16, 2 * 3 * M * 2),
+        ("all_reduce", "ring", "int8", torch.float32, 2 * 3 * (M + 4 * 4096)),
+        ("all_gather", "ring", "int4", torch.float16, 3 * (M // 2 + 4 * 4096)),
+    ],
+)
+def test_wire_bytes_by_hand(op, algorithm, codec, dtype, expected):
+    numel = M if op == "all_gather" else 4 * M
+    assert wire.wire_bytes(op, algorithm, codec, numel, 4, dtype) == expected
+
+
+def test_wire_bytes_of_uneven_all_reduce_chunks_count_the_padding():
+    # 10 elements on 4 ranks: chunks of 3 (the last padded), 3 hops each way.
+    assert wire.wire_bytes("all_reduce", "ring", "none", 10, 4, torch.float32) == 2 * 3 * 3 * 4
