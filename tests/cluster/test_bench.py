@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import commpress as cp
-from commpress.bench import wire
 from commpress.bench.arguments import DTYPES
 from commpress.cli import main
 from commpress.cluster import Layout, present
+from commpress.collectives import wire
 
 #: Most bytes of headers one packet carries: Ethernet 14, IPv4 20, TCP 20 + at most 40 of
 #: options. The interface counts one header per segmentation-offload packet (up to 64 KiB),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commpress.bench import correctness, wire
+from commpress.bench import correctness
+from commpress.collectives import wire
 
 M = 1 << 20
 
@@ -65,3 +66,14 @@ def test_wire_bytes_by_hand(op, algorithm, codec, dtype, expected):
 def test_wire_bytes_of_uneven_all_reduce_chunks_count_the_padding():
     # 10 elements on 4 ranks: chunks of 3 (the last padded), 3 hops each way.
     assert wire.wire_bytes("all_reduce", "ring", "none", 10, 4, torch.float32) == 2 * 3 * 3 * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("algorithm", ["ring", "ring-hop"])
+def test_none_never_sends_more_bytes_than_native(op, dtype, algorithm):
+    """What the FSDP/DDP counters and the bench report for ``none`` (one formula for all)."""
+    for world_size in (2, 3, 4, 8):
+        for numel in (8 * 1000, 8 * (1 << 20) + 8):
+            native = wire.wire_bytes(op, "native", "none", numel, world_size, dtype)
+            assert wire.wire_bytes(op, algorithm, "none", numel, world_size, dtype) == native

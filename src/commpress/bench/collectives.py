@@ -11,7 +11,7 @@ headers included), the time the link needs for the bytes the algorithm must
 send (``ideal_us`` = wire bytes / RATE) and ``efficiency`` = ideal / measured.
 
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
-``wire(B)`` comes from :mod:`commpress.bench.wire`. ``rel_err`` (rank 0's output) and
+``wire(B)`` comes from :mod:`commpress.collectives.wire`. ``rel_err`` (rank 0's output) and
 ``#wrong`` (summed over ranks) compare with the exact result of the known inputs, and
 ``#wrong`` counts the elements outside the algorithm's error bound
 (:mod:`commpress.bench.correctness`).
@@ -37,9 +37,9 @@ from commpress.bench.arguments import (
     size_factor,
 )
 from commpress.bench.busbw import busbw_factor
-from commpress.bench.wire import itemsize, wire_bytes
 from commpress.cluster import Link, cluster_for, read_local
 from commpress.cluster.commands import add_link_arguments
+from commpress.collectives.wire import itemsize, wire_bytes
 from commpress.testing.distributed import run_distributed
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")

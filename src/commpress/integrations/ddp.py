@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.bench.busbw import busbw_factor
 from commpress.collectives import REDUCE_SCATTER_ALGORITHMS, all_reduce
+from commpress.collectives.wire import wire_bytes
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 
@@ -50,11 +50,9 @@ def hook(
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
-    raw = round(tensor.numel() * tensor.element_size() * busbw_factor("all_reduce", world_size))
-    wire = raw
-    if spec.algorithm != "native":
-        chunk = -(-tensor.numel() // world_size)
-        wire = spec.codec.wire_bytes(chunk, tensor.dtype) * 2 * (world_size - 1)
+    numel, dtype = tensor.numel(), tensor.dtype
+    raw = wire_bytes("all_reduce", "native", "none", numel, world_size, dtype)
+    wire = wire_bytes("all_reduce", spec.algorithm, spec.codec, numel, world_size, dtype)
     watch = Stopwatch(state.stats, wire, raw)
     if spec.algorithm == "native":  # gloo has no AVG: sum, then divide in the callback
         work = dist.all_reduce(tensor, group=state.group, async_op=True)

@@ -24,6 +24,7 @@ from commpress.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
 )
+from commpress.collectives.wire import wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
@@ -181,13 +182,9 @@ class CompressedAllGather(AllGather):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        spec, numel = self.spec, input_tensor.numel()
-        raw = numel * input_tensor.element_size() * (group.size() - 1)
-        wire = (
-            raw
-            if spec.algorithm == "native"
-            else (spec.codec.wire_bytes(numel, input_tensor.dtype) * (group.size() - 1))
-        )
+        spec, numel, dtype, n = self.spec, input_tensor.numel(), input_tensor.dtype, group.size()
+        raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
+        wire = wire_bytes("all_gather", spec.algorithm, spec.codec, numel, n, dtype)
         watch = Stopwatch(self.stats, wire, raw)
         work = all_gather_into_tensor(
             output_tensor,
@@ -215,14 +212,10 @@ class CompressedReduceScatter(ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        spec, numel = self.spec, output_tensor.numel()
+        spec, numel, dtype, n = self.spec, input_tensor.numel(), input_tensor.dtype, group.size()
         op = _sum_or_average(op, self.module_name)
-        raw = numel * input_tensor.element_size() * (group.size() - 1)
-        wire = (
-            raw
-            if spec.algorithm == "native"
-            else (spec.codec.wire_bytes(numel, input_tensor.dtype) * (group.size() - 1))
-        )
+        raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
+        wire = wire_bytes("reduce_scatter", spec.algorithm, spec.codec, numel, n, dtype)
         watch = Stopwatch(self.stats, wire, raw)
         work = reduce_scatter_tensor(
             output_tensor,

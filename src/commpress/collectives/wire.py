@@ -1,4 +1,5 @@
-"""Bytes each rank sends per call, by op and algorithm: the bench's ``wire(B)`` column.
+"""Bytes each rank sends per call, by op and algorithm: the one formula behind the bench's
+``wire(B)`` column and the FSDP and DDP counters.
 
 One function per algorithm family, each reading how that algorithm sends (piece sizes
 and the dtype of partial sums come from the collectives themselves). ``numel`` is the
