@@ -122,6 +122,18 @@ def _param_group(group: Any) -> ParamGroup:
     )
 
 
+def wrap_fsdp_collectives(module: torch.nn.Module, which: str, wrap: Callable) -> None:
+    """Replace each parameter group's installed custom collective ``c`` by ``wrap(c)``
+    (``FSDPParamGroup._all_gather_comm`` / ``_reduce_scatter_comm``; the tests' deliberately
+    broken collectives)."""
+    if which not in ("all_gather", "reduce_scatter"):
+        raise ValueError(f"which must be 'all_gather' or 'reduce_scatter', got {which!r}")
+    state = _attribute(module, "_get_fsdp_state", "FSDPModule._get_fsdp_state")()
+    for group in _attribute(state, "_fsdp_param_groups", "FSDPState._fsdp_param_groups"):
+        name = f"_{which}_comm"
+        setattr(group, name, wrap(_attribute(group, name, f"FSDPParamGroup.{name}")))
+
+
 def unsharded_parameters(group: ParamGroup) -> list[torch.Tensor]:
     """The group's unsharded parameters (``FSDPParam.unsharded_param``; after ``unshard()``)."""
     return [

@@ -37,7 +37,10 @@ def _fsdp_state(rank, world_size):
     for layer in model:
         fully_shard(layer)
     fully_shard(model)
-    found = []
+    seen = []
+    for which in ("all_gather", "reduce_scatter"):
+        _torch_private.wrap_fsdp_collectives(model[0], which, lambda c: seen.append(c) or c)
+    found = [len(seen)]
     for module in (model, model[0]):
         for group in _torch_private.fsdp_param_groups(module):
             module.unshard()
@@ -55,7 +58,7 @@ def _fsdp_state(rank, world_size):
 def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
     found = run_distributed(_fsdp_state, 2, timeout=60)[0]
     # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,).
-    assert found == [([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)})]
+    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)})]
 
 
 def _renamed_param_groups(rank, world_size):
