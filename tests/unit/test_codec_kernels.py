@@ -103,12 +103,16 @@ def test_16_bit_input_on_cpu_never_waits_for_torch_compile(spec, dtype, monkeypa
         return self.reference(*args)
 
     monkeypatch.setattr(kernels.Kernel, "__call__", refuse)
-    codec = cp.get_codec(spec)
+    fused, reference = with_impl(spec, "fused"), with_impl(spec, "reference")
     numel = 3 * blockwise.WIDEN_ELEMENTS + 1000  # several widening slices and a tail block
-    x = (torch.randn(numel) * 3).to(dtype)
-    payload = codec.encode(x)
+    x = (torch.randn(numel, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    x[blockwise.WIDEN_ELEMENTS + 5] = float("nan")  # in the second slice
+    payload = fused.encode(x)
+    assert torch.equal(payload, reference.encode(x))
     for out_dtype in (dtype, torch.float32):
-        codec.decode(payload, numel, out_dtype)
+        assert_same_bits(
+            fused.decode(payload, numel, out_dtype), reference.decode(payload, numel, out_dtype)
+        )
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "int4:block=6"])

@@ -18,7 +18,11 @@ import torch.distributed as dist
 
 from commpress.algorithms.ring import all_gather_steps, neighbours
 from commpress.codecs import Codec, get_codec
-from commpress.collectives.checks import check_algorithm, check_pair
+from commpress.collectives.checks import (
+    check_algorithm,
+    check_pair,
+    check_same_result_on_every_rank,
+)
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
@@ -53,6 +57,7 @@ def all_gather_into_tensor(
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
+    check_same_result_on_every_rank(codec, algorithm)
     hop = algorithm == "ring-hop"
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
 

@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
+#: What a compressed reduction can sum exactly: it accumulates in fp32.
+REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
@@ -38,3 +40,22 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
     for name, tensor in (("out", out), ("inp", inp)):
         if not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+
+
+def check_reduction_dtype(dtype: torch.dtype, argument: str) -> None:
+    """Compressed reductions add in fp32, so only dtypes fp32 holds exactly may be summed."""
+    if dtype not in REDUCTION_DTYPES:
+        raise TypeError(
+            f"{argument}={dtype}: commpress reductions accumulate in float32, which cannot "
+            f"hold {dtype} exactly; use float32, bfloat16 or float16, or algorithm='native'"
+        )
+
+
+def check_same_result_on_every_rank(codec, algorithm: str) -> None:
+    """An all-gather must leave every rank with the same bits: ``ring-hop`` re-encodes at
+    every hop, which only a codec whose decoded values encode to themselves survives."""
+    if algorithm == "ring-hop" and not codec.idempotent:
+        raise ValueError(
+            f"ring-hop re-encodes at every hop and {codec} is not idempotent, so ranks would "
+            "end with different values; use algorithm 'ring' (encode once) for this codec"
+        )

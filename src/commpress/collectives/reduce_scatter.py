@@ -32,7 +32,13 @@ import torch.distributed as dist
 from commpress.algorithms.ring import neighbours, reduce_scatter_steps
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import ring_all_gather
-from commpress.collectives.checks import check_algorithm, check_op, check_pair
+from commpress.collectives.checks import (
+    check_algorithm,
+    check_op,
+    check_pair,
+    check_reduction_dtype,
+    check_same_result_on_every_rank,
+)
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
@@ -78,6 +84,7 @@ def reduce_scatter_tensor(
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
+    check_reduction_dtype(inp.dtype, "inp.dtype")
     pieces = chunk_bytes if algorithm == "ring" else 0
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
@@ -120,6 +127,8 @@ def all_reduce(
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
     codec.check_dtype(tensor.dtype, "tensor.dtype")
+    check_reduction_dtype(tensor.dtype, "tensor.dtype")
+    check_same_result_on_every_rank(codec, algorithm)  # its all-gather half
     world_size, numel = dist.get_world_size(group), tensor.numel()
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 

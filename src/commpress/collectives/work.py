@@ -53,9 +53,11 @@ class StreamOrder:
     def on_comm_stream(self) -> Iterator[None]:
         """Run the body on the comm stream, after the producer; record completion after."""
         self.stream.wait_event(self.ready)
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            yield
-        self.done.record(self.stream)
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                yield
+        finally:  # also after an error: kernels already queued may still write the output
+            self.done.record(self.stream)
 
     def make_current_stream_wait(self) -> None:
         torch.cuda.current_stream(self.device).wait_event(self.done)
@@ -74,8 +76,9 @@ class CollectiveWork:
             self._future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"collective did not complete within {timeout}") from None
-        if self._order is not None:
-            self._order.make_current_stream_wait()
+        finally:
+            if self._order is not None and self._future.done():
+                self._order.make_current_stream_wait()
         return True
 
     def is_completed(self) -> bool:

@@ -24,13 +24,18 @@ from commpress.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
 )
+from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.wire import wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 
-AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
+try:
+    AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
+    _unavailable: _torch_private.PrivateAPIMissing | None = None
+except _torch_private.PrivateAPIMissing as missing:  # DDP users must still import commpress
+    AllGather, ReduceScatter, _unavailable = object, object, missing
 MARK = "_commpress_fsdp"
 ON_UNSUPPORTED = ("raise", "native")
 
@@ -67,18 +72,19 @@ def compress(
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
     """
+    if _unavailable is not None:
+        raise _unavailable
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
     gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather")
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter")
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
-    if gather is not None and gather.algorithm == "ring-hop" and not gather.codec.idempotent:
-        raise ValueError(
-            f"all_gather={all_gather!r}: ring-hop re-encodes the shard at every hop and "
-            f"{gather.codec} is not idempotent, so ranks would end with different "
-            "parameters; use @ring (encode once) for this codec"
-        )
+    if gather is not None:
+        try:
+            check_same_result_on_every_rank(gather.codec, gather.algorithm)
+        except ValueError as error:
+            raise ValueError(f"all_gather={all_gather!r}: {error}") from None
     if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
@@ -164,7 +170,10 @@ def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
     if not isinstance(work, CollectiveWork):  # torch's own ("native")
         if tensor.is_cuda:  # NCCL's Work keeps the stream contract itself
             work.get_future().then(watch.stop)
-            return work if async_op else work.wait()
+            if async_op:
+                return work
+            work.wait()
+            return None
         work = launch(work.wait, async_op=True)  # gloo's Work has no future to chain on
     future = work.torch_future(before=watch.stop)
     if not async_op:

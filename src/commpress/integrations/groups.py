@@ -27,11 +27,11 @@ class OwnGroups:
         published: list = [None] * dist.get_world_size()
         dist.all_gather_object(published, sorted(mine))
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
-        self._twins: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {}
         for ranks, backend in everyone:
             twin = dist.new_group(list(ranks), timeout=timeout, backend=backend)
             if dist.get_rank() in ranks:
-                self._twins[ranks] = twin
+                self._twins[ranks, backend] = twin
 
     def own(self, group: dist.ProcessGroup, algorithm: str) -> dist.ProcessGroup:
         """commpress's twin of FSDP's ``group``; ``native`` keeps FSDP's own group, since
@@ -39,7 +39,7 @@ class OwnGroups:
         if algorithm == "native":
             return group
         ranks = tuple(dist.get_process_group_ranks(group))
-        twin = self._twins.get(ranks)
+        twin = self._twins.get((ranks, dist.get_backend(group)))
         if twin is None:
             raise RuntimeError(
                 f"FSDP handed commpress a process group of ranks {list(ranks)} that its "

@@ -1,0 +1,67 @@
+"""Calls that would silently give a wrong or rank-dependent answer are refused up front."""
+
+from __future__ import annotations
+
+import torch
+
+import commpress as cp
+from commpress.testing.distributed import run_distributed
+from commpress.testing.silence import forbid_communication
+
+
+def _refused(rank, world_size):
+    if rank != 0:  # the peer never enters a collective: a call that communicated would hang
+        return None
+    calls = {
+        "float64 sum": lambda: cp.reduce_scatter_tensor(
+            torch.zeros(4, dtype=torch.float64), torch.zeros(8, dtype=torch.float64), codec="none"
+        ),
+        "int64 all_reduce": lambda: cp.all_reduce(torch.zeros(8, dtype=torch.int64), codec="none"),
+        "zfp ring-hop all_gather": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), codec="zfp", algorithm="ring-hop"
+        ),
+        "zfp ring-hop all_reduce": lambda: cp.all_reduce(
+            torch.zeros(8), codec="zfp", algorithm="ring-hop"
+        ),
+        "stochastic ring-hop all_gather": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), codec="int8:stochastic=true", algorithm="ring-hop"
+        ),
+        "zfp ring-hop ddp hook": lambda: cp.ddp.hook("zfp@ring-hop", group=object()),
+    }
+    errors = {}
+    with forbid_communication() as attempted:
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, ValueError) as error:
+                errors[name] = (type(error).__name__, str(error))
+    assert attempted == []
+    return errors
+
+
+def _accepted(rank, world_size):
+    """What stays allowed: a lossless ring-hop, an idempotent codec over ring-hop, and the
+    float64 all-gather that `none` moves without arithmetic."""
+    out = torch.empty(16, dtype=torch.float64)
+    cp.all_gather_into_tensor(out, torch.full((8,), 1 + 2**-40, dtype=torch.float64), codec="none")
+    exact = bool(torch.all(out == 1 + 2**-40))
+    gathered = torch.empty(16)
+    cp.all_gather_into_tensor(gathered, torch.randn(8), codec="int8", algorithm="ring-hop")
+    return exact
+
+
+def test_inexact_sums_and_rank_dependent_all_gathers_are_refused():
+    errors = run_distributed(_refused, 2, timeout=60)[0]
+    assert errors["float64 sum"][0] == "TypeError"
+    assert "inp.dtype=torch.float64" in errors["float64 sum"][1]
+    assert "accumulate in float32" in errors["float64 sum"][1]
+    assert "tensor.dtype=torch.int64" in errors["int64 all_reduce"][1]
+    for name in ("zfp ring-hop all_gather", "zfp ring-hop all_reduce"):
+        kind, message = errors[name]
+        assert kind == "ValueError" and "zfp is not idempotent" in message
+    assert "int8:stochastic=true is not idempotent" in errors["stochastic ring-hop all_gather"][1]
+    assert errors["zfp ring-hop ddp hook"][1].startswith("codec='zfp@ring-hop': ring-hop")
+
+
+def test_what_stays_allowed_still_works():
+    assert all(run_distributed(_accepted, 2, timeout=60))
