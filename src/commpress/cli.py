@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a killed command still cleans up
+    # Ctrl-C even where the shell started us with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.handler(args)
     except (ValueError, TypeError, ImportError) as error:

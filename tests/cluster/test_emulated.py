@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,7 +61,7 @@ def test_each_host_is_shaped_both_ways_and_routes_multicast(prefix):
 def test_an_existing_cluster_is_an_error_and_is_left_intact(prefix):
     with Emulated(2, RATE, prefix=prefix):
         existing = present(Layout(prefix))
-        with pytest.raises(ClusterError, match="already exists.*cluster down --prefix cpt"):
+        with pytest.raises(ClusterError, match=f"already exists.*cluster down --prefix {prefix}"):
             Emulated(3, RATE, prefix=prefix).up()
         assert present(Layout(prefix)) == existing
 
@@ -79,6 +80,56 @@ def test_a_failure_while_building_leaves_nothing(prefix, monkeypatch):
     with pytest.raises(ClusterError, match="simulated"):
         Emulated(3, RATE, prefix=prefix).up()
     assert present(Layout(prefix)) == []
+
+
+def interrupting(monkeypatch, at_call: int) -> None:
+    """SIGINT to this process while ``system.run`` runs its ``at_call``-th command."""
+    calls = []
+
+    def run(*command):
+        calls.append(command)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_run(*command)
+
+    real_run = system.run
+    monkeypatch.setattr(system, "run", run)
+
+
+@pytest.mark.parametrize("at_call", [1, 6, 24])  # the leftovers check, host 0, host 1's last tc
+def test_ctrl_c_while_building_leaves_nothing_even_where_sigint_was_ignored(
+    prefix, monkeypatch, at_call
+):
+    interrupting(monkeypatch, at_call)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a script's background job
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Emulated(2, RATE, prefix=prefix).up()
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    assert present(Layout(prefix)) == []
+
+
+def test_ctrl_c_while_removing_finishes_the_removal_first(prefix, monkeypatch):
+    cluster = Emulated(3, RATE, prefix=prefix).up()
+    interrupting(monkeypatch, 4)  # the first `ip netns del`
+    with pytest.raises(KeyboardInterrupt):
+        cluster.down()
+    assert present(Layout(prefix)) == []
+
+
+def test_hosts_resolve_each_other_both_ways(prefix):
+    """Also from the IPv4-mapped form in which c10d's dual-stack TCPStore sees its peers."""
+    lookups = f"""
+import socket
+for address in ["10.213.0.1", "10.213.0.2", "::ffff:10.213.0.2"]:
+    print(socket.getnameinfo((address, 0), socket.NI_NAMEREQD)[0])
+print(socket.gethostbyname("{prefix}-h1"), socket.gethostbyname(socket.gethostname()))
+"""
+    with Emulated(2, RATE, prefix=prefix) as cluster:
+        done = system.in_namespace(cluster.namespaces[0], sys.executable, "-c", lookups)
+    names = [f"{prefix}-h0", f"{prefix}-h1", f"{prefix}-h1"]
+    assert done.split() == [*names, "10.213.0.2", "10.213.0.1"]
 
 
 def test_without_root_or_tools_the_error_says_what_to_do(prefix, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -9,9 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from commpress.cluster import Emulated, Layout, present
+from commpress.cluster import launcher as launching
 
 LAUNCH = [sys.executable, "-m", "commpress.cli", "launch"]
+IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]  # what runs after it inherits that
 
 ALL_REDUCE_SCRIPT = """
 import os, torch, torch.distributed as dist
@@ -80,6 +85,7 @@ def test_a_multi_node_job_with_two_ranks_per_host(prefix):
         ALL_REDUCE_SCRIPT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot be retrieved" not in done.stdout + done.stderr  # c10d's reverse lookup
     lines = sorted(line for line in done.stdout.splitlines() if "sum" in line)
     assert lines == [
         "h0r0| rank 0/4 local 0 sum 10",
@@ -133,8 +139,11 @@ def test_a_timeout_stops_every_rank(prefix, tmp_path):
 
 
 def test_ctrl_c_stops_the_job_and_removes_the_cluster(prefix, tmp_path):
+    # Started with SIGINT ignored, as a script's background job (or a CI runner) starts it:
+    # Python then never raises KeyboardInterrupt unless the launcher handles SIGINT itself.
     launcher = subprocess.Popen(
         [
+            *IGNORING_SIGINT,
             *LAUNCH,
             "--hosts",
             "3",
@@ -162,6 +171,21 @@ def test_ctrl_c_stops_the_job_and_removes_the_cluster(prefix, tmp_path):
         launcher.kill()
     assert launcher.returncode == 130, stderr
     assert_nothing_left(prefix, pids)
+
+
+def test_ctrl_c_while_the_ranks_start_stops_those_already_started(prefix, monkeypatch):
+    started = []
+
+    def start_then_interrupt(*arguments):
+        started.append(real_start(*arguments))
+        os.kill(os.getpid(), signal.SIGINT)  # between two Popen calls
+        return started[-1]
+
+    real_start = launching._start
+    monkeypatch.setattr(launching, "_start", start_then_interrupt)
+    with Emulated(2, "100mbit", prefix=prefix) as cluster, pytest.raises(KeyboardInterrupt):
+        cluster.launch(["sleep", "300"], nproc_per_host=2, output=io.StringIO())
+    assert len(started) == 1 and started[0].process.returncode is not None
 
 
 def test_a_cluster_that_is_up_is_used_and_kept(prefix):

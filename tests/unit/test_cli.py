@@ -85,3 +85,21 @@ def test_bench_counts_elements_of_the_dtype(tmp_path):
     assert rows["native"]["wire_bytes"] == rows["none"]["wire_bytes"] == 32 << 10
     assert rows["int8"]["wire_bytes"] == (16 << 10) + 4 * 64
     assert all(row["wrong"] == 0 for row in rows.values())
+
+
+def test_ci_runs_exactly_the_test_command_of_the_readme():
+    """CI must test what a new user runs: the README's second command, verbatim."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    block = readme.split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2, commands
+    ci = [
+        line
+        for line in (root / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
+    assert ci == [commands[1]]
+    assert "venv --clear" in commands[1] and "torch==2.13.0" in commands[1]

@@ -56,18 +56,21 @@ class Emulated:
 
     def up(self) -> Emulated:
         system.check_can_build()
-        leftovers = present(self.layout)
-        if leftovers:
-            raise ClusterError(
-                f"a cluster named {self.layout.prefix!r} already exists ({', '.join(leftovers)}): "
-                f"remove it with `commpress cluster down --prefix {self.layout.prefix}` or pick "
-                f"another prefix"
-            )
-        try:
-            self._build()
-        except BaseException:  # Ctrl-C included: never leave half a cluster behind
-            remove(self.layout)
-            raise
+        with system.deferred_signals() as interrupted:  # raises KeyboardInterrupt on leaving
+            leftovers = present(self.layout)
+            if leftovers:
+                raise ClusterError(
+                    f"a cluster named {self.layout.prefix!r} already exists "
+                    f"({', '.join(leftovers)}): remove it with `commpress cluster down --prefix "
+                    f"{self.layout.prefix}` or pick another prefix"
+                )
+            try:
+                self._build(interrupted)
+            except BaseException:  # never leave half a cluster behind
+                remove(self.layout)
+                raise
+            if interrupted:  # the build stopped part way
+                remove(self.layout)
         return self
 
     def down(self) -> None:
@@ -98,12 +101,14 @@ class Emulated:
         cluster.link = _read_link(layout)
         return cluster
 
-    def _build(self) -> None:
+    def _build(self, interrupted: list[int]) -> None:
         layout, link = self.layout, self.link
         system.ip("link", "add", "name", layout.bridge, "type", "bridge", "mcast_snooping", "0")
         system.disable_ipv6(layout.bridge)
         system.ip("link", "set", layout.bridge, "up")
         for host in range(self.hosts):
+            if interrupted:
+                return
             namespace, port = layout.namespace(host), layout.switch_port(host)
             system.ip("netns", "add", namespace)
             system.in_namespace(
@@ -180,12 +185,22 @@ class Emulated:
                 raise
 
     def _write_hosts_file(self, namespace: str) -> None:
-        """Hosts resolve each other's names, and the machine's own name to themselves."""
+        """Hosts resolve each other's names and addresses, and the machine's own name to
+        themselves.
+
+        Addresses resolve back also in the IPv4-mapped IPv6 form (``::ffff:10.213.0.1``) in
+        which a dual-stack socket, c10d's TCPStore for one, sees its peers: an address missing
+        here goes to a DNS server no host can reach, and c10d warns on every rank that "the
+        hostname of the client socket cannot be retrieved".
+        """
         own = self.layout.host_of(namespace)
         lines = ["127.0.0.1 localhost"]
         for host in range(self.hosts):
             names = [self.layout.namespace(host)] + ([socket.gethostname()] if host == own else [])
             lines.append(f"{self.layout.address(host)} {' '.join(names)}")
+        lines += [
+            f"::ffff:{self.layout.address(h)} {self.layout.namespace(h)}" for h in range(self.hosts)
+        ]
         folder = os.path.join(NETNS_ETC, namespace)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "hosts"), "w") as hosts:
@@ -247,17 +262,18 @@ def _etc_folders(layout: Layout) -> list[str]:
 
 def remove(layout: Layout) -> list[str]:
     """Remove everything of ``layout`` (processes inside its hosts too); what was removed."""
-    removed = present(layout)
-    for namespace in (name for name in removed if layout.host_of(name) is not None):
-        _kill_processes_in(namespace)
-        _quietly(system.ip, "netns", "del", namespace)
-    for name in removed:
-        if layout.host_of(name) is None and "/" not in name:  # ports may outlive namespaces
-            _quietly(system.ip, "link", "del", name)
-    for folder in _etc_folders(layout):
-        shutil.rmtree(folder, ignore_errors=True)
-    if os.path.isdir(NETNS_ETC) and not os.listdir(NETNS_ETC):
-        os.rmdir(NETNS_ETC)  # made by us (ip netns does not need it)
+    with system.deferred_signals():  # a second Ctrl-C waits for the cleanup to finish
+        removed = present(layout)
+        for namespace in (name for name in removed if layout.host_of(name) is not None):
+            _kill_processes_in(namespace)
+            _quietly(system.ip, "netns", "del", namespace)
+        for name in removed:
+            if layout.host_of(name) is None and "/" not in name:  # ports may outlive namespaces
+                _quietly(system.ip, "link", "del", name)
+        for folder in _etc_folders(layout):
+            shutil.rmtree(folder, ignore_errors=True)
+        if os.path.isdir(NETNS_ETC) and not os.listdir(NETNS_ETC):
+            os.rmdir(NETNS_ETC)  # made by us (ip netns does not need it)
     return removed
 
 

@@ -5,12 +5,16 @@ Every rank is its own process inside its host's namespace, with the environment
 ``MASTER_ADDR``...), so ``init_process_group(init_method="env://")`` connects
 across the emulated links. Output is streamed line by line with a
 ``h<host>r<rank>|`` prefix. When one rank fails, the others are stopped (they
-would wait for it forever); on a timeout or Ctrl-C every rank is stopped.
+would wait for it forever); on a timeout, SIGINT or SIGTERM every rank is stopped.
+Signals are noted and acted on between steps, never by an exception raised in the
+middle of one (a ``Popen`` that would leave a rank untracked, a ``poll`` that would
+leave its lock taken, a cleanup cut short).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -20,6 +24,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
+
+from commpress.cluster import system
 
 STOP_GRACE_SECONDS = 5.0
 STREAM_DRAIN_SECONDS = 2.0
@@ -86,28 +92,34 @@ def launch(
         raise ValueError(f"timeout must be positive, got {timeout}")
     output = output or sys.stdout
     ranks: list[Rank] = []
-    try:
-        for host in range(cluster.hosts):
-            for local_rank in range(nproc_per_host):
-                variables = {**os.environ, **(env or {})}
-                variables.update(rank_environment(cluster, host, local_rank, nproc_per_host, port))
-                process = subprocess.Popen(
-                    ["ip", "netns", "exec", cluster.namespaces[host], *command],
-                    env=variables,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # Ctrl-C reaches us only; we stop the ranks
-                )
-                ranks.append(Rank(host, local_rank, int(variables["RANK"]), process))
-        streams = _stream(ranks, output)
-        status = _supervise(ranks, timeout, output)
+    with system.deferred_signals() as received:  # raises KeyboardInterrupt once all is stopped
+        try:
+            for host, local_rank in itertools.product(range(cluster.hosts), range(nproc_per_host)):
+                if received:
+                    break
+                ranks.append(_start(cluster, command, host, local_rank, nproc_per_host, port, env))
+            streams = _stream(ranks, output)
+            status = _supervise(ranks, timeout, output, received)
+        finally:
+            _stop(ranks)
         drained = time.monotonic() + STREAM_DRAIN_SECONDS
         for stream in streams:  # a detached grandchild may hold a pipe open: do not wait on it
             stream.join(timeout=max(0.0, drained - time.monotonic()))
-        return status
-    finally:
-        _stop(ranks)
+    return status
+
+
+def _start(cluster, command, host, local_rank, nproc_per_host, port, env) -> Rank:
+    variables = {**os.environ, **(env or {})}
+    variables.update(rank_environment(cluster, host, local_rank, nproc_per_host, port))
+    process = subprocess.Popen(
+        ["ip", "netns", "exec", cluster.namespaces[host], *command],
+        env=variables,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's Ctrl-C reaches us only; we stop the ranks
+    )
+    return Rank(host, local_rank, int(variables["RANK"]), process)
 
 
 def _stream(ranks: list[Rank], output: TextIO) -> list[threading.Thread]:
@@ -126,22 +138,26 @@ def _stream(ranks: list[Rank], output: TextIO) -> list[threading.Thread]:
     return threads
 
 
-def _supervise(ranks: list[Rank], timeout: float | None, output: TextIO) -> int:
+def _supervise(
+    ranks: list[Rank], timeout: float | None, output: TextIO, received: list[int]
+) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if received:
+            name = signal.Signals(received[0]).name
+            output.write(f"commpress launch: {name}; stopping every rank\n")
+            return 128 + received[0]
         codes = [rank.process.poll() for rank in ranks]
         failed = [r for r, code in zip(ranks, codes, strict=True) if code not in (None, 0)]
         if failed:
             worst = max(exit_status(rank.process.returncode) for rank in failed)
             labels = ", ".join(rank.label for rank in failed)
             output.write(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
-            _stop(ranks)
             return worst
         if all(code == 0 for code in codes):
             return 0
         if deadline is not None and time.monotonic() > deadline:
             output.write(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
-            _stop(ranks)
             return TIMEOUT_EXIT_CODE
         time.sleep(POLL_SECONDS)
 
@@ -149,13 +165,16 @@ def _supervise(ranks: list[Rank], timeout: float | None, output: TextIO) -> int:
 def _stop(ranks: list[Rank]) -> None:
     """SIGTERM each rank's process group, SIGKILL what is left after a grace period."""
     _signal_all(ranks, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    _wait_all(ranks, STOP_GRACE_SECONDS)
+    _signal_all(ranks, signal.SIGKILL)
+    _wait_all(ranks, STOP_GRACE_SECONDS)  # not forever: a rank stuck in the kernel is left
+
+
+def _wait_all(ranks: list[Rank], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
     for rank in ranks:
         with contextlib.suppress(subprocess.TimeoutExpired):
             rank.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    _signal_all(ranks, signal.SIGKILL)
-    for rank in ranks:
-        rank.process.wait()
 
 
 def _signal_all(ranks: list[Rank], signum: int) -> None:

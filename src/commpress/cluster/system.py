@@ -1,11 +1,17 @@
-"""The host's networking tools: ``ip`` and ``tc``, run with clear errors."""
+"""The host's networking tools: ``ip`` and ``tc``, run with clear errors and no half-runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
+from collections.abc import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ClusterError(RuntimeError):
@@ -26,10 +32,43 @@ def check_can_build() -> None:
         )
 
 
-def run(*command: str) -> str:
-    """Run a command; its stdout, or a ClusterError quoting the command and its stderr."""
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[list[int]]:
+    """Inside, SIGINT and SIGTERM are only noted in the list yielded; on leaving, any noted
+    one raises KeyboardInterrupt.
+
+    The code inside checks the list where stopping is safe, so that a Ctrl-C cannot cut a
+    cleanup, a fork or a lock in half. The handlers are installed even where the signals were
+    ignored at startup (a background job of a script, some CI runners), where Python would
+    otherwise never raise KeyboardInterrupt. Only the main thread can catch signals: elsewhere
+    this does nothing.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {
+        signum: signal.signal(signum, lambda s, _: received.append(s)) for signum in STOP_SIGNALS
+    }
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise KeyboardInterrupt(signal.Signals(received[0]).name)
+
+
+def run(*command: str) -> str:
+    """Run a command; its stdout, or a ClusterError quoting the command and its stderr.
+
+    The command runs in a session of its own: a terminal's Ctrl-C, which goes to the whole
+    foreground process group, must not kill an ``ip netns del`` half way through a cleanup.
+    """
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, check=False, start_new_session=True
+        )
     except FileNotFoundError:
         raise ClusterError(f"{command[0]} not found: install iproute2") from None
     if done.returncode != 0:
