@@ -1,16 +1,18 @@
 """Ranks agree on a collective's arguments before any payload moves.
 
-Every compressed collective starts with an :class:`Agreement`: one backend all-gather of a
-fixed-size fingerprint per rank (operation, reduction, algorithm, element count, dtype,
+Every compressed collective starts with an :class:`Agreement`: every rank sends a
+fixed-size fingerprint to every other (operation, reduction, algorithm, element count, dtype,
 codec spec, pipeline piece size, and the call's sequence number on the group). If any
 rank's fingerprint differs, every rank raises :class:`CollectiveMismatchError` naming
 both sides' arguments, before it sends a payload or writes its output; the process
 and the group stay usable, so the next collective with matching arguments works.
 
-Why a fixed-size all-gather and not a header on each payload: gloo ends the process
-when a message's size differs from the receive posted for it, and payload sizes
-depend on the very arguments being checked; and with an all-gather every rank, not
-only the neighbours of a mismatch, sees every other rank's arguments at once.
+Why a fixed-size exchange with every rank and not a header on each payload: gloo ends
+the process when a message's size differs from the receive posted for it, and payload
+sizes depend on the very arguments being checked; and with every rank's fingerprint at
+every rank, not only the neighbours of a mismatch see it. The exchange is one round of
+point-to-point messages (each rank sends its 128 bytes to every other), started before
+the collective's first encode and checked before its first send.
 
 The sequence number counts this process's checked collectives per group: a rank
 that skipped or added one is named ("rank 1 is at collective #8 on this group").
@@ -164,32 +166,43 @@ class Agreement:
         self._world_size = dist.get_world_size(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
-        self._work = None
+        self._works: list = []
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(sequence)
-        local = torch.frombuffer(bytearray(self._row), dtype=torch.uint8)
         device = _fingerprint_device(group, device)
+        local = torch.frombuffer(bytearray(self._row), dtype=torch.uint8).to(device)
         self._gathered = torch.empty(
-            self._world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=device
+            self._world_size, FINGERPRINT_BYTES, dtype=torch.uint8, device=device
         )
-        self._work = dist.all_gather_single(
-            self._gathered, local.to(device), group=group, async_op=True
-        )
+        self._gathered[dist.get_rank(group)] = local
+        self._works = dist.batch_isend_irecv(_to_and_from_every_peer(group, local, self._gathered))
 
     def check(self) -> None:
         """Block until every rank's fingerprint is here; raise if any differs from ours.
         Later calls return at once."""
-        if self._work is None:
+        works, self._works = self._works, []
+        if not works:
             return
-        work, self._work = self._work, None
-        wait(work, self._timeout)
-        rows = self._gathered.cpu().numpy().tobytes()
-        size = FINGERPRINT_BYTES
-        rows = [rows[r * size : (r + 1) * size] for r in range(self._world_size)]
+        for work in works:
+            wait(work, self._timeout)
+        rows = [bytes(row) for row in self._gathered.cpu().numpy()]
         if any(other != self._row for other in rows):
             rank = dist.get_rank(self._group)
             raise CollectiveMismatchError(_mismatch_message(rows, rank, self._world_size))
+
+
+def _to_and_from_every_peer(group, local: torch.Tensor, rows: torch.Tensor) -> list:
+    """One round of point-to-point messages: ``local`` to every other rank, each rank's
+    row of ``rows`` from it. Measured on 4 processes on 2 cores: 0.65 ms, against 3.6 ms
+    for gloo's all-gather of the same 128 bytes, which takes n - 1 steps."""
+    rank, ops = dist.get_rank(group), []
+    for peer in range(dist.get_world_size(group)):
+        if peer != rank:
+            global_peer = dist.get_global_rank(group, peer)
+            ops.append(dist.P2POp(dist.isend, local, global_peer, group))
+            ops.append(dist.P2POp(dist.irecv, rows[peer], global_peer, group))
+    return ops
 
 
 def agree(
