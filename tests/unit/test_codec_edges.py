@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import commpress as cp
+from commpress.codecs import registry
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 LOSSY = ["bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=16"]
@@ -70,6 +71,9 @@ def test_spec_must_be_a_string():
 
 def test_zfp_without_zfpy_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "zfpy", None)
+    # A fresh process: no shared instance built by an earlier test, when zfpy was there.
+    monkeypatch.setattr(registry, "_SHARED", {})
+    monkeypatch.setattr(registry, "_SHARED_BY_TEXT", {})
     with pytest.raises(ImportError, match=r"pip install 'commpress\[zfp\]'"):
         cp.get_codec("zfp")
 
