@@ -101,11 +101,13 @@ def _adapters(rank, world_size, which):
     cuda_sleep(SLEEP_CYCLES)
     inp.copy_(values)
     if which == "fsdp_all_gather":
-        spec = CollectiveSpec.parse("int8", ALL_GATHER_ALGORITHMS, "all_gather")
+        spec = CollectiveSpec.parse("int8", ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
         gather = fsdp.CompressedAllGather(spec, CommStats(), None, "m", OwnGroups([world]))
         gather(out, inp, world, async_op=True).wait()
     elif which == "fsdp_reduce_scatter":
-        spec = CollectiveSpec.parse("int8", REDUCE_SCATTER_ALGORITHMS, "reduce_scatter")
+        spec = CollectiveSpec.parse(
+            "int8", REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False
+        )
         scatter = fsdp.CompressedReduceScatter(
             spec, CommStats(), None, "m", False, OwnGroups([world])
         )

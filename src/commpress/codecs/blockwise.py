@@ -222,15 +222,13 @@ class BlockScaledCodec(CodecBase):
         """Run the C encoder on fp32 rows; 16-bit input is widened a slice of rows at a time."""
         if blocks.dtype == torch.float32:
             return fast(blocks, noise, blocks.shape[0], self.block, self.qmax, scales, codes)
-        rows, step = blocks.shape[0], max(1, WIDEN_ELEMENTS // self.block)
-        wide = torch.empty(min(rows, step), self.block)  # reused: fresh memory is slow to touch
-        for start in range(0, rows, step):
-            count = min(step, rows - start)
-            part = wide[:count].copy_(blocks[start : start + count])
-            part_noise = None if noise is None else noise[start : start + count]
-            end = start + count
+        slices = self._widening_slices(blocks.shape[0])
+        wide = torch.empty(slices[0].stop, self.block)  # reused: fresh memory is slow to touch
+        for rows in slices:
+            part = wide[: rows.stop - rows.start].copy_(blocks[rows])
+            part_noise = None if noise is None else noise[rows]
             if not fast(
-                part, part_noise, count, self.block, self.qmax, scales[start:end], codes[start:end]
+                part, part_noise, len(part), self.block, self.qmax, scales[rows], codes[rows]
             ):
                 return False
         return True
@@ -243,19 +241,22 @@ class BlockScaledCodec(CodecBase):
 
     def _decode_native(self, fast, absmax, codes, out) -> bool:
         """Run the C decoder into fp32; 16-bit output is rounded from it a slice at a time."""
-        rows = codes.shape[0]
         if out.dtype == torch.float32:
-            return fast(absmax, codes, rows, self.block, self.qmax, out)
-        step = max(1, WIDEN_ELEMENTS // self.block)
-        wide = torch.empty(min(rows, step) * self.block)
-        for start in range(0, rows, step):
-            count = min(step, rows - start)
+            return fast(absmax, codes, codes.shape[0], self.block, self.qmax, out)
+        slices = self._widening_slices(codes.shape[0])
+        wide = torch.empty(slices[0].stop * self.block)
+        for rows in slices:
+            count = rows.stop - rows.start
             part = wide[: count * self.block]
-            chunk_codes = codes[start : start + count]
-            if not fast(absmax[start:], chunk_codes, count, self.block, self.qmax, part):
+            if not fast(absmax[rows], codes[rows], count, self.block, self.qmax, part):
                 return False
-            out[start * self.block : (start + count) * self.block].copy_(part)
+            out[rows.start * self.block : rows.stop * self.block].copy_(part)
         return True
+
+    def _widening_slices(self, rows: int) -> list[slice]:
+        """Slices of ``rows`` block rows, each of at most WIDEN_ELEMENTS elements."""
+        step = max(1, WIDEN_ELEMENTS // self.block)
+        return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 @dataclasses.dataclass(frozen=True)

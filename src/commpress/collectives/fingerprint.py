@@ -15,7 +15,8 @@ point-to-point messages (each rank sends its 128 bytes to every other), started 
 the collective's first encode and checked before its first send.
 
 The sequence number counts this process's checked collectives per group: a rank
-that skipped or added one is named ("rank 1 is at collective #8 on this group").
+that skipped or added one is named ("rank 1 called ... as its collective #8 on this
+group").
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from commpress.transport.p2p import wait
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
 REDUCTIONS = ("", "sum", "avg")
-_REDUCE_OPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"))
+_REDUCTION_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 FINGERPRINT_BYTES = 128
 _MAGIC, _VERSION = b"cpfp", 1
 # magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest
@@ -72,14 +73,15 @@ class Fingerprint:
     def of(
         cls, op: str, tensor: torch.Tensor, codec, algorithm: str, reduce_op=None, chunk_bytes=0
     ) -> Fingerprint:
-        """The fingerprint of a call on ``tensor`` (the rank's input)."""
+        """The fingerprint of a call on ``tensor`` (the rank's input); ``reduce_op`` already
+        checked (SUM or AVG)."""
         return cls(
             op=op,
             algorithm=algorithm,
             numel=tensor.numel(),
             dtype=str(tensor.dtype).removeprefix("torch."),
             codec=str(codec),
-            reduction=_reduction_name(reduce_op),
+            reduction="" if reduce_op is None else _REDUCTION_NAMES[reduce_op],
             chunk_bytes=chunk_bytes,
         )
 
@@ -108,15 +110,6 @@ class Fingerprint:
 
     def describe(self) -> str:
         return f"{self.call()} with {self.numel} {self.dtype} elements, codec {self.codec}"
-
-
-def _reduction_name(reduce_op) -> str:
-    if reduce_op is None:
-        return ""
-    for known, name in _REDUCE_OPS:
-        if reduce_op == known:
-            return name
-    raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {reduce_op}")
 
 
 @dataclasses.dataclass(frozen=True)

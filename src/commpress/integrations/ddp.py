@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives import REDUCE_SCATTER_ALGORITHMS, all_reduce
-from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.wire import wire_bytes
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
@@ -42,11 +41,7 @@ def hook(
     group. Call it on every rank: without ``group`` it creates one (a collective call)
     so that commpress's traffic never interleaves with DDP's own.
     """
-    spec = CollectiveSpec.parse(codec, REDUCE_SCATTER_ALGORITHMS, "codec")
-    try:
-        check_same_result_on_every_rank(spec.codec, spec.algorithm)  # replicas must agree
-    except ValueError as error:
-        raise ValueError(f"codec={codec!r}: {error}") from None
+    spec = CollectiveSpec.parse(codec, REDUCE_SCATTER_ALGORITHMS, "codec", gathers=True)
     if group is None:
         group = dist.new_group()
     return HookState(spec, group, timeout), compressed_allreduce_hook

@@ -24,7 +24,6 @@ from commpress.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
 )
-from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.wire import wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
@@ -76,15 +75,10 @@ def compress(
         raise _unavailable
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
-    gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather")
-    scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter")
+    gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
+    scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
-    if gather is not None:
-        try:
-            check_same_result_on_every_rank(gather.codec, gather.algorithm)
-        except ValueError as error:
-            raise ValueError(f"all_gather={all_gather!r}: {error}") from None
     if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
@@ -135,8 +129,10 @@ def compress(
     return result
 
 
-def _parse(spec, algorithms, argument) -> CollectiveSpec | None:
-    return None if spec is None else CollectiveSpec.parse(spec, algorithms, argument)
+def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:
+    return (
+        None if spec is None else CollectiveSpec.parse(spec, algorithms, argument, gathers=gathers)
+    )
 
 
 def _check_dtypes(name, module, gather, scatter) -> None:

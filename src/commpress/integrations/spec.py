@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commpress.codecs import Codec, get_codec
-from commpress.collectives.checks import check_algorithm
+from commpress.collectives.checks import check_algorithm, check_same_result_on_every_rank
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,14 @@ class CollectiveSpec:
     text: str
 
     @classmethod
-    def parse(cls, spec, algorithms: tuple[str, ...], argument: str) -> CollectiveSpec:
-        """``"int8"`` -> int8 over the ring; ``"int4:block=128@alltoall"``; ``"none"``."""
+    def parse(
+        cls, spec, algorithms: tuple[str, ...], argument: str, *, gathers: bool
+    ) -> CollectiveSpec:
+        """``"int8"`` -> int8 over the ring; ``"int4:block=128@alltoall"``; ``"none"``.
+
+        ``gathers``: the collective ends with an all-gather (all-gather, all-reduce), whose
+        result must be the same bits on every rank.
+        """
         if not isinstance(spec, str):
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
         codec_text, _, algorithm = spec.partition("@")
@@ -24,6 +30,8 @@ class CollectiveSpec:
         try:
             check_algorithm(algorithm, algorithms)
             codec = get_codec(codec_text)
+            if gathers:
+                check_same_result_on_every_rank(codec, algorithm)
         except ValueError as error:
             raise ValueError(f"{argument}={spec!r}: {error}") from None
         return cls(codec, algorithm, spec)

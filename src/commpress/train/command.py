@@ -125,8 +125,15 @@ def _check_specs(config: TrainConfig) -> None:
             get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
             continue
         if config.strategy == "fsdp":
-            CollectiveSpec.parse(run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec")
-        CollectiveSpec.parse(run.reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce spec")
+            CollectiveSpec.parse(
+                run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True
+            )
+        CollectiveSpec.parse(
+            run.reduce_scatter,
+            REDUCE_SCATTER_ALGORITHMS,
+            "reduce spec",
+            gathers=config.strategy == "ddp",  # DDP all-reduces: its second half gathers
+        )
 
 
 def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
