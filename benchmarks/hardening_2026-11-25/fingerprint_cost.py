@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.collectives import fingerprint
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes of the all-gather output (fp32)
 CHECKED = fingerprint.Agreement

@@ -6,7 +6,7 @@ import sys
 from chunkbench import measure
 
 from commpress.cluster import cluster_for
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 if __name__ == "__main__":
     sizes = [4 << 20, 16 << 20, 64 << 20]

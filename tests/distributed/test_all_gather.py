@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
+from commpress.cluster.local import DistributedError, run_distributed
 from commpress.collectives import all_gather_into_tensor
-from commpress.testing.distributed import DistributedError, run_distributed
 from commpress.testing.silence import CommunicationAttempted, forbid_communication
 
 WORLD_SIZES = [2, 3, 4]

@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 
 import commpress as cp
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 
 def _async_equals_sync(rank, world_size):

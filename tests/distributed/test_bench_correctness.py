@@ -7,7 +7,7 @@ import torch
 
 import commpress as cp
 from commpress.bench import correctness
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 WORLD_SIZE = 3
 CHUNK = 3000  # elements per rank's chunk (all-gather: per shard)

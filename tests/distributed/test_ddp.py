@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
+from commpress.cluster.local import run_distributed
 from commpress.testing import assert_same_bits
-from commpress.testing.distributed import run_distributed
 from commpress.testing.reference import (
     CORRUPTIONS,
     all_reduce_error,

@@ -21,8 +21,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 import commpress as cp
 from commpress import _torch_private
+from commpress.cluster.local import DistributedError, run_distributed
 from commpress.testing import assert_same_bits
-from commpress.testing.distributed import DistributedError, run_distributed
 from commpress.testing.reference import (
     CORRUPTIONS,
     all_gather_error,

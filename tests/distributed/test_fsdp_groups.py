@@ -16,8 +16,8 @@ from torch.distributed.fsdp import fully_shard
 
 import commpress as cp
 from commpress import _torch_private
+from commpress.cluster.local import run_distributed
 from commpress.integrations import fsdp as fsdp_integration
-from commpress.testing.distributed import run_distributed
 
 STEPS = 3
 

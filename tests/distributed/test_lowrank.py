@@ -11,8 +11,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
+from commpress.cluster.local import run_distributed
 from commpress.lowrank import ACPSGD, PowerSGD, Reducer
-from commpress.testing.distributed import run_distributed
 from commpress.testing.training import sgd_steps
 
 SHAPES = {"a": (40, 30), "b": (40, 30), "c": (16, 3, 3, 3), "bias": (30,), "thin": (40, 2)}

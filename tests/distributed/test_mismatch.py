@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import commpress as cp
+from commpress.cluster.local import run_distributed
 from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerprint
-from commpress.testing.distributed import run_distributed
 
 TIMEOUT = timedelta(seconds=10)
 SENTINEL = -7.0

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
+from commpress.cluster.local import run_distributed
 from commpress.collectives import all_reduce, reduce_scatter_tensor
-from commpress.testing.distributed import run_distributed
 from commpress.testing.silence import forbid_communication
 
 WORLD_SIZES = [2, 3, 4]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import commpress as cp
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 from commpress.testing.silence import forbid_communication
 
 

@@ -1,8 +1,9 @@
 """The bytes each collective really hands to the transport equal what it reports.
 
-``commpress.collectives.wire`` is the one formula behind the bench's ``wire(B)`` and the
-FSDP/DDP counters; here every send is recorded at the transport (each ring ``Exchange``
-and the ``alltoall``'s all-to-all) and compared with it, for fp32 and bf16 input. The
+The schedules (:func:`commpress.schedules.wire_bytes`) are the one source of the bench's
+``wire(B)`` and the FSDP/DDP counters; here every send is recorded at the transport (each
+point-to-point batch, and the backend's all-gather and all-to-all, which send their
+input to each of the n - 1 peers) and compared with them, for fp32 and bf16 input. The
 emulated cluster's interface counters check the same on a real link
 (``tests/cluster/test_bench.py``, root only).
 """
@@ -11,40 +12,46 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import commpress as cp
-from commpress.collectives import all_gather, reduce_scatter
-from commpress.collectives.wire import wire_bytes
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
+from commpress.schedules import wire_bytes
+from commpress.transport import collective, p2p
 
 WORLD = 3
 NUMEL = 3 * 700_001  # several 2 MiB ring pieces per chunk, and a partial block
 CASES = [
     (op, algorithm, codec, dtype)
     for op in ("all_gather", "reduce_scatter", "all_reduce")
-    for algorithm in ("ring", "ring-hop", "alltoall")
+    for algorithm in ("ring", "ring-hop", "alltoall", "backend")
     for codec in ("none", "int8")
     for dtype in ("float32", "bfloat16")
-    if not (op != "reduce_scatter" and algorithm == "alltoall")
+    if not (op == "all_gather" and algorithm == "alltoall")
 ]
 
 
 def _recorded(rank, world_size, cases):
     sent = []
-    real_exchange, real_alltoall = all_gather.Exchange, dist.all_to_all_single
+    real_batch, real_all_gather, real_all_to_all = (
+        p2p.Batch,
+        collective.all_gather,
+        collective.all_to_all,
+    )
 
-    def exchange(group, send, right, recv, left):
-        sent.append(send.numel() * send.element_size())
-        return real_exchange(group, send, right, recv, left)
+    def batch(group, sends, receives):
+        sent.extend(tensor.numel() * tensor.element_size() for tensor, _ in sends)
+        return real_batch(group, sends, receives)
 
-    def alltoall(output, inp, *args, **kwargs):
+    def all_gather(out, inp, group):
+        sent.append(inp.numel() * inp.element_size() * (world_size - 1))
+        return real_all_gather(out, inp, group)
+
+    def all_to_all(out, inp, group):
         # The own slot is part of the buffer but never leaves the host.
         sent.append(inp.numel() * inp.element_size() * (world_size - 1) // world_size)
-        return real_alltoall(output, inp, *args, **kwargs)
+        return real_all_to_all(out, inp, group)
 
-    all_gather.Exchange = reduce_scatter.Exchange = exchange
-    dist.all_to_all_single = alltoall
+    p2p.Batch, collective.all_gather, collective.all_to_all = batch, all_gather, all_to_all
     results = {}
     try:
         for op, algorithm, codec, dtype_name in cases:
@@ -64,8 +71,8 @@ def _recorded(rank, world_size, cases):
             reported = wire_bytes(op, algorithm, codec, inp.numel(), world_size, dtype)
             results[op, algorithm, codec, dtype_name] = (sum(sent), reported)
     finally:
-        all_gather.Exchange = reduce_scatter.Exchange = real_exchange
-        dist.all_to_all_single = real_alltoall
+        p2p.Batch, collective.all_gather = real_batch, real_all_gather
+        collective.all_to_all = real_all_to_all
     return results
 
 

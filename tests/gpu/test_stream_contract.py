@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress._torch_private import cuda_sleep
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 pytestmark = [
     pytest.mark.gpu,

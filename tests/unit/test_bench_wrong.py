@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from commpress.bench import correctness
-from commpress.collectives import wire
+from commpress.schedules import wire
 
 M = 1 << 20
 

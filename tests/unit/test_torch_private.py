@@ -11,7 +11,7 @@ from torch.distributed.fsdp import fully_shard
 import commpress as cp
 from commpress import _torch_private
 from commpress._torch_private import PRIVATE_APIS, PrivateAPIMissing
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 
 
 @pytest.mark.parametrize("api", sorted(PRIVATE_APIS))

@@ -11,7 +11,8 @@ headers included), the time the link needs for the bytes the algorithm must
 send (``ideal_us`` = wire bytes / RATE) and ``efficiency`` = ideal / measured.
 
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
-``wire(B)`` comes from :mod:`commpress.collectives.wire`. ``rel_err`` (rank 0's output) and
+``wire(B)`` is read from the algorithm's schedules (:mod:`commpress.schedules.wire`).
+``rel_err`` (rank 0's output) and
 ``#wrong`` (summed over ranks) compare with the exact result of the known inputs, and
 ``#wrong`` counts the elements outside the algorithm's error bound
 (:mod:`commpress.bench.correctness`).
@@ -36,11 +37,10 @@ from commpress.bench.arguments import (
     positive_int,
     size_factor,
 )
-from commpress.bench.busbw import busbw_factor
 from commpress.cluster import Link, cluster_for, read_local
 from commpress.cluster.commands import add_link_arguments
-from commpress.collectives.wire import itemsize, wire_bytes
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
+from commpress.schedules import busbw_factor, wire_bytes
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 COLUMNS = (
@@ -124,7 +124,7 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
 
 def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
     """nccl-tests sizes: all-gather's total output, reduce-scatter's total input."""
-    count = size_bytes // itemsize(dtype)
+    count = size_bytes // dtype.itemsize
     if op == "all_gather":
         return count // world_size
     if op == "reduce_scatter":
@@ -171,7 +171,7 @@ def _worker(rank, world_size, config):
                     "algorithm": algorithm,
                     "codec": codec,
                     "size_bytes": size_bytes,
-                    "count": size_bytes // itemsize(dtype),
+                    "count": size_bytes // dtype.itemsize,
                     "type": dtype_name,
                     "time_us": seconds * 1e6,
                     "algbw_gbps": algbw,

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from commpress.algorithms.ring import reduce_scatter_steps
 from commpress.codecs import get_codec
-from commpress.collectives.reduce_scatter import partial_sum_dtype, ring_piece_numel
+from commpress.schedules import Then, partial_sum_dtype, plan
 
 U32 = 2.0**-24
 
@@ -106,7 +105,9 @@ def _reduction_error(algorithm, codec, parts, owner, dtype):
     """``(exact sum, bound on the fp32 sum's error)`` of one chunk; ``parts``: each rank's
     slice of it (float64). See the module doc for the derivation."""
     n = len(parts)
-    if algorithm == "alltoall":
+    (schedule,) = plan("reduce_scatter", algorithm, owner, n, n * parts[0].numel(), dtype, codec)
+    receives = [receive for step in schedule.steps for receive in step.receives]
+    if any(receive.then is Then.SUM for receive in receives):
         coded = sum(
             (_codec_error(codec, p.abs(), p.numel()) for r, p in enumerate(parts) if r != owner),
             torch.zeros_like(parts[0]),
@@ -114,7 +115,7 @@ def _reduction_error(algorithm, codec, parts, owner, dtype):
         magnitude = sum(p.abs() for p in parts)
         return sum(parts), coded + (n - 1) * U32 * (magnitude + coded)
     sent = partial_sum_dtype(codec, dtype)
-    piece = ring_piece_numel(algorithm, parts[0].numel()) or 1
+    piece = max((receive.numel for receive in receives), default=0) or 1
     order = ring_order(owner, n)
     partial, bound = parts[order[0]].clone(), torch.zeros_like(parts[0])
     for r in order[1:]:
@@ -126,13 +127,19 @@ def _reduction_error(algorithm, codec, parts, owner, dtype):
 
 
 def ring_order(chunk: int, world_size: int) -> list[int]:
-    """Ranks in the order the ring adds their contributions to ``chunk`` (its owner last)."""
+    """Ranks in the order the ring adds their contributions to ``chunk`` (its owner last),
+    read from the ring's schedules."""
     if world_size == 1:
         return [chunk]
-    steps = [reduce_scatter_steps(r, world_size) for r in range(world_size)]
-    first = next(r for r in range(world_size) if steps[r][0].send == chunk)
+    rounds = [
+        plan("reduce_scatter", "ring-hop", r, world_size, world_size, torch.float32, "none")[
+            0
+        ].steps
+        for r in range(world_size)
+    ]
+    first = next(r for r in range(world_size) if rounds[r][0].sends[0].chunk == chunk)
     return [first] + [
-        next(r for r in range(world_size) if steps[r][s].recv == chunk)
+        next(r for r in range(world_size) if rounds[r][s].receives[0].chunk == chunk)
         for s in range(world_size - 1)
     ]
 

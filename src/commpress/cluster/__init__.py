@@ -1,4 +1,5 @@
-"""Emulated cluster: hosts in network namespaces, a bridge as the switch, rate-limited links.
+"""Where ranks run: processes on this machine (:mod:`commpress.cluster.local`), or hosts of an
+emulated cluster in network namespaces, a bridge as the switch, rate-limited links.
 
 with commpress.cluster.Emulated(hosts=4, link="1gbit") as cluster:
     cluster.launch(["python", "train.py"])       # a multi-node job, torchrun-style

@@ -1,6 +1,6 @@
 """``run_on_cluster(cluster, fn, *args)``: a Python function on every host, results back.
 
-The cluster counterpart of :func:`commpress.testing.distributed.run_distributed`:
+The cluster counterpart of :func:`commpress.cluster.local.run_distributed`:
 one gloo rank per host, launched by :mod:`commpress.cluster.launcher`, joined over
 the emulated links. ``fn`` and its arguments travel by pickle through a scratch
 folder (the namespaces share the file system); so do results and tracebacks.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commpress.testing.distributed import DistributedError
+from commpress.cluster.local import DistributedError
 
 
 def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]:

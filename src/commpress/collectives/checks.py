@@ -59,3 +59,31 @@ def check_same_result_on_every_rank(codec, algorithm: str) -> None:
             f"ring-hop re-encodes at every hop and {codec} is not idempotent, so ranks would "
             "end with different values; use algorithm 'ring' (encode once) for this codec"
         )
+
+
+def check_chunk_bytes(chunk_bytes) -> None:
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
+        raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
+
+
+def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
+    """Error feedback needs every rounding done on the rank that owns the data."""
+    if residual is None:
+        return
+    if algorithm not in ("alltoall", "backend"):
+        raise ValueError(
+            f"residual (error feedback) needs algorithm='alltoall', got {algorithm!r}: "
+            "only there is every rounding done on the rank that owns the data"
+        )
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    if (
+        residual.dtype != torch.float32
+        or residual.numel() != inp.numel()
+        or residual.device != inp.device
+        or not residual.is_contiguous()
+    ):
+        raise ValueError(
+            f"residual must be a contiguous float32 tensor of inp's size ({inp.numel()}) on "
+            f"{inp.device}, got {residual.dtype} of {residual.numel()} on {residual.device}"
+        )

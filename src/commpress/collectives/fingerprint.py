@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.transport.p2p import wait
+from commpress.transport.p2p import Batch
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
@@ -159,7 +159,7 @@ class Agreement:
         self._world_size = dist.get_world_size(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
-        self._works: list = []
+        self._batch: Batch | None = None
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(sequence)
@@ -169,33 +169,28 @@ class Agreement:
             self._world_size, FINGERPRINT_BYTES, dtype=torch.uint8, device=device
         )
         self._gathered[dist.get_rank(group)] = local
-        self._works = dist.batch_isend_irecv(_to_and_from_every_peer(group, local, self._gathered))
+        self._batch = _to_and_from_every_peer(group, local, self._gathered)
 
     def check(self) -> None:
         """Block until every rank's fingerprint is here; raise if any differs from ours.
         Later calls return at once."""
-        works, self._works = self._works, []
-        if not works:
+        batch, self._batch = self._batch, None
+        if batch is None:
             return
-        for work in works:
-            wait(work, self._timeout)
+        batch.wait(self._timeout)
         rows = [bytes(row) for row in self._gathered.cpu().numpy()]
         if any(other != self._row for other in rows):
             rank = dist.get_rank(self._group)
             raise CollectiveMismatchError(_mismatch_message(rows, rank, self._world_size))
 
 
-def _to_and_from_every_peer(group, local: torch.Tensor, rows: torch.Tensor) -> list:
+def _to_and_from_every_peer(group, local: torch.Tensor, rows: torch.Tensor) -> Batch:
     """One round of point-to-point messages: ``local`` to every other rank, each rank's
     row of ``rows`` from it. Measured on 4 processes on 2 cores: 0.65 ms, against 3.6 ms
     for gloo's all-gather of the same 128 bytes, which takes n - 1 steps."""
-    rank, ops = dist.get_rank(group), []
-    for peer in range(dist.get_world_size(group)):
-        if peer != rank:
-            global_peer = dist.get_global_rank(group, peer)
-            ops.append(dist.P2POp(dist.isend, local, global_peer, group))
-            ops.append(dist.P2POp(dist.irecv, rows[peer], global_peer, group))
-    return ops
+    rank = dist.get_rank(group)
+    peers = [peer for peer in range(dist.get_world_size(group)) if peer != rank]
+    return Batch(group, [(local, peer) for peer in peers], [(rows[peer], peer) for peer in peers])
 
 
 def agree(

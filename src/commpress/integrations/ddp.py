@@ -12,10 +12,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.collectives import REDUCE_SCATTER_ALGORITHMS, all_reduce
-from commpress.collectives.wire import wire_bytes
+from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
+from commpress.schedules import wire_bytes
+from commpress.transport import collective
 
 
 @dataclass
@@ -41,7 +42,7 @@ def hook(
     group. Call it on every rank: without ``group`` it creates one (a collective call)
     so that commpress's traffic never interleaves with DDP's own.
     """
-    spec = CollectiveSpec.parse(codec, REDUCE_SCATTER_ALGORITHMS, "codec", gathers=True)
+    spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     if group is None:
         group = dist.new_group()
     return HookState(spec, group, timeout), compressed_allreduce_hook
@@ -55,7 +56,7 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     wire = wire_bytes("all_reduce", spec.algorithm, spec.codec, numel, world_size, dtype)
     watch = Stopwatch(state.stats, wire, raw)
     if spec.algorithm == "native":  # gloo has no AVG: sum, then divide in the callback
-        work = dist.all_reduce(tensor, group=state.group, async_op=True)
+        work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)
 
         def average(summed: torch.futures.Future) -> torch.Tensor:
             summed.value()  # re-raises the all-reduce's error

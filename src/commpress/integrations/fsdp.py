@@ -24,11 +24,11 @@ from commpress.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
 )
-from commpress.collectives.wire import wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
+from commpress.schedules import wire_bytes
 
 try:
     AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()

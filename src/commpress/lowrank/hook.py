@@ -29,6 +29,7 @@ import torch.distributed as dist
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer
 from commpress.lowrank.registry import get_algorithm
+from commpress.transport import collective
 
 
 @dataclass
@@ -188,7 +189,8 @@ class Pipeline:
             entry.payload = entry.part.payload(entry.round_)
             if entry.payload is not None:
                 entry.started = time.perf_counter()
-                entry.work = dist.all_reduce(entry.payload, group=self.reducer.group, async_op=True)
+                group = self.reducer.group
+                entry.work = collective.all_reduce(entry.payload, dist.ReduceOp.SUM, group)
                 return
             entry.round_ += 1
         self._finish(entry)

@@ -19,12 +19,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.bench.busbw import busbw_factor
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
-from commpress.transport import p2p
+from commpress.schedules import wire_bytes
+from commpress.transport import collective, p2p
 
 STAGES = ("compress", "communicate", "reconstruct")
+FP32 = torch.float32
 
 
 @dataclass
@@ -35,8 +36,10 @@ class LowRankStats:
     raw_bytes: int = 0
     nonfinite_matrices: int = 0
     seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
-    #: Bytes a rank puts on the wire per byte all-reduced (ring all-reduce: 2(n-1)/n).
-    wire_per_byte: float = 1.0
+    #: What each rank puts on the wire for the all-reduces, sent and without compression
+    #: (the all-reduce schedule's bytes: 2(n-1) chunks of a ring).
+    wire_bytes: int = 0
+    raw_wire_bytes: int = 0
     #: Time the training thread waited for the hook's work (all of it without the
     #: scheduler; with it, from the last bucket's hand-over to the last bucket's result).
     exposed_seconds: float = 0.0
@@ -45,13 +48,23 @@ class LowRankStats:
     def compression_ratio(self) -> float:
         return self.raw_bytes / self.sent_bytes if self.sent_bytes else 1.0
 
+    def count_sent(self, numel: int, world_size: int) -> None:
+        """One fp32 all-reduce of ``numel`` elements."""
+        self.sent_bytes += numel * 4
+        self.wire_bytes += wire_bytes("all_reduce", "native", "none", numel, world_size, FP32)
+
+    def count_raw(self, numel: int, world_size: int) -> None:
+        """What the same gradients would cost uncompressed, as one fp32 all-reduce."""
+        self.raw_bytes += numel * 4
+        self.raw_wire_bytes += wire_bytes("all_reduce", "native", "none", numel, world_size, FP32)
+
     def snapshot(self) -> dict:
         """The counters ``commpress train`` reads from every integration (bytes each rank
         sends on the wire with a ring all-reduce, compressed and not)."""
         return {
             "calls": self.steps,
-            "wire_bytes": round(self.sent_bytes * self.wire_per_byte),
-            "raw_bytes": round(self.raw_bytes * self.wire_per_byte),
+            "wire_bytes": self.wire_bytes,
+            "raw_bytes": self.raw_wire_bytes,
             "seconds": self.seconds["communicate"],
             "exposed_seconds": self.exposed_seconds,
         }
@@ -95,7 +108,7 @@ class Reducer:
             payload = part.payload(round_)
             if payload is not None:
                 start = time.perf_counter()
-                self.wait(dist.all_reduce(payload, group=self.group, async_op=True))
+                self.wait(collective.all_reduce(payload, dist.ReduceOp.SUM, self.group))
                 self.stats.seconds["communicate"] += time.perf_counter() - start
                 part.take(round_, payload)
         part.finish()
@@ -109,7 +122,6 @@ class Reducer:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
         world_size = dist.get_world_size(self.group)
-        self.stats.wire_per_byte = busbw_factor("all_reduce", world_size)
         if self.step < self.algorithm.start_iter:
             return UncompressedPart(self, [g for _, g in gradients], world_size)
         compressed, plain = [], []
@@ -270,8 +282,8 @@ class UncompressedPart(Part):
         if not self.tensors:
             return None
         flat = torch.cat([t.reshape(-1).float() for t in self.tensors])
-        self.reducer.stats.sent_bytes += flat.numel() * 4
-        self.reducer.stats.raw_bytes += flat.numel() * 4
+        self.reducer.stats.count_sent(flat.numel(), self.world_size)
+        self.reducer.stats.count_raw(flat.numel(), self.world_size)
         return flat
 
     def take(self, round_, total):
@@ -305,8 +317,8 @@ class CompressedPart(Part):
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             self.batches.append((indices, keys, stacked, factors))
         self.plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
-        reducer.stats.raw_bytes += sum(g.numel() for g in self.gradients) * 4
-        reducer.stats.raw_bytes += 0 if self.plain_flat is None else self.plain_flat.numel() * 4
+        plain_numel = 0 if self.plain_flat is None else self.plain_flat.numel()
+        reducer.stats.count_raw(sum(g.numel() for g in self.gradients) + plain_numel, world_size)
         self.parts: list[torch.Tensor] = []
         self.extra: list[torch.Tensor] = []
         reducer._lap("compress", clock)
@@ -318,7 +330,7 @@ class CompressedPart(Part):
         if not self.parts and not self.extra:
             return None  # nothing of this part is compressed, and the rest has travelled
         fused = torch.cat([p.reshape(-1) for p in self.parts] + self.extra)
-        self.reducer.stats.sent_bytes += fused.numel() * 4
+        self.reducer.stats.count_sent(fused.numel(), self.world_size)
         self.reducer._lap("compress", clock)
         return fused
 

@@ -19,7 +19,7 @@ from commpress.bench import report
 from commpress.bench.arguments import positive_int
 from commpress.cluster import cluster_for
 from commpress.cluster.commands import add_link_arguments
-from commpress.testing.distributed import run_distributed
+from commpress.cluster.local import run_distributed
 from commpress.train.loop import (
     COSINE_FLOOR,
     OPTIMIZERS,

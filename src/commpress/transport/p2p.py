@@ -1,35 +1,46 @@
-"""Paired send/receive of uint8 payloads between ranks of a process group."""
+"""Point-to-point sends and receives of uint8 payloads between ranks of a process group."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-class Exchange:
-    """One send to ``right`` and one receive from ``left`` in flight, as group ranks."""
+class Batch:
+    """Sends and receives posted together (``batch_isend_irecv``); peers are group ranks."""
 
     def __init__(
         self,
         group: dist.ProcessGroup | None,
-        send: torch.Tensor,
-        right: int,
-        recv: torch.Tensor,
-        left: int,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        receives: Sequence[tuple[torch.Tensor, int]],
     ):
+        group_ = _group(group)
         ops = [
-            dist.P2POp(dist.isend, send, dist.get_global_rank(_group(group), right), group),
-            dist.P2POp(dist.irecv, recv, dist.get_global_rank(_group(group), left), group),
+            dist.P2POp(dist.isend, tensor, dist.get_global_rank(group_, peer), group)
+            for tensor, peer in sends
         ]
-        self._works = dist.batch_isend_irecv(ops)
+        ops += [
+            dist.P2POp(dist.irecv, tensor, dist.get_global_rank(group_, peer), group)
+            for tensor, peer in receives
+        ]
+        self._works = dist.batch_isend_irecv(ops) if ops else []
 
     def wait(self, timeout: timedelta | None = None) -> None:
-        """Block until both are done; a peer that stalls past ``timeout`` (default: the
+        """Block until all are done; a peer that stalls past ``timeout`` (default: the
         process group's) or dies raises RuntimeError here."""
         for work in self._works:
             wait(work, timeout)
+
+
+def exchange(
+    group: dist.ProcessGroup | None, send: torch.Tensor, right: int, recv: torch.Tensor, left: int
+) -> Batch:
+    """One send to ``right`` and one receive from ``left`` in flight."""
+    return Batch(group, [(send, right)], [(recv, left)])
 
 
 def wait(work, timeout: timedelta | None) -> None:

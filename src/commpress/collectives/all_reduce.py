@@ -1,0 +1,84 @@
+"""All-reduce: a compressed reduce-scatter, then an all-gather of the reduced chunks.
+
+Every rank ends with bitwise-identical results (the all-gather forwards one encoding of
+each reduced chunk). The algorithm picks both halves (:mod:`commpress.schedules`):
+``ring-hop`` also re-encodes at every hop of the all-gather; ``alltoall`` gathers by ring.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commpress.codecs import Codec, get_codec
+from commpress.collectives.all_gather import gather
+from commpress.collectives.checks import (
+    check_algorithm,
+    check_op,
+    check_reduction_dtype,
+    check_same_result_on_every_rank,
+)
+from commpress.collectives.fingerprint import Agreement, Fingerprint
+from commpress.collectives.reduce_scatter import reduce
+from commpress.collectives.work import launch
+from commpress.collectives.workspace import workspace
+from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
+from commpress.transport import collective
+from commpress.transport.p2p import wait
+
+ALL_REDUCE_ALGORITHMS = algorithms("all_reduce")
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op=dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    codec: str | Codec = "int8",
+    algorithm: str = "ring",
+    async_op: bool = False,
+    timeout: timedelta | None = None,
+):
+    """Sum (or average) ``tensor`` over ranks, in place; same convention as
+    :func:`torch.distributed.all_reduce`, plus ``codec``, ``algorithm`` and ``timeout``."""
+    check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
+    check_op(op)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError("tensor must be contiguous")
+    if algorithm == "native":
+        work = collective.all_reduce(tensor, op, group)
+        return work if async_op else wait(work, timeout)
+    codec = get_codec(codec)
+    codec.check_dtype(tensor.dtype, "tensor.dtype")
+    check_reduction_dtype(tensor.dtype, "tensor.dtype")
+    gather_algorithm = get_algorithm(algorithm, "all_reduce").all_reduce_gather
+    check_same_result_on_every_rank(codec, gather_algorithm)
+    world_size, numel = dist.get_world_size(group), tensor.numel()
+    fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
+
+    def run() -> None:
+        gate = Agreement(group, fingerprint, timeout, tensor.device).check
+        chunk = -(-numel // world_size)
+        padded = workspace.take(
+            "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
+        )
+        padded[:numel] = tensor.view(-1)
+        padded[numel:] = 0
+        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, gate)
+        if op == dist.ReduceOp.AVG:
+            total /= world_size
+        sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each
+        if total.dtype != sent_dtype:
+            narrowed = workspace.take("all_reduce.narrowed", chunk, sent_dtype, total.device)
+            total = narrowed.copy_(total)
+        gathered = workspace.take(
+            "all_reduce.gathered", world_size * chunk, total.dtype, total.device
+        )
+        gather(gathered, total, group, codec, gather_algorithm, timeout)
+        tensor.view(-1).copy_(gathered[:numel])
+
+    return launch(run, async_op, (tensor,))

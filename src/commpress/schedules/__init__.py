@@ -1,0 +1,40 @@
+"""Schedules as data: what every algorithm does, step by step, for one rank.
+
+Pure functions of (rank, world size, sizes, codec); nothing here touches
+torch.distributed or a tensor. The executor (:mod:`commpress.collectives.executor`) runs
+them; the byte counts (:mod:`commpress.schedules.wire`) read them; so will the cost model.
+"""
+
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, partial_sum_dtype
+from commpress.schedules.registry import (
+    NATIVE,
+    OPS,
+    Algorithm,
+    algorithms,
+    get_algorithm,
+    plan,
+    register,
+)
+from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
+from commpress.schedules.wire import busbw_factor, wire_bytes
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "NATIVE",
+    "OPS",
+    "Algorithm",
+    "Prepare",
+    "Receive",
+    "Schedule",
+    "Send",
+    "Step",
+    "Then",
+    "Transport",
+    "algorithms",
+    "busbw_factor",
+    "get_algorithm",
+    "partial_sum_dtype",
+    "plan",
+    "register",
+    "wire_bytes",
+]

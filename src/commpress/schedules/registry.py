@@ -1,0 +1,155 @@
+"""Algorithms by name: each one's schedules for all-gather and reduce-scatter.
+
+All-reduce is a reduce-scatter followed by an all-gather of the reduced chunks (in
+:func:`~commpress.schedules.payloads.partial_sum_dtype`); an algorithm names the
+all-gather its all-reduce uses. ``native`` (torch.distributed's own collective on the raw
+tensor) has no schedule here: the collectives call torch for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from commpress.codecs import get_codec
+from commpress.schedules import alltoall, ring
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, chunk_numel, partial_sum_dtype
+from commpress.schedules.steps import Schedule
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+NATIVE = "native"
+
+#: (rank, world_size, chunk numel, dtype, codec, chunk_bytes) -> Schedule
+ScheduleFunction = Callable[[int, int, int, torch.dtype, object, int], Schedule]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    all_gather: ScheduleFunction | None  # None: this algorithm does not all-gather
+    reduce_scatter: ScheduleFunction | None
+    all_reduce_gather: str | None  # the algorithm whose all-gather finishes an all-reduce
+
+    def supports(self, op: str) -> bool:
+        if op == "all_reduce":
+            return self.reduce_scatter is not None and self.all_reduce_gather is not None
+        return getattr(self, op) is not None
+
+
+_ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _ALGORITHMS or algorithm.name == NATIVE:
+        raise ValueError(f"algorithm {algorithm.name!r} is already registered")
+    _ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithms(op: str) -> tuple[str, ...]:
+    """Every algorithm that runs ``op``, ``native`` first."""
+    _check_op(op)
+    return (NATIVE,) + tuple(name for name, a in _ALGORITHMS.items() if a.supports(op))
+
+
+def get_algorithm(name: str, op: str) -> Algorithm:
+    """The registered algorithm ``name``; ValueError naming those known for ``op``."""
+    _check_op(op)
+    found = _ALGORITHMS.get(name)
+    if found is None or not found.supports(op):
+        raise ValueError(f"unknown algorithm {name!r} for {op}; known: {algorithms(op)}")
+    return found
+
+
+def plan(
+    op: str,
+    algorithm: str,
+    rank: int,
+    world_size: int,
+    numel: int,
+    dtype: torch.dtype,
+    codec,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> tuple[Schedule, ...]:
+    """The schedules rank ``rank`` runs for one call, in order (two for all-reduce).
+
+    ``numel`` is the rank's input: the shard of an all-gather, the whole tensor of a
+    reduction, cut into ``ceil(numel / world_size)``-element chunks (an all-reduce pads it;
+    the reduce-scatter collective accepts only sizes that divide).
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    codec = get_codec(codec)
+    chosen = get_algorithm(algorithm, op)
+    if op == "all_gather":
+        return (chosen.all_gather(rank, world_size, numel, dtype, codec, chunk_bytes),)
+    chunk = chunk_numel(numel, world_size)
+    reduced = chosen.reduce_scatter(rank, world_size, chunk, dtype, codec, chunk_bytes)
+    if op == "reduce_scatter":
+        return (reduced,)
+    gather = get_algorithm(chosen.all_reduce_gather, "all_gather").all_gather
+    gathered_dtype = partial_sum_dtype(codec, dtype)
+    return reduced, gather(rank, world_size, chunk, gathered_dtype, codec, chunk_bytes)
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; known: {OPS}")
+
+
+register(
+    Algorithm(
+        "ring",
+        "compress at the collective level: encode once (all-gather), or decode, add and "
+        "re-encode each partial sum, pipelined in pieces (reduce-scatter)",
+        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
+            r, n, numel, dtype, codec, hop=False
+        ),
+        reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
+            r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
+        ),
+        all_reduce_gather="ring",
+    )
+)
+register(
+    Algorithm(
+        "ring-hop",
+        "the point-to-point baseline: decode and re-encode at every hop, whole chunks",
+        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
+            r, n, numel, dtype, codec, hop=True
+        ),
+        reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
+            r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes
+        ),
+        all_reduce_gather="ring-hop",
+    )
+)
+register(
+    Algorithm(
+        "alltoall",
+        "reduce-scatter: encode each destination's slice once, the backend's all-to-all, "
+        "sum in fp32",
+        all_gather=None,
+        reduce_scatter=lambda r, n, numel, dtype, codec, _: alltoall.reduce_scatter(
+            r, n, numel, dtype, codec, algorithm="alltoall"
+        ),
+        all_reduce_gather="ring",
+    )
+)
+register(
+    Algorithm(
+        "backend",
+        "encode once, the backend's own collective moves the payloads (all-gather; "
+        "reduce-scatter is alltoall)",
+        all_gather=lambda r, n, numel, dtype, codec, _: alltoall.all_gather(
+            r, n, numel, dtype, codec
+        ),
+        reduce_scatter=lambda r, n, numel, dtype, codec, _: alltoall.reduce_scatter(
+            r, n, numel, dtype, codec, algorithm="backend"
+        ),
+        all_reduce_gather="backend",
+    )
+)

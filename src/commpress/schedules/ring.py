@@ -1,0 +1,116 @@
+"""The ring: rank r sends to r + 1 and receives from r - 1 (mod n), n - 1 rounds.
+
+``ring`` compresses at the collective level (IPDPS'23): an all-gather encodes each shard
+once at its owner and forwards the payload unchanged; a reduce-scatter decodes each
+partial sum it receives, adds its own contribution in fp32 and re-encodes it, piece by
+piece so that one piece is on the wire while the previous one is being added.
+``ring-hop`` is the point-to-point baseline of MPI libraries: every hop decodes and
+re-encodes, and a reduce-scatter sends whole chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commpress.schedules.payloads import dtype_name, partial_sum_dtype, piece_numel, pieces
+from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
+
+
+def neighbours(rank: int, world_size: int) -> tuple[int, int]:
+    """``(left, right)`` of ``rank`` in the ring."""
+    return (rank - 1) % world_size, (rank + 1) % world_size
+
+
+def all_gather(
+    rank: int, world_size: int, numel: int, dtype: torch.dtype, codec, *, hop: bool
+) -> Schedule:
+    """Round s forwards the chunk received in round s - 1 (in round 0, the own one)."""
+    left, right = neighbours(rank, world_size)
+    wire = codec.wire_bytes(numel, dtype)
+    steps = []
+    for step in range(world_size - 1):
+        last = step == world_size - 2
+        send = Send(
+            dsts=(right,),
+            chunk=(rank - step) % world_size,
+            piece=0,
+            offset=0,
+            numel=numel,
+            wire_bytes=wire,
+            prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
+        )
+        receive = Receive(
+            src=left,
+            chunk=(rank - step - 1) % world_size,
+            piece=0,
+            offset=0,
+            numel=numel,
+            wire_bytes=wire,
+            then=Then.DECODE_REENCODE if hop and not last else Then.DECODE,
+        )
+        steps.append(Step(step, (send,), (receive,)))
+    return Schedule(
+        op="all_gather",
+        algorithm="ring-hop" if hop else "ring",
+        codec=str(codec),
+        rank=rank,
+        world_size=world_size,
+        chunk_numel=numel,
+        payload_dtype=dtype_name(dtype),
+        transport=Transport.P2P,
+        steps=tuple(steps),
+    )
+
+
+def reduce_scatter(
+    rank: int,
+    world_size: int,
+    numel: int,
+    dtype: torch.dtype,
+    codec,
+    *,
+    hop: bool,
+    chunk_bytes: int,
+) -> Schedule:
+    """Round s sends the partial sum of chunk r - s - 1 and receives chunk r - s - 2; the
+    chunk received in round s is the one sent in round s + 1, after adding the own
+    contribution, and the last one received is the rank's own, summed over every rank.
+    ``ring`` cuts each chunk into pieces of ``chunk_bytes`` of fp32, one step each."""
+    left, right = neighbours(rank, world_size)
+    sent_dtype = partial_sum_dtype(codec, dtype)
+    cuts = pieces(numel, numel if hop else piece_numel(chunk_bytes))
+    steps = []
+    for step in range(world_size - 1):
+        last = step == world_size - 2
+        for index, (offset, size) in enumerate(cuts):
+            wire = codec.wire_bytes(size, sent_dtype)
+            send = Send(
+                dsts=(right,),
+                chunk=(rank - step - 1) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire,
+                prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
+            )
+            receive = Receive(
+                src=left,
+                chunk=(rank - step - 2) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire,
+                then=Then.ADD_KEEP if last else Then.ADD_REENCODE,
+            )
+            steps.append(Step(step, (send,), (receive,)))
+    return Schedule(
+        op="reduce_scatter",
+        algorithm="ring-hop" if hop else "ring",
+        codec=str(codec),
+        rank=rank,
+        world_size=world_size,
+        chunk_numel=numel,
+        payload_dtype=dtype_name(sent_dtype),
+        transport=Transport.P2P,
+        steps=tuple(steps),
+    )

@@ -1,0 +1,120 @@
+"""What a schedule is made of: frozen dataclasses, printable, with no tensors in them.
+
+A :class:`Schedule` is one rank's part of a collective: an ordered list of
+:class:`Step`\\ s. A step posts its sends and receives together; each names the peers, the
+chunk (and the piece of it, where a chunk is pipelined in pieces), what the sender does
+to get the payload (:class:`Prepare`), what the receiver does with it (:class:`Then`) and
+the bytes one copy of the payload puts on the wire.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Prepare(enum.Enum):
+    """Where the payload of a send comes from."""
+
+    ENCODE = "encode own"  # the sender's own data, encoded for this send
+    FORWARD = "forward"  # a payload this rank received (and, for reductions, re-encoded)
+
+
+class Then(enum.Enum):
+    """What the receiver does with a payload once it has arrived."""
+
+    DECODE = "decode"  # into the output; the payload itself is forwarded as is
+    DECODE_REENCODE = "decode, re-encode"  # into the output, then encode that to forward
+    ADD_REENCODE = "decode, add own, re-encode"  # a partial sum, forwarded after the add
+    ADD_KEEP = "decode, add own, keep"  # the last hop: the chunk's sum over every rank
+    SUM = "decode, sum in fp32"  # one contribution to the own chunk
+
+
+class Transport(enum.Enum):
+    """What moves a schedule's payloads."""
+
+    P2P = "p2p"  # one batch of point-to-point sends and receives per step
+    ALL_GATHER = "the backend's all-gather"  # one per step: every rank broadcasts a payload
+    ALL_TO_ALL = "the backend's all-to-all"  # one per step: a payload for every peer
+
+
+@dataclass(frozen=True)
+class Send:
+    dsts: tuple[int, ...]  # several destinations: a broadcast of one payload
+    chunk: int
+    piece: int
+    offset: int  # first element of the piece within the chunk
+    numel: int
+    wire_bytes: int  # one copy, to one destination
+    prepare: Prepare
+
+
+@dataclass(frozen=True)
+class Receive:
+    src: int
+    chunk: int
+    piece: int
+    offset: int
+    numel: int
+    wire_bytes: int
+    then: Then
+
+
+@dataclass(frozen=True)
+class Step:
+    round: int  # the algorithm's step (a ring's hop); the pieces of a round share it
+    sends: tuple[Send, ...]
+    receives: tuple[Receive, ...]
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank injects: one copy per destination."""
+        return sum(send.wire_bytes * len(send.dsts) for send in self.sends)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    op: str  # "all_gather" or "reduce_scatter"; all-reduce is one of each
+    algorithm: str
+    codec: str  # canonical codec spec
+    rank: int
+    world_size: int
+    chunk_numel: int  # elements of one chunk: a rank's shard, or its share of a reduction
+    payload_dtype: str  # what the codec encodes: input dtype, or "float32" partial sums
+    transport: Transport
+    steps: tuple[Step, ...]
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(step.sent_bytes for step in self.steps)
+
+    @property
+    def rounds(self) -> int:
+        return len({step.round for step in self.steps})
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.op} {self.algorithm}, codec {self.codec}, rank {self.rank} of "
+            f"{self.world_size}: chunk of {self.chunk_numel} elements encoded as "
+            f"{self.payload_dtype}, over {self.transport.value}; {len(self.steps)} steps, "
+            f"{self.rounds} rounds, {self.sent_bytes} bytes sent"
+        )
+        lines = [head]
+        for index, step in enumerate(self.steps):
+            for send in step.sends:
+                lines.append(
+                    f"  {index:>3} r{step.round:<3} send    chunk {send.chunk} piece {send.piece} "
+                    f"[{send.offset}:{send.offset + send.numel}] -> {_peers(send.dsts)}: "
+                    f"{send.prepare.value}, {send.wire_bytes} B"
+                )
+            for receive in step.receives:
+                lines.append(
+                    f"  {index:>3} r{step.round:<3} receive chunk {receive.chunk} piece "
+                    f"{receive.piece} [{receive.offset}:{receive.offset + receive.numel}] <- "
+                    f"{receive.src}: {receive.then.value}, {receive.wire_bytes} B"
+                )
+        return "\n".join(lines)
+
+
+def _peers(ranks: tuple[int, ...]) -> str:
+    return ",".join(map(str, ranks))

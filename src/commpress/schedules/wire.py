@@ -1,0 +1,59 @@
+"""Bytes on the wire, read from the schedules: the one source for the statistics of the
+collectives, ``commpress bench`` (``wire(B)``, ``ideal_us``, busbw) and the FSDP, DDP and
+low-rank counters."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from commpress.codecs import get_codec
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, chunk_numel
+from commpress.schedules.registry import NATIVE, plan
+
+
+def wire_bytes(
+    op: str,
+    algorithm: str,
+    codec,
+    numel: int,
+    world_size: int,
+    dtype: torch.dtype,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> int:
+    """Bytes each rank sends per call (the largest over ranks).
+
+    ``numel`` is the rank's input (the shard of an all-gather, the whole tensor of a
+    reduction). ``native`` counts what a bandwidth-optimal uncompressed ring sends
+    (nccl-tests' busbw bytes): the ``ring`` schedule of codec ``none`` on the raw dtype,
+    the same for every reduction's two halves. gloo's own reduce-scatter sends more.
+    """
+    return _wire_bytes(op, algorithm, str(get_codec(codec)), numel, world_size, dtype, chunk_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _wire_bytes(op, algorithm, codec, numel, world_size, dtype, chunk_bytes) -> int:
+    if algorithm == NATIVE:
+        shard = numel if op == "all_gather" else chunk_numel(numel, world_size)
+        halves = 2 if op == "all_reduce" else 1
+        return halves * _wire_bytes("all_gather", "ring", "none", shard, world_size, dtype, 0)
+    return max(
+        sum(
+            schedule.sent_bytes
+            for schedule in plan(op, algorithm, rank, world_size, numel, dtype, codec, chunk_bytes)
+        )
+        for rank in range(world_size)
+    )
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw x factor compares a collective's
+    bandwidth with the link's whatever n. It is native's wire bytes over the op's size:
+    (n - 1) / n for all-gather and reduce-scatter, twice that for all-reduce."""
+    n = world_size
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    raise ValueError(f"unknown op {op!r}; known: all_gather, reduce_scatter, all_reduce")

@@ -1,0 +1,24 @@
+"""The backend's own collectives (gloo's, NCCL's), as the transport of a schedule's step and
+as the ``native`` algorithm. Each returns torch's ``Work``; wait on it with
+:func:`commpress.transport.p2p.wait`."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
+    return dist.all_gather_single(out, inp, group=group, async_op=True)
+
+
+def all_to_all(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
+    return dist.all_to_all_single(out, inp, group=group, async_op=True)
+
+
+def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op, group: dist.ProcessGroup | None):
+    return dist.reduce_scatter_single(out, inp, op=op, group=group, async_op=True)
+
+
+def all_reduce(tensor: torch.Tensor, op, group: dist.ProcessGroup | None):
+    return dist.all_reduce(tensor, op=op, group=group, async_op=True)

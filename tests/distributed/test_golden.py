@@ -1,0 +1,42 @@
+"""The single executor changed no bit: every algorithm's outputs on fixed inputs, on every
+rank, against SHA-256 digests written by the collectives as they were before it
+(``golden.py`` documents how the file was made)."""
+
+from __future__ import annotations
+
+import json
+
+import golden
+import pytest
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict[str, list[str]]:
+    return json.loads(golden.GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def computed() -> dict[str, list[str]]:
+    return golden.compute()
+
+
+def test_every_case_has_saved_outputs(saved, computed):
+    assert sorted(computed) == sorted(saved)
+    assert len(saved) > 200
+
+
+@pytest.mark.parametrize("world_size", golden.WORLD_SIZES)
+def test_outputs_are_bitwise_the_same_as_before(saved, computed, world_size):
+    names = [name for name in saved if name.endswith(f"n={world_size}")]
+    changed = [name for name in names if computed[name] != saved[name]]
+    assert not changed, f"{len(changed)} of {len(names)} cases changed, e.g. {changed[:3]}"
+
+
+def test_a_changed_bit_is_seen(saved):
+    """The comparison is sharp: one flipped element changes the digest."""
+    import torch
+
+    values = golden.fixed_input(0, 10, torch.float32)
+    flipped = values.clone()
+    flipped.view(torch.int32)[3] ^= 1
+    assert golden.digest(values) != golden.digest(flipped)
