@@ -10,6 +10,7 @@ from commpress.bench import codecs as codec_bench
 from commpress.bench import collectives as collective_bench
 from commpress.cluster import commands as cluster_commands
 from commpress.cluster.system import ClusterError
+from commpress.schedules import command as schedule_command
 from commpress.train import command as train_command
 
 
@@ -28,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collective_bench.add_arguments(bench)
     bench.set_defaults(handler=collective_bench.main)
+    schedule = commands.add_parser(
+        "schedule", help="print an algorithm's steps, rank by rank, without running it"
+    )
+    schedule_command.add_arguments(schedule)
+    schedule.set_defaults(handler=schedule_command.run)
     cluster = commands.add_parser(
         "cluster", help="emulated cluster: hosts in network namespaces behind rate-limited links"
     )

@@ -76,9 +76,13 @@ def run_case(rank: int, world_size: int, op, algorithm, codec, dtype) -> str:
     return digest(tensor)
 
 
-def outputs(rank: int, world_size: int) -> dict[str, str]:
+def outputs(rank: int, world_size: int, window: int | None = None) -> dict[str, str]:
     """Each case's digest on this rank; cases run in a fixed order, since stochastic
-    rounding draws from one stream per (codec, rank)."""
+    rounding draws from one stream per (codec, rank). ``window``: steps in flight."""
+    if window is not None:
+        from commpress.collectives import executor
+
+        executor.WINDOW = window
     return {
         key(op, algorithm, codec, dtype, world_size): run_case(
             rank, world_size, op, algorithm, codec, dtype
@@ -87,12 +91,12 @@ def outputs(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
-def compute() -> dict[str, list[str]]:
+def compute(world_sizes=WORLD_SIZES, window: int | None = None) -> dict[str, list[str]]:
     from commpress.cluster.local import run_distributed
 
     table: dict[str, list[str]] = {}
-    for world_size in WORLD_SIZES:
-        by_rank = run_distributed(outputs, world_size, timeout=600)
+    for world_size in world_sizes:
+        by_rank = run_distributed(outputs, world_size, window, timeout=600)
         for name in by_rank[0]:
             table[name] = [by_rank[rank][name] for rank in range(world_size)]
     return table

@@ -73,6 +73,32 @@ def _dtypes(rank, world_size):
     return _mismatched(rank, world_size, call)
 
 
+def _algorithms(rank, world_size):
+    """Ranks on the ring send their first payloads before the check (to the next rank); the
+    rank on ``backend`` sends nothing early but must take theirs off the wire."""
+
+    def call(rank):
+        algorithm = "backend" if rank == world_size - 1 else "ring"
+        out = torch.full((3000 * world_size,), SENTINEL)
+        try:
+            cp.all_gather_into_tensor(
+                out, torch.ones(3000), codec="int8", algorithm=algorithm, timeout=TIMEOUT
+            )
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_a_ring_and_a_backend_rank_raise_and_the_group_stays_usable():
+    results = run_distributed(_algorithms, 3, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None, f"rank {rank} did not raise"
+        assert untouched and recovered, f"rank {rank}: out written or group broken"
+    assert "rank 2 called all_gather (backend)" in results[0][0]
+
+
 def test_different_sizes_raise_on_every_rank_naming_both_sides():
     results = run_distributed(_sizes, 2, timeout=60)
     for rank, (error, untouched, recovered) in enumerate(results):

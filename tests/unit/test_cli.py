@@ -103,3 +103,100 @@ def test_ci_runs_exactly_the_test_command_of_the_readme():
     ]
     assert ci == [commands[1]]
     assert "venv --clear" in commands[1] and "torch==2.13.0" in commands[1]
+
+
+# ---------------------------------------------------------------- commpress schedule
+
+
+def test_schedule_prints_every_ranks_steps(capsys):
+    argv = ["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "4",
+            "--numel", "1000", "--codec", "int8"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if line.startswith("all_gather ring")]
+    assert [head.split(", rank ")[1].split(":")[0] for head in heads] == [
+        f"{rank} of 4" for rank in range(4)
+    ]
+    wire = 1000 + 4 * 4  # int8: a byte per element, an fp32 scale per block of 256
+    assert out.count("send    chunk") == out.count("receive chunk") == 4 * 3
+    assert out.count(f", {wire} B") == 4 * 3 * 2
+    assert out.splitlines()[-1] == (
+        f"bytes sent per call by the busiest rank: {3 * wire} ({3 * 4000} native)"
+    )
+
+
+def test_schedule_of_one_rank_is_its_plan_printed():
+    """An all-reduce prints its two schedules, reduce-scatter then all-gather."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from commpress.schedules import plan
+
+    argv = ["--op", "all_reduce", "--algorithm", "alltoall", "--world", "5", "--rank", "2",
+            "--numel", "4096", "--dtype", "bfloat16", "--codec", "int8",
+            "--chunk-bytes", "1024"]  # fmt: skip
+    # once through the installed entry point's module: the exit code and stdout a shell sees
+    done = subprocess.run(
+        [sys.executable, "-m", "commpress.cli", "schedule", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    schedules = plan("all_reduce", "alltoall", 2, 5, 4096, torch.bfloat16, "int8", 1024)
+    assert [s.op for s in schedules] == ["reduce_scatter", "all_gather"]
+    expected = "\n\n".join(str(schedule) for schedule in schedules)
+    assert done.stdout.startswith(expected + "\n\nbytes sent per call by the busiest rank: ")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--op", "all_gather", "--algorithm", "alltoall"], "'alltoall' is not an algorithm of"),
+        (["--op", "reduce_scatter", "--algorithm", "native"], "'native' is torch.distributed"),
+        (["--op", "all_gather", "--algorithm", "ring", "--rank", "4"], "--rank must be in [0, 4)"),
+        (["--op", "all_gather", "--algorithm", "ring", "--rank", "-1"], "got -1"),
+        (["--op", "all_gather", "--algorithm", "ring", "--codec", "int9"], "unknown codec"),
+    ],
+)
+def test_schedule_rejects_bad_input_in_one_line(argv, message, capsys):
+    assert main(["schedule", "--world", "4", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("commpress schedule: error: ")
+    assert message in captured.err and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--world", "0"], "argument --world: invalid positive_int value: '0'"),
+        (["--dtype", "double"], "argument --dtype: invalid choice: 'double'"),
+        (["--chunk-bytes", "0"], "argument --chunk-bytes: invalid positive_int value: '0'"),
+        (["--numel", "-1"], "argument --numel: invalid non_negative_int value: '-1'"),
+    ],
+)
+def test_schedule_argument_errors_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "4", *argv])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after argparse's usage
+    assert last.startswith(f"commpress schedule: error: {message}")
+
+
+def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["schedule"])
+    assert exit_info.value.code == 2
+    assert "required: --op, --algorithm, --world" in capsys.readouterr().err
+
+
+def test_schedule_takes_the_dtypes_bench_takes():
+    import torch
+
+    from commpress.bench.arguments import DTYPES
+    from commpress.schedules.command import DTYPE_NAMES
+
+    assert {name: getattr(torch, name) for name in DTYPE_NAMES} == DTYPES

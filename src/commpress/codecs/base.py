@@ -148,7 +148,7 @@ def is_aligned(payload_bytes: torch.Tensor, dtype: torch.dtype) -> bool:
 
     Payloads are often slices of a larger buffer, whose offsets need not be aligned.
     """
-    itemsize = torch.empty(0, dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     return payload_bytes.storage_offset() % itemsize == 0
 
 

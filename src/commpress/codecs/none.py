@@ -20,7 +20,7 @@ class NoneCodec(CodecBase):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         check_numel(numel)
         self.check_dtype(dtype, "dtype")
-        return numel * torch.empty(0, dtype=dtype).element_size()
+        return numel * dtype.itemsize
 
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x).contiguous()

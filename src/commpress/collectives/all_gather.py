@@ -67,13 +67,15 @@ def all_gather_into_tensor(
 
     def run() -> None:
         agreement = Agreement(group, fingerprint, timeout, inp.device)
-        gather(out, inp, group, codec, algorithm, timeout, gate=agreement.check)
+        gather(out, inp, group, codec, algorithm, timeout, agreement)
 
     return launch(run, async_op, (out, inp))
 
 
-def gather(out, inp, group, codec: Codec, algorithm: str, timeout, gate=None) -> None:
+def gather(
+    out, inp, group, codec: Codec, algorithm: str, timeout, agreement: Agreement | None = None
+) -> None:
     """The all-gather itself, on the calling thread (arguments already checked)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan("all_gather", algorithm, rank, world_size, inp.numel(), inp.dtype, codec)
-    execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, gate)
+    execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, agreement)

@@ -61,14 +61,14 @@ def all_reduce(
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
-        gate = Agreement(group, fingerprint, timeout, tensor.device).check
+        agreement = Agreement(group, fingerprint, timeout, tensor.device)
         chunk = -(-numel // world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )
         padded[:numel] = tensor.view(-1)
         padded[numel:] = 0
-        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, gate)
+        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, agreement)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each

@@ -5,23 +5,30 @@ What each action of a schedule does to tensors is the business of a :class:`Payl
 (:mod:`commpress.collectives.payloads`); what moves the bytes is the transport the
 schedule names. The executor only orders them:
 
-1. every ``ENCODE`` send is encoded up front (overlapping the argument check of
-   :class:`~commpress.collectives.fingerprint.Agreement`, which ``gate`` waits for);
+1. every ``ENCODE`` send is encoded up front, and a point-to-point schedule's first
+   sends leave, while the argument check
+   (:class:`~commpress.collectives.fingerprint.Agreement`) is in flight; nothing is
+   received or written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
 from datetime import timedelta
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from commpress.collectives.fingerprint import Agreement
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, p2p
+
+#: Steps in flight at once by default. With 1, a step is posted once the previous one has
+#: arrived; more lets a pipelined schedule keep its link busy across the per-step latency.
+WINDOW = 1
 
 
 class Payloads(Protocol):
@@ -51,33 +58,82 @@ def execute(
     payloads: Payloads,
     group: dist.ProcessGroup | None,
     timeout: timedelta | None,
-    gate: Callable[[], None] | None = None,
+    agreement: Agreement | None = None,
+    window: int | None = None,
 ) -> None:
-    """Run ``schedule`` on the calling thread. ``gate`` runs after the own payloads are
-    encoded and before anything is sent or written to the output."""
-    gate = gate or (lambda: None)
-    if payloads.encodes_change_state:
-        gate()
+    """Run ``schedule`` on the calling thread. ``agreement`` (the argument check) is waited
+    for after the own payloads are encoded and before anything is received or written to
+    the output; a point-to-point schedule's first sends leave before it. Up to ``window`` steps
+    (default :data:`WINDOW`) are in flight at once; received payloads are handled in step
+    order, so the codec sees the same calls in the same order whatever the window."""
+    window = WINDOW if window is None else window
+    if payloads.encodes_change_state and agreement is not None:
+        agreement.check()
     for step in schedule.steps:
         for send in step.sends:
             if send.prepare is Prepare.ENCODE:
                 payloads.encode_own(send)
-    gate()
+    early = None  # the first step's sends, posted with the argument check in flight
+    if agreement is not None:
+        if schedule.transport is Transport.P2P and schedule.steps:
+            early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
+            agreement.sent_early(early)
+        agreement.check()
     payloads.begin()
-    pending: list[Receive] = []
-    for step in schedule.steps:
-        forwarded = {(s.chunk, s.piece) for s in step.sends if s.prepare is Prepare.FORWARD}
-        for receive in pending:  # what this step sends must be ready before it leaves
-            if (receive.chunk, receive.piece) in forwarded:
-                payloads.handle(receive)
-        pending = [r for r in pending if (r.chunk, r.piece) not in forwarded]
-        transfer = _start(schedule.transport, step, payloads, group)
-        for receive in pending:  # overlaps with the transfer in flight
-            payloads.handle(receive)
+    in_flight: deque[tuple[_Transfer, Step]] = deque()
+    arrived: deque[Receive] = deque()  # not handled yet, in step order
+
+    def complete_oldest() -> None:
+        transfer, step = in_flight.popleft()
         transfer.wait(timeout)
-        pending = list(step.receives)
-    for receive in pending:
-        payloads.handle(receive)
+        arrived.extend(step.receives)
+
+    def handle_through(keys: set) -> None:
+        """Handle, in order, every arrived receive up to the last one that produces one of
+        ``keys`` (a chunk piece this step forwards); first wait for those still in flight."""
+        while any(_key(r) in keys for _, step in in_flight for r in step.receives):
+            complete_oldest()
+        last = max((i for i, r in enumerate(arrived) if _key(r) in keys), default=-1)
+        for _ in range(last + 1):
+            payloads.handle(arrived.popleft())
+
+    for step in schedule.steps:
+        handle_through({_key(s) for s in step.sends if s.prepare is Prepare.FORWARD})
+        while len(in_flight) >= window:
+            complete_oldest()
+        if early is not None:
+            receives = [(payloads.receive_buffer(r), r.src) for r in step.receives]
+            transfer, early = _Both(early, p2p.Batch(group, [], receives)), None
+        else:
+            transfer = _start(schedule.transport, step, payloads, group)
+        in_flight.append((transfer, step))
+        while arrived:  # overlaps with the transfers in flight
+            payloads.handle(arrived.popleft())
+    while in_flight:
+        complete_oldest()
+        while arrived:
+            payloads.handle(arrived.popleft())
+
+
+def _key(transfer: Send | Receive) -> tuple[int, int]:
+    return transfer.chunk, transfer.piece
+
+
+class _Transfer(Protocol):
+    def wait(self, timeout: timedelta | None) -> None: ...
+
+
+class _Both:
+    def __init__(self, *transfers: _Transfer):
+        self._transfers = transfers
+
+    def wait(self, timeout: timedelta | None) -> None:
+        for transfer in self._transfers:
+            transfer.wait(timeout)
+
+
+def _sends(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
+    return [(payloads.send_buffer(s), dst) for s in step.sends for dst in s.dsts]
 
 
 class _Collective:
@@ -90,9 +146,8 @@ class _Collective:
 
 def _start(transport: Transport, step: Step, payloads: Payloads, group):
     if transport is Transport.P2P:
-        sends = [(payloads.send_buffer(s), dst) for s in step.sends for dst in s.dsts]
         receives = [(payloads.receive_buffer(r), r.src) for r in step.receives]
-        return p2p.Batch(group, sends, receives)
+        return p2p.Batch(group, _sends(step, payloads), receives)
     if transport is Transport.ALL_GATHER:
         (own,) = step.sends
         work = collective.all_gather(payloads.gathered(), payloads.send_buffer(own), group)

@@ -12,7 +12,11 @@ the process when a message's size differs from the receive posted for it, and pa
 sizes depend on the very arguments being checked; and with every rank's fingerprint at
 every rank, not only the neighbours of a mismatch see it. The exchange is one round of
 point-to-point messages (each rank sends its 128 bytes to every other), started before
-the collective's first encode and checked before its first send.
+the collective's first encode. A point-to-point schedule does not wait for it before its
+first sends: those leave with the fingerprints (:meth:`Agreement.sent_early`), and only
+the first receives wait for the check. On a mismatch every rank then receives, and drops,
+what each peer's own fingerprint says that peer sent it early (its schedule is rebuilt
+from the fingerprint), so no message stays in flight and the group stays usable.
 
 The sequence number counts this process's checked collectives per group: a rank
 that skipped or added one is named ("rank 1 called ... as its collective #8 on this
@@ -30,6 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.schedules import Transport, plan
 from commpress.transport.p2p import Batch
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -160,6 +165,7 @@ class Agreement:
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
         self._batch: Batch | None = None
+        self._early: Batch | None = None
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(sequence)
@@ -181,7 +187,60 @@ class Agreement:
         rows = [bytes(row) for row in self._gathered.cpu().numpy()]
         if any(other != self._row for other in rows):
             rank = dist.get_rank(self._group)
-            raise CollectiveMismatchError(_mismatch_message(rows, rank, self._world_size))
+            message = _mismatch_message(rows, rank, self._world_size)
+            if not self._drain(rows, rank):
+                message += "; a peer's messages could not be drained, so this group may be unusable"
+            raise CollectiveMismatchError(message)
+
+    def sent_early(self, sends: Batch) -> None:
+        """``sends`` (the first step of a point-to-point schedule) left before :meth:`check`."""
+        self._early = sends
+
+    def _drain(self, rows: list[bytes], rank: int) -> bool:
+        """Receive and drop what every peer sent this rank before the check, as its own
+        fingerprint describes it; then let this rank's early sends finish. False when a
+        peer's fingerprint does not say (unreadable, or a codec this process cannot build)."""
+        drains, complete = [], True
+        for peer, row in enumerate(rows):
+            if peer == rank:
+                continue
+            parsed = _parse(row)
+            sizes = None if parsed is None else _early_sends(parsed, peer, self._world_size, rank)
+            if sizes is None:
+                complete = False
+                continue
+            drains += [(torch.empty(size, dtype=torch.uint8), peer) for size in sizes]
+        Batch(self._group, [], drains).wait(self._timeout)
+        if self._early is not None:
+            self._early.wait(self._timeout)
+        return complete
+
+
+def _early_sends(received: _Received, sender: int, world_size: int, to: int) -> list[int] | None:
+    """Bytes of each message ``sender`` sent rank ``to`` before the check: the first step of
+    its schedule, when that schedule is point-to-point. None when it cannot be rebuilt."""
+    theirs = received.fingerprint
+    try:
+        op = "reduce_scatter" if theirs.op == "all_reduce" else theirs.op
+        numel = theirs.numel
+        if theirs.op == "all_reduce":  # its reduce-scatter runs on the padded tensor
+            numel = -(-numel // world_size) * world_size
+        schedule = plan(
+            op,
+            theirs.algorithm,
+            sender,
+            world_size,
+            numel,
+            getattr(torch, theirs.dtype),
+            theirs.codec,
+            theirs.chunk_bytes or None,
+        )[0]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if schedule.transport is not Transport.P2P or not schedule.steps:
+        return []
+    first = schedule.steps[0]
+    return [send.wire_bytes for send in first.sends if to in send.dsts]
 
 
 def _to_and_from_every_peer(group, local: torch.Tensor, rows: torch.Tensor) -> Batch:

@@ -20,41 +20,66 @@ from commpress.collectives.workspace import workspace
 from commpress.schedules import Receive, Schedule, Send, Then
 
 
+class Slots:
+    """One payload buffer per (chunk, piece), each chunk's pieces back to back in a row:
+    ``rows`` is (world_size, bytes of one chunk's payloads)."""
+
+    def __init__(self, name: str, schedule: Schedule, device):
+        transfers = [t for step in schedule.steps for t in (*step.sends, *step.receives)]
+        cuts = sorted({(t.piece, t.offset, t.numel, t.wire_bytes) for t in transfers})
+        self.pieces = [(offset, numel) for _, offset, numel, _ in cuts]
+        self._bytes: dict[int, tuple[int, int]] = {}  # piece -> (first byte in the row, bytes)
+        row = 0
+        for piece, _, _, wire in cuts:
+            self._bytes[piece] = (row, wire)
+            row += wire
+        n = schedule.world_size
+        self.rows = workspace.take(name, n * row, torch.uint8, device).view(n, row)
+
+    def __call__(self, chunk: int, piece: int) -> torch.Tensor:
+        start, size = self._bytes[piece]
+        return self.rows[chunk, start : start + size]
+
+
 class Gathered:
     encodes_change_state = False
 
     def __init__(self, out: torch.Tensor, inp: torch.Tensor, codec: Codec, schedule: Schedule):
         self.rank, self.codec = schedule.rank, codec
-        self.inp, self.numel, self.dtype = inp, inp.numel(), inp.dtype
-        self.chunks = out.view(schedule.world_size, self.numel)
-        wire = codec.wire_bytes(self.numel, self.dtype)
-        slots = workspace.take(
-            "all_gather.payloads", schedule.world_size * wire, torch.uint8, inp.device
-        )
-        self.slots = slots.view(schedule.world_size, wire)
+        self.inp, self.dtype = inp, inp.dtype
+        self.chunks = out.view(schedule.world_size, inp.numel())
+        self.slots = Slots("all_gather.payloads", schedule, inp.device)
 
     def encode_own(self, send: Send) -> None:
-        self.codec.encode(self.inp, out=self.slots[send.chunk])
+        part = self.inp[send.offset : send.offset + send.numel]
+        self.codec.encode(part, out=self.slots(send.chunk, send.piece))
 
     def begin(self) -> None:
-        self._decode(self.rank)
+        if not self.slots.pieces:  # a world of one sends nothing, but decodes as any rank
+            encoded = self.codec.encode(self.inp)
+            self.codec.decode(encoded, self.inp.numel(), self.dtype, out=self.chunks[self.rank])
+        for piece, (offset, numel) in enumerate(self.slots.pieces):
+            self._decode(self.rank, piece, offset, numel)
 
     def send_buffer(self, send: Send) -> torch.Tensor:
-        return self.slots[send.chunk]
+        return self.slots(send.chunk, send.piece)
 
     def receive_buffer(self, receive: Receive) -> torch.Tensor:
-        return self.slots[receive.chunk]
+        return self.slots(receive.chunk, receive.piece)
 
     def handle(self, receive: Receive) -> None:
-        self._decode(receive.chunk)
+        chunk, piece = receive.chunk, receive.piece
+        self._decode(chunk, piece, receive.offset, receive.numel)
         if receive.then is Then.DECODE_REENCODE:
-            self.codec.encode(self.chunks[receive.chunk], out=self.slots[receive.chunk])
+            decoded = self.chunks[chunk, receive.offset : receive.offset + receive.numel]
+            self.codec.encode(decoded, out=self.slots(chunk, piece))
 
     def gathered(self) -> torch.Tensor:
-        return self.slots.view(-1)
+        return self.slots.rows.view(-1)
 
-    def _decode(self, chunk: int) -> None:
-        self.codec.decode(self.slots[chunk], self.numel, self.dtype, out=self.chunks[chunk])
+    def _decode(self, chunk: int, piece: int, offset: int, numel: int) -> None:
+        out = self.chunks[chunk, offset : offset + numel]
+        self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
 
 class PartialSums:
@@ -72,19 +97,8 @@ class PartialSums:
         self.contributions = contributions  # (world_size, chunk numel)
         self.sent_dtype = getattr(torch, schedule.payload_dtype)
         numel, device = contributions.shape[1], contributions.device
-        cuts = {(s.piece, s.offset, s.numel) for step in schedule.steps for s in step.sends}
-        cuts = sorted(cuts)
-        self._slot_of = {}  # piece -> (offset in a chunk's bytes, bytes)
-        chunk_wire = 0
-        for piece, _, size in cuts:
-            wire = codec.wire_bytes(size, self.sent_dtype)
-            self._slot_of[piece] = (chunk_wire, wire)
-            chunk_wire += wire
-        slots = workspace.take(
-            "reduce_scatter.payloads", schedule.world_size * chunk_wire, torch.uint8, device
-        )
-        self.slots = slots.view(schedule.world_size, chunk_wire)
-        largest = max((size for _, _, size in cuts), default=0)
+        self.slots = Slots("reduce_scatter.payloads", schedule, device)
+        largest = max((size for _, size in self.slots.pieces), default=0)
         self.result = workspace.take("reduce_scatter.result", numel, torch.float32, device)
         self.scratch = workspace.take("reduce_scatter.scratch", largest, torch.float32, device)
         self.narrow = None
@@ -92,27 +106,23 @@ class PartialSums:
             self.narrow = workspace.take("reduce_scatter.narrow", largest, self.sent_dtype, device)
         self.world_size = schedule.world_size
 
-    def _slot(self, chunk: int, piece: int) -> torch.Tensor:
-        start, size = self._slot_of[piece]
-        return self.slots[chunk, start : start + size]
-
     def encode_own(self, send: Send) -> None:
         own = self.contributions[send.chunk, send.offset : send.offset + send.numel]
-        self.codec.encode(own.to(self.sent_dtype), out=self._slot(send.chunk, send.piece))
+        self.codec.encode(own.to(self.sent_dtype), out=self.slots(send.chunk, send.piece))
 
     def begin(self) -> None:
         if self.world_size == 1:
             self.result.copy_(self.contributions[self.rank])
 
     def send_buffer(self, send: Send) -> torch.Tensor:
-        return self._slot(send.chunk, send.piece)
+        return self.slots(send.chunk, send.piece)
 
     def receive_buffer(self, receive: Receive) -> torch.Tensor:
-        return self._slot(receive.chunk, receive.piece)
+        return self.slots(receive.chunk, receive.piece)
 
     def handle(self, receive: Receive) -> None:
         parts = slice(receive.offset, receive.offset + receive.numel)
-        payload = self._slot(receive.chunk, receive.piece)
+        payload = self.slots(receive.chunk, receive.piece)
         partial = self.scratch[: receive.numel]
         if self.narrow is None:
             self.codec.decode(payload, receive.numel, torch.float32, out=partial)

@@ -87,8 +87,8 @@ def reduce_scatter_tensor(
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
     def run() -> None:
-        gate = Agreement(group, fingerprint, timeout, inp.device).check
-        total = reduce(inp, group, codec, algorithm, chunk_bytes, timeout, gate, residual)
+        agreement = Agreement(group, fingerprint, timeout, inp.device)
+        total = reduce(inp, group, codec, algorithm, chunk_bytes, timeout, agreement, residual)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         out.view(-1).copy_(total)
@@ -97,10 +97,10 @@ def reduce_scatter_tensor(
 
 
 def reduce(
-    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, gate, residual=None
+    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, agreement, residual=None
 ) -> torch.Tensor:
-    """This rank's reduced chunk in fp32, on the calling thread (arguments checked).
-    ``gate`` runs after the first encodes and before the first send."""
+    """This rank's reduced chunk in fp32, on the calling thread (arguments checked);
+    ``agreement``: the argument check (:func:`~commpress.collectives.executor.execute`)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan(
         "reduce_scatter", algorithm, rank, world_size, inp.numel(), inp.dtype, codec, chunk_bytes
@@ -108,5 +108,5 @@ def reduce(
     contributions = inp.view(world_size, -1)
     feedback = None if residual is None else residual.view(world_size, -1)
     payloads = reduction(contributions, codec, schedule, feedback)
-    execute(schedule, payloads, group, timeout, gate)
+    execute(schedule, payloads, group, timeout, agreement)
     return payloads.result

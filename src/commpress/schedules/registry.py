@@ -8,14 +8,15 @@ tensor) has no schedule here: the collectives call torch for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from commpress.codecs import get_codec
-from commpress.schedules import alltoall, ring
-from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, chunk_numel, partial_sum_dtype
+from commpress.schedules import alltoall, payloads, ring
+from commpress.schedules.payloads import chunk_numel, partial_sum_dtype
 from commpress.schedules.steps import Schedule
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -58,6 +59,8 @@ def algorithms(op: str) -> tuple[str, ...]:
 def get_algorithm(name: str, op: str) -> Algorithm:
     """The registered algorithm ``name``; ValueError naming those known for ``op``."""
     _check_op(op)
+    if name == NATIVE:
+        raise ValueError("'native' is torch.distributed's own collective: it has no schedule")
     found = _ALGORITHMS.get(name)
     if found is None or not found.supports(op):
         raise ValueError(f"unknown algorithm {name!r} for {op}; known: {algorithms(op)}")
@@ -72,7 +75,7 @@ def plan(
     numel: int,
     dtype: torch.dtype,
     codec,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> tuple[Schedule, ...]:
     """The schedules rank ``rank`` runs for one call, in order (two for all-reduce).
 
@@ -83,7 +86,15 @@ def plan(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     codec = get_codec(codec)
-    chosen = get_algorithm(algorithm, op)
+    get_algorithm(algorithm, op)
+    if chunk_bytes is None:
+        chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
+    return _plan(op, algorithm, rank, world_size, numel, dtype, codec, chunk_bytes)
+
+
+@functools.lru_cache(maxsize=1024)  # a training step calls the same few collectives again
+def _plan(op, algorithm, rank, world_size, numel, dtype, codec, chunk_bytes):
+    chosen = _ALGORITHMS[algorithm]
     if op == "all_gather":
         return (chosen.all_gather(rank, world_size, numel, dtype, codec, chunk_bytes),)
     chunk = chunk_numel(numel, world_size)
@@ -105,8 +116,8 @@ register(
         "ring",
         "compress at the collective level: encode once (all-gather), or decode, add and "
         "re-encode each partial sum, pipelined in pieces (reduce-scatter)",
-        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
-            r, n, numel, dtype, codec, hop=False
+        all_gather=lambda r, n, numel, dtype, codec, chunk_bytes: ring.all_gather(
+            r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
         ),
         reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
             r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
@@ -118,8 +129,8 @@ register(
     Algorithm(
         "ring-hop",
         "the point-to-point baseline: decode and re-encode at every hop, whole chunks",
-        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
-            r, n, numel, dtype, codec, hop=True
+        all_gather=lambda r, n, numel, dtype, codec, chunk_bytes: ring.all_gather(
+            r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes
         ),
         reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
             r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes

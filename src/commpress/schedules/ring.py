@@ -22,33 +22,45 @@ def neighbours(rank: int, world_size: int) -> tuple[int, int]:
 
 
 def all_gather(
-    rank: int, world_size: int, numel: int, dtype: torch.dtype, codec, *, hop: bool
+    rank: int,
+    world_size: int,
+    numel: int,
+    dtype: torch.dtype,
+    codec,
+    *,
+    hop: bool,
+    chunk_bytes: int,
 ) -> Schedule:
-    """Round s forwards the chunk received in round s - 1 (in round 0, the own one)."""
+    """Round s forwards the chunk received in round s - 1 (in round 0, the own one).
+    ``ring`` cuts each chunk into pieces of ``chunk_bytes`` of fp32, one step each, so that
+    a piece can be forwarded while the next one is arriving; ``ring-hop`` sends whole
+    chunks."""
     left, right = neighbours(rank, world_size)
-    wire = codec.wire_bytes(numel, dtype)
+    cuts = pieces(numel, numel if hop else piece_numel(chunk_bytes))
     steps = []
     for step in range(world_size - 1):
         last = step == world_size - 2
-        send = Send(
-            dsts=(right,),
-            chunk=(rank - step) % world_size,
-            piece=0,
-            offset=0,
-            numel=numel,
-            wire_bytes=wire,
-            prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
-        )
-        receive = Receive(
-            src=left,
-            chunk=(rank - step - 1) % world_size,
-            piece=0,
-            offset=0,
-            numel=numel,
-            wire_bytes=wire,
-            then=Then.DECODE_REENCODE if hop and not last else Then.DECODE,
-        )
-        steps.append(Step(step, (send,), (receive,)))
+        for index, (offset, size) in enumerate(cuts):
+            wire = codec.wire_bytes(size, dtype)
+            send = Send(
+                dsts=(right,),
+                chunk=(rank - step) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire,
+                prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
+            )
+            receive = Receive(
+                src=left,
+                chunk=(rank - step - 1) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire,
+                then=Then.DECODE_REENCODE if hop and not last else Then.DECODE,
+            )
+            steps.append(Step(step, (send,), (receive,)))
     return Schedule(
         op="all_gather",
         algorithm="ring-hop" if hop else "ring",

@@ -9,7 +9,8 @@ import functools
 import torch
 
 from commpress.codecs import get_codec
-from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, chunk_numel
+from commpress.schedules import payloads
+from commpress.schedules.payloads import chunk_numel
 from commpress.schedules.registry import NATIVE, plan
 
 
@@ -20,7 +21,7 @@ def wire_bytes(
     numel: int,
     world_size: int,
     dtype: torch.dtype,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> int:
     """Bytes each rank sends per call (the largest over ranks).
 
@@ -29,6 +30,8 @@ def wire_bytes(
     (nccl-tests' busbw bytes): the ``ring`` schedule of codec ``none`` on the raw dtype,
     the same for every reduction's two halves. gloo's own reduce-scatter sends more.
     """
+    if chunk_bytes is None:
+        chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
     return _wire_bytes(op, algorithm, str(get_codec(codec)), numel, world_size, dtype, chunk_bytes)
 
 
@@ -37,7 +40,9 @@ def _wire_bytes(op, algorithm, codec, numel, world_size, dtype, chunk_bytes) -> 
     if algorithm == NATIVE:
         shard = numel if op == "all_gather" else chunk_numel(numel, world_size)
         halves = 2 if op == "all_reduce" else 1
-        return halves * _wire_bytes("all_gather", "ring", "none", shard, world_size, dtype, 0)
+        return halves * _wire_bytes(
+            "all_gather", "ring-hop", "none", shard, world_size, dtype, chunk_bytes
+        )
     return max(
         sum(
             schedule.sent_bytes

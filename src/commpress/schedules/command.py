@@ -1,0 +1,81 @@
+"""``commpress schedule``: print what an algorithm does, step by step, without running it.
+
+Prints ``str(Schedule)`` for the chosen rank (default: every rank), then the bytes the
+busiest rank sends per call next to native's. Nothing is run and no process group is
+made: the schedules are pure data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES
+from commpress.schedules.registry import NATIVE, OPS, algorithms, plan
+from commpress.schedules.wire import wire_bytes
+
+#: ``--dtype`` values: nccl-tests' names, as ``commpress bench`` takes them (each is also
+#: the name of a torch dtype). Not imported from the benchmarks: schedules sit below them.
+DTYPE_NAMES = ("float", "bfloat16", "half")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    return value
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--op", choices=OPS, required=True)
+    parser.add_argument(
+        "--algorithm", required=True, help="ring, ring-hop, backend; alltoall (reductions)"
+    )
+    parser.add_argument("--world", type=positive_int, required=True, help="world size")
+    parser.add_argument("--rank", type=int, help="print this rank's schedules only (every rank)")
+    parser.add_argument(
+        "--numel",
+        type=non_negative_int,
+        default=1 << 20,
+        help="the rank's input: an all-gather's shard, a reduction's whole tensor (1048576)",
+    )
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float")
+    parser.add_argument("--codec", default="none", help="codec spec, e.g. int8:block=128 (none)")
+    parser.add_argument(
+        "--chunk-bytes",
+        type=positive_int,
+        default=DEFAULT_CHUNK_BYTES,
+        help=f"piece size of the ring reduce-scatter's pipeline ({DEFAULT_CHUNK_BYTES})",
+    )
+
+
+def run(args) -> int:
+    """Bad values raise ValueError: the command line prints it as a one-line error (exit 2)."""
+    known = tuple(name for name in algorithms(args.op) if name != NATIVE)
+    if args.algorithm not in known:
+        why = (
+            "is torch.distributed's own collective: it has no schedule"
+            if args.algorithm == NATIVE
+            else f"is not an algorithm of {args.op}"
+        )
+        raise ValueError(f"--algorithm {args.algorithm!r} {why}; choose from {', '.join(known)}")
+    if args.rank is not None and not 0 <= args.rank < args.world:
+        raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
+    dtype = getattr(torch, args.dtype)
+    ranks = range(args.world) if args.rank is None else (args.rank,)
+    call = (args.world, args.numel, dtype, args.codec, args.chunk_bytes)
+    blocks = [
+        str(schedule) for rank in ranks for schedule in plan(args.op, args.algorithm, rank, *call)
+    ]
+    count = (args.codec, args.numel, args.world, dtype, args.chunk_bytes)
+    sent = wire_bytes(args.op, args.algorithm, *count)
+    native = wire_bytes(args.op, NATIVE, *count)
+    print("\n\n".join(blocks))
+    print(f"\nbytes sent per call by the busiest rank: {sent} ({native} native)")
+    return 0
