@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Before/after the single executor: 3 invocations of each op at 64 MiB (int8, int4) and of the
-# 1 MiB all-gather (fixed cost), on 4 emulated hosts at 1 Gbit/s. Usage: before_after.sh LABEL
+# Before/after the single executor, on 4 emulated hosts at 1 Gbit/s: each op at 64 MiB (int8,
+# int4) and the 1 MiB all-gather (fixed cost). Usage: before_after.sh LABEL RUN...
+# The committed results alternate the two versions run by run (each from its own venv):
+#   for run in 1 2 3; do
+#     (. /tmp/before-venv/bin/activate; bash before_after.sh before $run)   # commpress 75a6e3a
+#     (. /work/venv/bin/activate; bash before_after.sh after $run)          # this commit
+#   done
 set -euo pipefail
 label=$1
-out=$(dirname "$0")/$label
+shift
+case $label in /*) out=$label ;; *) out=$(dirname "$0")/$label ;; esac
 mkdir -p "$out"
-for run in 1 2 3; do
+for run in "$@"; do
   for op in all_gather reduce_scatter; do
     commpress bench --hosts 4 --link 1gbit -b 64M -e 64M -n 5 -w 1 --op $op \
       --algorithm native,ring --codec int8,int4 --prefix cpba \

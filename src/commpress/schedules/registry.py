@@ -116,8 +116,8 @@ register(
         "ring",
         "compress at the collective level: encode once (all-gather), or decode, add and "
         "re-encode each partial sum, pipelined in pieces (reduce-scatter)",
-        all_gather=lambda r, n, numel, dtype, codec, chunk_bytes: ring.all_gather(
-            r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
+        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
+            r, n, numel, dtype, codec, hop=False, chunk_bytes=None
         ),
         reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
             r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
@@ -129,8 +129,8 @@ register(
     Algorithm(
         "ring-hop",
         "the point-to-point baseline: decode and re-encode at every hop, whole chunks",
-        all_gather=lambda r, n, numel, dtype, codec, chunk_bytes: ring.all_gather(
-            r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes
+        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
+            r, n, numel, dtype, codec, hop=True, chunk_bytes=None
         ),
         reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
             r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes

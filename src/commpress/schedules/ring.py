@@ -29,14 +29,16 @@ def all_gather(
     codec,
     *,
     hop: bool,
-    chunk_bytes: int,
+    chunk_bytes: int | None = None,
 ) -> Schedule:
     """Round s forwards the chunk received in round s - 1 (in round 0, the own one).
-    ``ring`` cuts each chunk into pieces of ``chunk_bytes`` of fp32, one step each, so that
-    a piece can be forwarded while the next one is arriving; ``ring-hop`` sends whole
-    chunks."""
+    With ``chunk_bytes``, each chunk is cut into pieces of that many bytes of fp32, one step
+    each, so that a piece can be forwarded while the next one is arriving. The registered
+    ``ring`` and ``ring-hop`` send whole chunks: on the project's 2-core machine every extra
+    step costs more than the overlap wins (``benchmarks/schedules_2026-11-25/README.md``)."""
     left, right = neighbours(rank, world_size)
-    cuts = pieces(numel, numel if hop else piece_numel(chunk_bytes))
+    whole = hop or chunk_bytes is None
+    cuts = pieces(numel, numel if whole else piece_numel(chunk_bytes))
     steps = []
     for step in range(world_size - 1):
         last = step == world_size - 2

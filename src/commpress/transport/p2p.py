@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -19,14 +20,11 @@ class Batch:
         receives: Sequence[tuple[torch.Tensor, int]],
     ):
         group_ = _group(group)
-        ops = [
-            dist.P2POp(dist.isend, tensor, dist.get_global_rank(group_, peer), group)
-            for tensor, peer in sends
+        sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
+        received = [
+            dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
         ]
-        ops += [
-            dist.P2POp(dist.irecv, tensor, dist.get_global_rank(group_, peer), group)
-            for tensor, peer in receives
-        ]
+        ops = [op for pair in itertools.zip_longest(sent, received) for op in pair if op]
         self._works = dist.batch_isend_irecv(ops) if ops else []
 
     def wait(self, timeout: timedelta | None = None) -> None:
