@@ -328,7 +328,9 @@ def test_every_rank_holds_bitwise_identical_parameters_after_all_gather(scenario
         assert_same_bits(mine, theirs)
 
 
-ALL_GATHER_SPECS = [f"{c}@{a}" for c in cp.list_codecs() for a in ("ring", "ring-hop", "native")]
+ALL_GATHER_SPECS = [
+    f"{c}@{a}" for c in cp.list_codecs() for a in ("ring", "ring-hop", "backend", "native")
+]
 
 
 def _gather_every_spec(rank, world_size):

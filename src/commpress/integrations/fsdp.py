@@ -79,7 +79,7 @@ def compress(
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
-    if error_feedback and (scatter is None or scatter.algorithm != "alltoall"):
+    if error_feedback and (scatter is None or scatter.algorithm not in ("alltoall", "backend")):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
             f"rounding happen on the rank that owns the gradient (got {reduce_scatter!r})"

@@ -31,13 +31,13 @@ def codec_error(codec: Codec, magnitude: float) -> float:
 def all_gather_error(codec: Codec, algorithm: str, magnitude: float, world_size: int) -> float:
     """Bound on ``|gathered - shard|`` for shards whose magnitudes are at most ``magnitude``.
 
-    ``ring`` encodes each shard once, at its owner; ``ring-hop`` decodes and re-encodes at
+    ``ring`` and ``backend`` encode each shard once, at its owner; ``ring-hop`` decodes and re-encodes at
     every hop, so the rank farthest from the owner holds ``world_size - 1`` encodings.
     """
     if algorithm == "native" or codec.lossless:
         return 0.0
     error = 0.0
-    for _ in range(1 if algorithm == "ring" else world_size - 1):
+    for _ in range(world_size - 1 if algorithm == "ring-hop" else 1):
         error += codec_error(codec, magnitude + error)
     return error
 
@@ -58,7 +58,7 @@ def reduce_scatter_error(
     """
     if algorithm == "native" or codec.lossless:
         return 0.0
-    if algorithm == "alltoall":
+    if algorithm in ("alltoall", "backend"):  # the same schedule
         residuals = residuals or [0.0] * len(magnitudes)
         errors = [r + codec_error(codec, m + r) for m, r in zip(magnitudes, residuals, strict=True)]
         return sum(sorted(errors)[1:])
