@@ -11,7 +11,7 @@ import commpress as cp
 from commpress.bench.arguments import DTYPES
 from commpress.cli import main
 from commpress.cluster import Layout, present
-from commpress.collectives import wire
+from commpress.schedules import algorithms, wire
 
 #: Most bytes of headers one packet carries: Ethernet 14, IPv4 20, TCP 20 + at most 40 of
 #: options. The interface counts one header per segmentation-offload packet (up to 64 KiB),
@@ -57,7 +57,7 @@ def _bench_rows(prefix, tmp_path, op: str, dtype: str) -> dict:
     path = tmp_path / f"{op}-{dtype}.json"
     argv = ["bench", "--hosts", str(HOSTS), "--link", "1gbit", "--prefix", prefix,
             "-b", str(SIZE), "-e", str(SIZE), "-n", "2", "-w", "1", "--op", op,
-            "--algorithm", "native,ring", "--codec", "none,int8", "--dtype", dtype,
+            "--algorithm", ",".join(algorithms(op)), "--codec", "none,int8", "--dtype", dtype,
             "--json", str(path)]  # fmt: skip
     assert main(argv) == 0
     return {(r["algorithm"], r["codec"]): r for r in json.loads(path.read_text())["rows"]}
@@ -77,8 +77,9 @@ def _assert_sends(row: dict, payload: int) -> None:
         )
 
 
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
 def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
+    """For every registered algorithm, the bytes its schedules say each rank sends."""
     rows = {dtype: _bench_rows(prefix, tmp_path, op, dtype) for dtype in ("float", "bfloat16")}
     for dtype, by_variant in rows.items():
         for (algorithm, codec), row in by_variant.items():
@@ -86,7 +87,10 @@ def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
             if (op, algorithm) == ("reduce_scatter", "native"):
                 # Measured: gloo's reduce-scatter all-reduces the whole tensor, twice the
                 # bytes of a ring (reported as the ring's, the nccl-tests convention).
-                _assert_sends(row, wire.native("all_reduce", row["count"], HOSTS, DTYPES[dtype]))
+                twice = wire.wire_bytes(
+                    "all_reduce", "native", "none", row["count"], HOSTS, DTYPES[dtype]
+                )
+                _assert_sends(row, twice)
             else:
                 _assert_sends(row, row["wire_bytes"])
 

@@ -209,7 +209,10 @@ class Agreement:
             if sizes is None:
                 complete = False
                 continue
-            drains += [(torch.empty(size, dtype=torch.uint8), peer) for size in sizes]
+            device = self._gathered.device  # NCCL moves CUDA tensors only
+            drains += [
+                (torch.empty(size, dtype=torch.uint8, device=device), peer) for size in sizes
+            ]
         Batch(self._group, [], drains).wait(self._timeout)
         if self._early is not None:
             self._early.wait(self._timeout)
