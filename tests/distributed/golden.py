@@ -76,27 +76,28 @@ def run_case(rank: int, world_size: int, op, algorithm, codec, dtype) -> str:
     return digest(tensor)
 
 
-def outputs(rank: int, world_size: int, window: int | None = None) -> dict[str, str]:
-    """Each case's digest on this rank; cases run in a fixed order, since stochastic
-    rounding draws from one stream per (codec, rank). ``window``: steps in flight."""
+def outputs(rank: int, world_size: int, window=None, algorithm=None, chosen=None) -> dict:
+    """Each case's digest on this rank, under the case's name; cases run in a fixed order,
+    since stochastic rounding draws from one stream per (codec, rank). ``window``: steps in
+    flight; ``algorithm``: run every case with this one instead (still named as the case)."""
     if window is not None:
         from commpress.collectives import executor
 
         executor.WINDOW = window
     return {
-        key(op, algorithm, codec, dtype, world_size): run_case(
-            rank, world_size, op, algorithm, codec, dtype
+        key(op, named, codec, dtype, world_size): run_case(
+            rank, world_size, op, algorithm or named, codec, dtype
         )
-        for op, algorithm, codec, dtype in cases()
+        for op, named, codec, dtype in (chosen or cases())
     }
 
 
-def compute(world_sizes=WORLD_SIZES, window: int | None = None) -> dict[str, list[str]]:
+def compute(world_sizes=WORLD_SIZES, window=None, algorithm=None, cases=None) -> dict:
     from commpress.cluster.local import run_distributed
 
     table: dict[str, list[str]] = {}
     for world_size in world_sizes:
-        by_rank = run_distributed(outputs, world_size, window, timeout=600)
+        by_rank = run_distributed(outputs, world_size, window, algorithm, cases, timeout=600)
         for name in by_rank[0]:
             table[name] = [by_rank[rank][name] for rank in range(world_size)]
     return table

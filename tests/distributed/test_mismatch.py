@@ -99,6 +99,33 @@ def test_a_ring_and_a_backend_rank_raise_and_the_group_stays_usable():
     assert "rank 2 called all_gather (backend)" in results[0][0]
 
 
+def _long_codec(rank, world_size):
+    """Found in review: a codec spec too long for the fingerprint's text field. Its rank's
+    early payload must still be drained by the rank it was sent to."""
+
+    def call(rank):
+        codec = "int8:block=4096,impl=reference,stochastic=True,seed=" + "7" * 40
+        out = torch.full((5000,), SENTINEL)
+        try:
+            cp.reduce_scatter_tensor(
+                out, torch.ones(5000 * world_size), codec=codec if rank == 0 else "int8",
+                timeout=TIMEOUT,
+            )  # fmt: skip
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_a_codec_spec_longer_than_the_fingerprint_still_leaves_the_group_usable():
+    results = run_distributed(_long_codec, 2, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None, f"rank {rank} did not raise"
+        assert untouched and recovered, f"rank {rank}: out written or group broken"
+    assert "codec int8:block=4096" in results[1][0]
+
+
 def test_different_sizes_raise_on_every_rank_naming_both_sides():
     results = run_distributed(_sizes, 2, timeout=60)
     for rank, (error, untouched, recovered) in enumerate(results):

@@ -276,6 +276,30 @@ def test_all_gather_leaves_every_chunk_once_on_every_rank(algorithm, world_size,
     assert all(value == {c: c for c in range(world_size)} for value in values)
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_each_algorithm_does_what_its_name_says_on_receipt(world_size):
+    """The simulator accepts any receive action that keeps the data flowing; this pins them:
+    ring forwards as received, ring-hop re-encodes at every hop but the last, a ring
+    reduce-scatter adds at every hop and keeps at the last, alltoall/backend sum."""
+    n, rounds = world_size, world_size - 1
+
+    def thens(op, algorithm):
+        (schedule,) = plan(op, algorithm, 0, n, n * SHARD, torch.float32, "int8", CHUNK_BYTES)
+        return [(step.round, r.then) for step in schedule.steps for r in step.receives]
+
+    assert {t for _, t in thens("all_gather", "ring")} == {Then.DECODE}
+    assert {t for _, t in thens("all_gather", "backend")} == {Then.DECODE}
+    hop = thens("all_gather", "ring-hop")
+    assert all(t is (Then.DECODE if r == rounds - 1 else Then.DECODE_REENCODE) for r, t in hop)
+    for algorithm in ("ring", "ring-hop"):
+        summed = thens("reduce_scatter", algorithm)
+        assert all(
+            t is (Then.ADD_KEEP if r == rounds - 1 else Then.ADD_REENCODE) for r, t in summed
+        )
+    for algorithm in ("alltoall", "backend"):
+        assert {t for _, t in thens("reduce_scatter", algorithm)} == {Then.SUM}
+
+
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_a_pipelined_ring_all_gather_also_leaves_every_piece_once(world_size):
     """The ring all-gather can be cut into pieces (not registered so: see ring.all_gather)."""

@@ -25,7 +25,7 @@ from commpress.collectives.checks import (
     check_pair,
     check_same_result_on_every_rank,
 )
-from commpress.collectives.executor import execute
+from commpress.collectives.executor import execute, first_send
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.payloads import Gathered
 from commpress.collectives.work import launch
@@ -66,16 +66,20 @@ def all_gather_into_tensor(
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
 
     def run() -> None:
-        agreement = Agreement(group, fingerprint, timeout, inp.device)
-        gather(out, inp, group, codec, algorithm, timeout, agreement)
+        gather(out, inp, group, codec, algorithm, timeout, fingerprint)
 
     return launch(run, async_op, (out, inp))
 
 
 def gather(
-    out, inp, group, codec: Codec, algorithm: str, timeout, agreement: Agreement | None = None
+    out, inp, group, codec: Codec, algorithm: str, timeout, fingerprint: Fingerprint | None = None
 ) -> None:
-    """The all-gather itself, on the calling thread (arguments already checked)."""
+    """The all-gather itself, on the calling thread (arguments already checked); with
+    ``fingerprint``, after every rank has agreed on it."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan("all_gather", algorithm, rank, world_size, inp.numel(), inp.dtype, codec)
+    agreement = None
+    if fingerprint is not None:
+        early = first_send(schedule, group)
+        agreement = Agreement(group, fingerprint, timeout, inp.device, early)
     execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, agreement)

@@ -20,7 +20,7 @@ from commpress.collectives.checks import (
     check_reduction_dtype,
     check_same_result_on_every_rank,
 )
-from commpress.collectives.fingerprint import Agreement, Fingerprint
+from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
@@ -61,14 +61,13 @@ def all_reduce(
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
-        agreement = Agreement(group, fingerprint, timeout, tensor.device)
         chunk = -(-numel // world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )
         padded[:numel] = tensor.view(-1)
         padded[numel:] = 0
-        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, agreement)
+        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, fingerprint)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each

@@ -6,11 +6,12 @@ What each action of a schedule does to tensors is the business of a :class:`Payl
 schedule names. The executor only orders them:
 
 1. every ``ENCODE`` send is encoded up front, and a point-to-point schedule's first
-   sends leave, while the argument check
+   send leaves (:func:`first_send`), while the argument check
    (:class:`~commpress.collectives.fingerprint.Agreement`) is in flight; nothing is
    received or written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
-   transfer is on the wire, unless that step sends what the handling produces.
+   transfer is on the wire, unless that step sends what the handling produces
+   (:attr:`~commpress.schedules.Then.rewrites_payload`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from commpress.collectives.fingerprint import Agreement
+from commpress.collectives.fingerprint import Agreement, EarlySend
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, p2p
 
@@ -73,9 +74,10 @@ def execute(
         for send in step.sends:
             if send.prepare is Prepare.ENCODE:
                 payloads.encode_own(send)
-    early = None  # the first step's sends, posted with the argument check in flight
+    early = None  # the first step's send, posted with the argument check in flight
     if agreement is not None:
-        if schedule.transport is Transport.P2P and schedule.steps:
+        if agreement.early is not None:
+            assert agreement.early == first_send(schedule, group), "announced another send"
             early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
             agreement.sent_early(early)
         agreement.check()
@@ -88,17 +90,20 @@ def execute(
         transfer.wait(timeout)
         arrived.extend(step.receives)
 
-    def handle_through(keys: set) -> None:
-        """Handle, in order, every arrived receive up to the last one that produces one of
-        ``keys`` (a chunk piece this step forwards); first wait for those still in flight."""
+    def make_ready(keys: set) -> None:
+        """Wait for the chunk pieces in ``keys`` (what this step forwards) to arrive; where
+        the handling of one rewrites its payload, handle, in order, every arrived receive up
+        to it. A payload forwarded as it came is decoded later, during the transfer."""
         while any(_key(r) in keys for _, step in in_flight for r in step.receives):
             complete_oldest()
-        last = max((i for i, r in enumerate(arrived) if _key(r) in keys), default=-1)
-        for _ in range(last + 1):
+        rewritten = [
+            i for i, r in enumerate(arrived) if _key(r) in keys and r.then.rewrites_payload
+        ]
+        for _ in range(max(rewritten, default=-1) + 1):
             payloads.handle(arrived.popleft())
 
     for step in schedule.steps:
-        handle_through({_key(s) for s in step.sends if s.prepare is Prepare.FORWARD})
+        make_ready({_key(s) for s in step.sends if s.prepare is Prepare.FORWARD})
         while len(in_flight) >= window:
             complete_oldest()
         if early is not None:
@@ -113,6 +118,18 @@ def execute(
         complete_oldest()
         while arrived:
             payloads.handle(arrived.popleft())
+
+
+def first_send(schedule: Schedule, group) -> EarlySend | None:
+    """The payload this rank may send before the argument check has passed: the first step's
+    one send of a point-to-point schedule, to one peer (announced in the fingerprint, so that
+    a mismatched peer can drain it)."""
+    if schedule.transport is not Transport.P2P or not schedule.steps:
+        return None
+    sends = schedule.steps[0].sends
+    if len(sends) != 1 or len(sends[0].dsts) != 1 or not p2p.sends_may_go_alone(group):
+        return None
+    return EarlySend(sends[0].dsts[0], sends[0].wire_bytes)
 
 
 def _key(transfer: Send | Receive) -> tuple[int, int]:

@@ -13,10 +13,10 @@ sizes depend on the very arguments being checked; and with every rank's fingerpr
 every rank, not only the neighbours of a mismatch see it. The exchange is one round of
 point-to-point messages (each rank sends its 128 bytes to every other), started before
 the collective's first encode. A point-to-point schedule does not wait for it before its
-first sends: those leave with the fingerprints (:meth:`Agreement.sent_early`), and only
-the first receives wait for the check. On a mismatch every rank then receives, and drops,
-what each peer's own fingerprint says that peer sent it early (its schedule is rebuilt
-from the fingerprint), so no message stays in flight and the group stays usable.
+first send: it leaves with the fingerprints (:meth:`Agreement.sent_early`), and only the
+first receives wait for the check. Each fingerprint names that early payload (destination
+and size), so on a mismatch every rank receives and drops what was sent to it early, no
+message stays in flight, and the group stays usable.
 
 The sequence number counts this process's checked collectives per group: a rank
 that skipped or added one is named ("rank 1 called ... as its collective #8 on this
@@ -30,11 +30,11 @@ import hashlib
 import struct
 import weakref
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from commpress.schedules import Transport, plan
 from commpress.transport.p2p import Batch
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -42,9 +42,11 @@ OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 REDUCTIONS = ("", "sum", "avg")
 _REDUCTION_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 FINGERPRINT_BYTES = 128
-_MAGIC, _VERSION = b"cpfp", 1
-# magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest
-_HEAD = struct.Struct("<4sBBBBQQQ8s")
+_MAGIC, _VERSION = b"cpfp", 2
+# magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest,
+# the rank the first payload was sent to before the check (-1: none) and its bytes
+_HEAD = struct.Struct("<4sBBBBQQQ8siQ")
+_EARLY = slice(struct.calcsize("<4sBBBBQQQ8s"), _HEAD.size)  # differs from rank to rank
 _TEXT_BYTES = FINGERPRINT_BYTES - _HEAD.size
 _TRUNCATED = "…"
 _MAX_U64 = 2**64 - 1
@@ -54,6 +56,15 @@ _sequences: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks called the same collective slot with different arguments."""
+
+
+class EarlySend(NamedTuple):
+    """The one payload a rank sends before the check: to group rank ``to``, ``nbytes`` long.
+    Each fingerprint carries it, so that after a mismatch its receiver can take it off the
+    wire whatever the sender's arguments were."""
+
+    to: int
+    nbytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +104,9 @@ class Fingerprint:
     def _text(self) -> str:
         return f"{self.dtype} {self.algorithm} {self.codec}"
 
-    def to_bytes(self, sequence: int) -> bytes:
+    def to_bytes(self, sequence: int, early: EarlySend | None = None) -> bytes:
         text = self._text().encode()
+        early_to, early_bytes = (-1, 0) if early is None else early
         head = _HEAD.pack(
             _MAGIC,
             _VERSION,
@@ -105,6 +117,8 @@ class Fingerprint:
             self.numel,
             min(self.chunk_bytes, _MAX_U64),
             hashlib.blake2b(text, digest_size=8).digest(),
+            early_to,
+            early_bytes,
         )
         return head + text[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
 
@@ -124,11 +138,12 @@ class _Received:
     fingerprint: Fingerprint
     sequence: int
     digest: bytes
+    early: EarlySend | None  # what the sender sent before the check
 
 
 def _parse(row: bytes) -> _Received | None:
     """``None`` for bytes that are not a fingerprint this version can read."""
-    magic, version, op, reduction, length, sequence, numel, chunk, digest = _HEAD.unpack(
+    magic, version, op, reduction, length, sequence, numel, chunk, digest, to, size = _HEAD.unpack(
         row[: _HEAD.size]
     )
     if magic != _MAGIC or version != _VERSION or op >= len(OPERATIONS):
@@ -142,7 +157,7 @@ def _parse(row: bytes) -> _Received | None:
     fingerprint = Fingerprint(
         OPERATIONS[op], algorithm, numel, dtype, codec, REDUCTIONS[reduction], chunk
     )
-    return _Received(fingerprint, sequence, digest)
+    return _Received(fingerprint, sequence, digest, None if to < 0 else EarlySend(to, size))
 
 
 class Agreement:
@@ -158,9 +173,13 @@ class Agreement:
         mine: Fingerprint,
         timeout: timedelta | None,
         device: torch.device,
+        early: EarlySend | None = None,
     ):
+        """``early``: the payload the caller will send before :meth:`check` (announced in
+        this rank's fingerprint), posted with :meth:`sent_early`."""
         group = dist.group.WORLD if group is None else group
         self._group, self._timeout = group, timeout
+        self.early = early
         self._world_size = dist.get_world_size(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
@@ -168,7 +187,7 @@ class Agreement:
         self._early: Batch | None = None
         if self._world_size == 1:
             return
-        self._row = mine.to_bytes(sequence)
+        self._row = mine.to_bytes(sequence, early)
         device = _fingerprint_device(group, device)
         local = torch.frombuffer(bytearray(self._row), dtype=torch.uint8).to(device)
         self._gathered = torch.empty(
@@ -185,7 +204,7 @@ class Agreement:
             return
         batch.wait(self._timeout)
         rows = [bytes(row) for row in self._gathered.cpu().numpy()]
-        if any(other != self._row for other in rows):
+        if any(_arguments(other) != _arguments(self._row) for other in rows):
             rank = dist.get_rank(self._group)
             message = _mismatch_message(rows, rank, self._world_size)
             if not self._drain(rows, rank):
@@ -193,57 +212,28 @@ class Agreement:
             raise CollectiveMismatchError(message)
 
     def sent_early(self, sends: Batch) -> None:
-        """``sends`` (the first step of a point-to-point schedule) left before :meth:`check`."""
+        """``sends``: the payload announced as ``early``, on its way before :meth:`check`."""
         self._early = sends
 
     def _drain(self, rows: list[bytes], rank: int) -> bool:
-        """Receive and drop what every peer sent this rank before the check, as its own
-        fingerprint describes it; then let this rank's early sends finish. False when a
-        peer's fingerprint does not say (unreadable, or a codec this process cannot build)."""
-        drains, complete = [], True
+        """Receive and drop the payload each peer's fingerprint says it sent this rank before
+        the check; then let this rank's own early send finish. False when a peer's
+        fingerprint cannot be read (another version, or not a commpress collective)."""
+        device = self._gathered.device  # NCCL moves CUDA tensors only
+        drains, readable = [], True
         for peer, row in enumerate(rows):
-            if peer == rank:
-                continue
-            parsed = _parse(row)
-            sizes = None if parsed is None else _early_sends(parsed, peer, self._world_size, rank)
-            if sizes is None:
-                complete = False
-                continue
-            device = self._gathered.device  # NCCL moves CUDA tensors only
-            drains += [
-                (torch.empty(size, dtype=torch.uint8, device=device), peer) for size in sizes
-            ]
-        Batch(self._group, [], drains).wait(self._timeout)
-        if self._early is not None:
-            self._early.wait(self._timeout)
-        return complete
-
-
-def _early_sends(received: _Received, sender: int, world_size: int, to: int) -> list[int] | None:
-    """Bytes of each message ``sender`` sent rank ``to`` before the check: the first step of
-    its schedule, when that schedule is point-to-point. None when it cannot be rebuilt."""
-    theirs = received.fingerprint
-    try:
-        op = "reduce_scatter" if theirs.op == "all_reduce" else theirs.op
-        numel = theirs.numel
-        if theirs.op == "all_reduce":  # its reduce-scatter runs on the padded tensor
-            numel = -(-numel // world_size) * world_size
-        schedule = plan(
-            op,
-            theirs.algorithm,
-            sender,
-            world_size,
-            numel,
-            getattr(torch, theirs.dtype),
-            theirs.codec,
-            theirs.chunk_bytes or None,
-        )[0]
-    except (ValueError, TypeError, AttributeError):
-        return None
-    if schedule.transport is not Transport.P2P or not schedule.steps:
-        return []
-    first = schedule.steps[0]
-    return [send.wire_bytes for send in first.sends if to in send.dsts]
+            received = None if peer == rank else _parse(row)
+            if peer != rank and received is None:
+                readable = False
+            elif received is not None and received.early and received.early.to == rank:
+                payload = torch.empty(received.early.nbytes, dtype=torch.uint8, device=device)
+                drains.append((payload, peer))
+        try:
+            Batch(self._group, [], drains).wait(self._timeout)
+        finally:
+            if self._early is not None:  # its buffer is the workspace's: let it leave first
+                self._early.wait(self._timeout)
+        return readable
 
 
 def _to_and_from_every_peer(group, local: torch.Tensor, rows: torch.Tensor) -> Batch:
@@ -276,17 +266,22 @@ def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch
     return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
+def _arguments(row: bytes) -> bytes:
+    """What every rank's fingerprint must share: all but the early send's destination."""
+    return row[: _EARLY.start] + row[_EARLY.stop :]
+
+
 def _mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
     own = _parse(rows[rank])
     assert own is not None, "this rank's own fingerprint must parse"
     parts = []
     groups: dict[bytes, list[int]] = {}
     for other, row in enumerate(rows):
-        if row != rows[rank]:
-            groups.setdefault(row, []).append(other)
-    for row, ranks in groups.items():
+        if _arguments(row) != _arguments(rows[rank]):
+            groups.setdefault(_arguments(row), []).append(other)
+    for ranks in groups.values():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-        theirs = _parse(row)
+        theirs = _parse(rows[ranks[0]])
         if theirs is None:
             parts.append(
                 f"{who} sent a fingerprint this rank cannot read (another commpress version, "

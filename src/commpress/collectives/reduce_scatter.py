@@ -37,7 +37,7 @@ from commpress.collectives.checks import (
     check_reduction_dtype,
     check_residual,
 )
-from commpress.collectives.executor import execute
+from commpress.collectives.executor import execute, first_send
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.payloads import reduction
 from commpress.collectives.work import launch
@@ -87,8 +87,7 @@ def reduce_scatter_tensor(
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
     def run() -> None:
-        agreement = Agreement(group, fingerprint, timeout, inp.device)
-        total = reduce(inp, group, codec, algorithm, chunk_bytes, timeout, agreement, residual)
+        total = reduce(inp, group, codec, algorithm, chunk_bytes, timeout, fingerprint, residual)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         out.view(-1).copy_(total)
@@ -97,10 +96,10 @@ def reduce_scatter_tensor(
 
 
 def reduce(
-    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, agreement, residual=None
+    inp, group, codec: Codec, algorithm: str, chunk_bytes: int, timeout, fingerprint, residual=None
 ) -> torch.Tensor:
-    """This rank's reduced chunk in fp32, on the calling thread (arguments checked);
-    ``agreement``: the argument check (:func:`~commpress.collectives.executor.execute`)."""
+    """This rank's reduced chunk in fp32, on the calling thread (arguments checked), after
+    every rank has agreed on ``fingerprint``."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan(
         "reduce_scatter", algorithm, rank, world_size, inp.numel(), inp.dtype, codec, chunk_bytes
@@ -108,5 +107,7 @@ def reduce(
     contributions = inp.view(world_size, -1)
     feedback = None if residual is None else residual.view(world_size, -1)
     payloads = reduction(contributions, codec, schedule, feedback)
+    early = None if payloads.encodes_change_state else first_send(schedule, group)
+    agreement = Agreement(group, fingerprint, timeout, inp.device, early)
     execute(schedule, payloads, group, timeout, agreement)
     return payloads.result

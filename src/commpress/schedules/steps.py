@@ -29,6 +29,12 @@ class Then(enum.Enum):
     ADD_KEEP = "decode, add own, keep"  # the last hop: the chunk's sum over every rank
     SUM = "decode, sum in fp32"  # one contribution to the own chunk
 
+    @property
+    def rewrites_payload(self) -> bool:
+        """Whether a later send of this chunk piece waits for this action, not only for the
+        payload's arrival."""
+        return self in (Then.DECODE_REENCODE, Then.ADD_REENCODE)
+
 
 class Transport(enum.Enum):
     """What moves a schedule's payloads."""

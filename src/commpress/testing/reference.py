@@ -31,8 +31,9 @@ def codec_error(codec: Codec, magnitude: float) -> float:
 def all_gather_error(codec: Codec, algorithm: str, magnitude: float, world_size: int) -> float:
     """Bound on ``|gathered - shard|`` for shards whose magnitudes are at most ``magnitude``.
 
-    ``ring`` and ``backend`` encode each shard once, at its owner; ``ring-hop`` decodes and re-encodes at
-    every hop, so the rank farthest from the owner holds ``world_size - 1`` encodings.
+    ``ring`` and ``backend`` encode each shard once, at its owner; ``ring-hop`` decodes and
+    re-encodes at every hop, so the rank farthest from the owner holds ``world_size - 1``
+    encodings.
     """
     if algorithm == "native" or codec.lossless:
         return 0.0

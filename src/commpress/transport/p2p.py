@@ -34,6 +34,12 @@ class Batch:
             wait(work, timeout)
 
 
+def sends_may_go_alone(group: dist.ProcessGroup | None) -> bool:
+    """Whether a send may be posted in a batch of its own, its ring partner's receive in a
+    later one: not on NCCL, where both must be in one group or a large message deadlocks."""
+    return dist.get_backend(_group(group)) != "nccl"
+
+
 def exchange(
     group: dist.ProcessGroup | None, send: torch.Tensor, right: int, recv: torch.Tensor, left: int
 ) -> Batch:
