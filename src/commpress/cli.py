@@ -8,9 +8,9 @@ import sys
 
 from commpress.bench import codecs as codec_bench
 from commpress.bench import collectives as collective_bench
+from commpress.bench import schedule_command
 from commpress.cluster import commands as cluster_commands
 from commpress.cluster.system import ClusterError
-from commpress.schedules import command as schedule_command
 from commpress.train import command as train_command
 
 

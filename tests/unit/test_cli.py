@@ -191,12 +191,3 @@ def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):
         main(["schedule"])
     assert exit_info.value.code == 2
     assert "required: --op, --algorithm, --world" in capsys.readouterr().err
-
-
-def test_schedule_takes_the_dtypes_bench_takes():
-    import torch
-
-    from commpress.bench.arguments import DTYPES
-    from commpress.schedules.command import DTYPE_NAMES
-
-    assert {name: getattr(torch, name) for name in DTYPE_NAMES} == DTYPES

@@ -36,33 +36,13 @@ def all_gather(
     each, so that a piece can be forwarded while the next one is arriving. The registered
     ``ring`` and ``ring-hop`` send whole chunks: on the project's 2-core machine every extra
     step costs more than the overlap wins (``benchmarks/schedules_2026-11-25/README.md``)."""
-    left, right = neighbours(rank, world_size)
+
+    def then(last: bool) -> Then:
+        return Then.DECODE_REENCODE if hop and not last else Then.DECODE
+
     whole = hop or chunk_bytes is None
     cuts = pieces(numel, numel if whole else piece_numel(chunk_bytes))
-    steps = []
-    for step in range(world_size - 1):
-        last = step == world_size - 2
-        for index, (offset, size) in enumerate(cuts):
-            wire = codec.wire_bytes(size, dtype)
-            send = Send(
-                dsts=(right,),
-                chunk=(rank - step) % world_size,
-                piece=index,
-                offset=offset,
-                numel=size,
-                wire_bytes=wire,
-                prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
-            )
-            receive = Receive(
-                src=left,
-                chunk=(rank - step - 1) % world_size,
-                piece=index,
-                offset=offset,
-                numel=size,
-                wire_bytes=wire,
-                then=Then.DECODE_REENCODE if hop and not last else Then.DECODE,
-            )
-            steps.append(Step(step, (send,), (receive,)))
+    steps = _rounds(rank, world_size, cuts, lambda size: codec.wire_bytes(size, dtype), 0, then)
     return Schedule(
         op="all_gather",
         algorithm="ring-hop" if hop else "ring",
@@ -72,7 +52,7 @@ def all_gather(
         chunk_numel=numel,
         payload_dtype=dtype_name(dtype),
         transport=Transport.P2P,
-        steps=tuple(steps),
+        steps=steps,
     )
 
 
@@ -90,33 +70,13 @@ def reduce_scatter(
     chunk received in round s is the one sent in round s + 1, after adding the own
     contribution, and the last one received is the rank's own, summed over every rank.
     ``ring`` cuts each chunk into pieces of ``chunk_bytes`` of fp32, one step each."""
-    left, right = neighbours(rank, world_size)
+
+    def then(last: bool) -> Then:
+        return Then.ADD_KEEP if last else Then.ADD_REENCODE
+
     sent_dtype = partial_sum_dtype(codec, dtype)
     cuts = pieces(numel, numel if hop else piece_numel(chunk_bytes))
-    steps = []
-    for step in range(world_size - 1):
-        last = step == world_size - 2
-        for index, (offset, size) in enumerate(cuts):
-            wire = codec.wire_bytes(size, sent_dtype)
-            send = Send(
-                dsts=(right,),
-                chunk=(rank - step - 1) % world_size,
-                piece=index,
-                offset=offset,
-                numel=size,
-                wire_bytes=wire,
-                prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
-            )
-            receive = Receive(
-                src=left,
-                chunk=(rank - step - 2) % world_size,
-                piece=index,
-                offset=offset,
-                numel=size,
-                wire_bytes=wire,
-                then=Then.ADD_KEEP if last else Then.ADD_REENCODE,
-            )
-            steps.append(Step(step, (send,), (receive,)))
+    wire = lambda size: codec.wire_bytes(size, sent_dtype)  # noqa: E731
     return Schedule(
         op="reduce_scatter",
         algorithm="ring-hop" if hop else "ring",
@@ -126,5 +86,35 @@ def reduce_scatter(
         chunk_numel=numel,
         payload_dtype=dtype_name(sent_dtype),
         transport=Transport.P2P,
-        steps=tuple(steps),
+        steps=_rounds(rank, world_size, cuts, wire, 1, then),
     )
+
+
+def _rounds(rank, world_size, cuts, wire, lag: int, then) -> tuple[Step, ...]:
+    """n - 1 rounds, one step per piece: round s sends chunk r - s - ``lag`` to the right
+    (encoding the own data in round 0, forwarding after) and receives chunk
+    r - s - ``lag`` - 1 from the left, to be handled as ``then(last round)`` says."""
+    left, right = neighbours(rank, world_size)
+    steps = []
+    for step in range(world_size - 1):
+        for index, (offset, size) in enumerate(cuts):
+            send = Send(
+                dsts=(right,),
+                chunk=(rank - step - lag) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire(size),
+                prepare=Prepare.ENCODE if step == 0 else Prepare.FORWARD,
+            )
+            receive = Receive(
+                src=left,
+                chunk=(rank - step - lag - 1) % world_size,
+                piece=index,
+                offset=offset,
+                numel=size,
+                wire_bytes=wire(size),
+                then=then(step == world_size - 2),
+            )
+            steps.append(Step(step, (send,), (receive,)))
+    return tuple(steps)

@@ -7,29 +7,10 @@ made: the schedules are pure data.
 
 from __future__ import annotations
 
-import torch
-
+from commpress.bench.arguments import DTYPES, non_negative_int, positive_int
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan
 from commpress.schedules.wire import wire_bytes
-
-#: ``--dtype`` values: nccl-tests' names, as ``commpress bench`` takes them (each is also
-#: the name of a torch dtype). Not imported from the benchmarks: schedules sit below them.
-DTYPE_NAMES = ("float", "bfloat16", "half")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"must be at least 0, got {value}")
-    return value
 
 
 def add_arguments(parser) -> None:
@@ -45,7 +26,7 @@ def add_arguments(parser) -> None:
         default=1 << 20,
         help="the rank's input: an all-gather's shard, a reduction's whole tensor (1048576)",
     )
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float")
     parser.add_argument("--codec", default="none", help="codec spec, e.g. int8:block=128 (none)")
     parser.add_argument(
         "--chunk-bytes",
@@ -67,7 +48,7 @@ def run(args) -> int:
         raise ValueError(f"--algorithm {args.algorithm!r} {why}; choose from {', '.join(known)}")
     if args.rank is not None and not 0 <= args.rank < args.world:
         raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
-    dtype = getattr(torch, args.dtype)
+    dtype = DTYPES[args.dtype]
     ranks = range(args.world) if args.rank is None else (args.rank,)
     call = (args.world, args.numel, dtype, args.codec, args.chunk_bytes)
     blocks = [
