@@ -64,6 +64,18 @@ def _instrument() -> None:
         object.__setattr__(codec, "decode", _timed("decode", codec.decode))
 
 
+class _Waited:
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, timeout=None):
+        p2p.wait(self._work, timeout)
+
+
+def _by_all_gather(group, local, rows):
+    return _Waited(collective.all_gather(rows.view(-1), local, group))
+
+
 def _with_toggles(toggles: list[str]):
     real_execute, real_init = all_gather.execute, fingerprint.Agreement.__init__
 
@@ -72,16 +84,20 @@ def _with_toggles(toggles: list[str]):
             agreement.check()
         real_execute(schedule, payloads, group, timeout, None, window)
 
-    def skipped(self, *args):
-        self._batch = None
+    def skipped(self, *args, **kwargs):
+        self._batch, self.early = None, None
 
     if "late" in toggles:
         all_gather.execute = late
     if "nocheck" in toggles:
         fingerprint.Agreement.__init__ = skipped
+    real_exchange = fingerprint._to_and_from_every_peer
+    if "agcheck" in toggles:  # the fingerprints by gloo's all-gather instead of p2p
+        fingerprint._to_and_from_every_peer = _by_all_gather
 
     def restore():
         all_gather.execute, fingerprint.Agreement.__init__ = real_execute, real_init
+        fingerprint._to_and_from_every_peer = real_exchange
 
     return restore
 

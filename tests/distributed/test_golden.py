@@ -45,7 +45,11 @@ def test_backend_gives_the_bits_of_ring_and_alltoall(saved):
     shard once, like ``ring``, and its reduce-scatter is the all-to-all of ``alltoall``."""
     twins = {"all_gather": "ring", "reduce_scatter": "alltoall", "all_reduce": "alltoall"}
     # Stochastic rounding is left out: its noise depends on the calls before it.
-    cases = [c for c in golden.cases() if c[1] == twins[c[0]] and "stochastic" not in c[2]]
+    cases = [
+        c
+        for c in golden.cases()
+        if c[1] == twins[c[0].partition("/")[0]] and "stochastic" not in c[2]
+    ]
     computed = golden.compute(world_sizes=(3,), algorithm="backend", cases=cases)
     for name, digests in computed.items():
         assert digests == saved[name], name
