@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate
-from commpress.cluster.counters import parse_net_dev
+from commpress.cluster.counters import parse_net_dev, parse_retransmitted
 from commpress.cluster.launcher import exit_status
 from commpress.collectives.workspace import Workspace
 
@@ -95,3 +95,16 @@ def test_workspace_reuses_and_grows():
     assert pieces[1].data_ptr() == pieces[0].data_ptr() + 3
     workspace.release()
     assert workspace.held_bytes() == 0
+
+
+SNMP = """Ip: Forwarding DefaultTTL InReceives
+Ip: 1 64 120
+Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors
+Tcp: 1 200 120000 -1 12 9 0 1 6 51234 49876 37 0 3 0
+Udp: InDatagrams NoPorts InErrors OutDatagrams
+Udp: 5 0 0 5
+"""  # noqa: E501
+
+
+def test_retransmitted_segments_are_read_from_the_tcp_line():
+    assert parse_retransmitted(SNMP) == 37

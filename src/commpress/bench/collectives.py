@@ -7,8 +7,9 @@ Times are the median over ``-n`` iterations of the slowest rank's time.
 With ``--hosts N --link RATE`` the ranks run one per host of an emulated cluster
 (built for the run, or the one already up), and every row also gets the bytes
 each host really sent per call (``tx_bytes``, from its interface counters, all
-headers included), the time the link needs for the bytes the algorithm must
-send (``ideal_us`` = wire bytes / RATE) and ``efficiency`` = ideal / measured.
+headers included; ``tx_retransmitted``, the TCP segments it sent again), the time the
+link needs for the bytes the algorithm must send (``ideal_us`` = wire bytes / RATE) and
+``efficiency`` = ideal / measured.
 
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
 ``wire(B)`` is read from the algorithm's schedules (:mod:`commpress.schedules.wire`).
@@ -37,7 +38,7 @@ from commpress.bench.arguments import (
     positive_int,
     size_factor,
 )
-from commpress.cluster import Link, cluster_for, read_local
+from commpress.cluster import Link, cluster_for, read_local, read_retransmitted
 from commpress.cluster.commands import add_link_arguments
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, wire_bytes
@@ -105,6 +106,7 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
         _run(op, algorithm, codec, inp, out)
     dist.barrier()
     before = read_local(interface) if interface else None
+    retransmitted = read_retransmitted() if interface else None
     times = []
     for _ in range(iterations):
         dist.barrier()
@@ -117,8 +119,10 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
         return statistics.median(times), None
     dist.barrier()  # every peer has received what this rank sent: it has left the link
     sent = read_local(interface) - before
+    again = (read_retransmitted() - retransmitted) / iterations
     per_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, (sent.tx_bytes // iterations, sent.tx_packets / iterations))
+    mine = (sent.tx_bytes // iterations, sent.tx_packets / iterations, again)
+    dist.all_gather_object(per_rank, mine)
     return statistics.median(times), tuple(map(list, zip(*per_rank, strict=True)))
 
 
@@ -190,11 +194,12 @@ def _worker(rank, world_size, config):
 def _link_columns(link_bits, wire, seconds, tx) -> dict:
     if link_bits is None:
         return {}
-    tx_bytes, tx_packets = tx
+    tx_bytes, tx_packets, retransmitted = tx
     ideal = Link(link_bits).seconds_for(wire)
     return {
         "tx_bytes": tx_bytes,
         "tx_packets": tx_packets,
+        "tx_retransmitted": retransmitted,  # TCP segments sent again, per call
         "tx_max": max(tx_bytes),
         "ideal_us": ideal * 1e6,
         "efficiency": ideal / seconds,

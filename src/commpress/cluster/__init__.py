@@ -6,7 +6,7 @@ with commpress.cluster.Emulated(hosts=4, link="1gbit") as cluster:
     before = cluster.counters()                   # traffic per host
 """
 
-from commpress.cluster.counters import Counters, read_local
+from commpress.cluster.counters import Counters, read_local, read_retransmitted
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.layout import Layout
 from commpress.cluster.link import Link, parse_rate
@@ -22,5 +22,6 @@ __all__ = [
     "parse_rate",
     "present",
     "read_local",
+    "read_retransmitted",
     "remove",
 ]

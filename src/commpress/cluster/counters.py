@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 PROC_NET_DEV = "/proc/net/dev"
+PROC_NET_SNMP = "/proc/net/snmp"
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,17 @@ def read_local(interface: str) -> Counters:
     """Counters of ``interface`` in this process's own network namespace."""
     with open(PROC_NET_DEV) as table:
         return parse_net_dev(table.read(), interface)
+
+
+def parse_retransmitted(text: str) -> int:
+    """TCP segments sent again (``RetransSegs``) in the text of ``/proc/net/snmp``."""
+    tcp = [line.split()[1:] for line in text.splitlines() if line.startswith("Tcp:")]
+    names, values = tcp[0], tcp[1]
+    return int(values[names.index("RetransSegs")])
+
+
+def read_retransmitted() -> int:
+    """TCP segments this process's network namespace has retransmitted so far: bytes an
+    interface counts twice when a shaped link dropped them (many senders to one host)."""
+    with open(PROC_NET_SNMP) as table:
+        return parse_retransmitted(table.read())
