@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from commpress.schedules.payloads import dtype_name
 from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
+
+ALL_GATHER, ALL_TO_ALL = Transport.ALL_GATHER, Transport.ALL_TO_ALL
 
 
 def all_gather(rank: int, world_size: int, numel: int, dtype: torch.dtype, codec) -> Schedule:
@@ -21,16 +22,9 @@ def all_gather(rank: int, world_size: int, numel: int, dtype: torch.dtype, codec
     others = tuple(peer for peer in range(world_size) if peer != rank)
     sends = (Send(others, rank, 0, 0, numel, wire, Prepare.ENCODE),) if others else ()
     receives = tuple(Receive(peer, peer, 0, 0, numel, wire, Then.DECODE) for peer in others)
-    return Schedule(
-        op="all_gather",
-        algorithm="backend",
-        codec=str(codec),
-        rank=rank,
-        world_size=world_size,
-        chunk_numel=numel,
-        payload_dtype=dtype_name(dtype),
-        transport=Transport.ALL_GATHER,
-        steps=(Step(0, sends, receives),) if others else (),
+    steps = (Step(0, sends, receives),) if others else ()
+    return Schedule.of(
+        "all_gather", "backend", codec, rank, world_size, numel, dtype, ALL_GATHER, steps
     )
 
 
@@ -42,14 +36,7 @@ def reduce_scatter(
     others = tuple(peer for peer in range(world_size) if peer != rank)
     sends = tuple(Send((peer,), peer, 0, 0, numel, wire, Prepare.ENCODE) for peer in others)
     receives = tuple(Receive(peer, rank, 0, 0, numel, wire, Then.SUM) for peer in others)
-    return Schedule(
-        op="reduce_scatter",
-        algorithm=algorithm,
-        codec=str(codec),
-        rank=rank,
-        world_size=world_size,
-        chunk_numel=numel,
-        payload_dtype=dtype_name(dtype),
-        transport=Transport.ALL_TO_ALL,
-        steps=(Step(0, sends, receives),) if others else (),
+    steps = (Step(0, sends, receives),) if others else ()
+    return Schedule.of(
+        "reduce_scatter", algorithm, codec, rank, world_size, numel, dtype, ALL_TO_ALL, steps
     )

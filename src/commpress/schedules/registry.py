@@ -111,33 +111,32 @@ def _check_op(op: str) -> None:
         raise ValueError(f"unknown op {op!r}; known: {OPS}")
 
 
-register(
-    Algorithm(
+def _ring_gather(r, n, numel, dtype, codec, _, *, hop: bool) -> Schedule:
+    return ring.all_gather(r, n, numel, dtype, codec, hop=hop)  # whole shards
+
+
+def _ring_reduce(r, n, numel, dtype, codec, chunk_bytes, *, hop: bool) -> Schedule:
+    return ring.reduce_scatter(r, n, numel, dtype, codec, hop=hop, chunk_bytes=chunk_bytes)
+
+
+for _name, _hop, _summary in (
+    (
         "ring",
+        False,
         "compress at the collective level: encode once (all-gather), or decode, add and "
         "re-encode each partial sum, pipelined in pieces (reduce-scatter)",
-        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
-            r, n, numel, dtype, codec, hop=False, chunk_bytes=None
-        ),
-        reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
-            r, n, numel, dtype, codec, hop=False, chunk_bytes=chunk_bytes
-        ),
-        all_reduce_gather="ring",
+    ),
+    ("ring-hop", True, "the point-to-point baseline: decode and re-encode at every hop"),
+):
+    register(
+        Algorithm(
+            _name,
+            _summary,
+            all_gather=functools.partial(_ring_gather, hop=_hop),
+            reduce_scatter=functools.partial(_ring_reduce, hop=_hop),
+            all_reduce_gather=_name,
+        )
     )
-)
-register(
-    Algorithm(
-        "ring-hop",
-        "the point-to-point baseline: decode and re-encode at every hop, whole chunks",
-        all_gather=lambda r, n, numel, dtype, codec, _: ring.all_gather(
-            r, n, numel, dtype, codec, hop=True, chunk_bytes=None
-        ),
-        reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: ring.reduce_scatter(
-            r, n, numel, dtype, codec, hop=True, chunk_bytes=chunk_bytes
-        ),
-        all_reduce_gather="ring-hop",
-    )
-)
 register(
     Algorithm(
         "alltoall",

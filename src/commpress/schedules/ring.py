@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from commpress.schedules.payloads import dtype_name, partial_sum_dtype, piece_numel, pieces
+from commpress.schedules.payloads import partial_sum_dtype, piece_numel, pieces
 from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
+
+P2P = Transport.P2P
 
 
 def neighbours(rank: int, world_size: int) -> tuple[int, int]:
@@ -43,17 +45,8 @@ def all_gather(
     whole = hop or chunk_bytes is None
     cuts = pieces(numel, numel if whole else piece_numel(chunk_bytes))
     steps = _rounds(rank, world_size, cuts, lambda size: codec.wire_bytes(size, dtype), 0, then)
-    return Schedule(
-        op="all_gather",
-        algorithm="ring-hop" if hop else "ring",
-        codec=str(codec),
-        rank=rank,
-        world_size=world_size,
-        chunk_numel=numel,
-        payload_dtype=dtype_name(dtype),
-        transport=Transport.P2P,
-        steps=steps,
-    )
+    name = "ring-hop" if hop else "ring"
+    return Schedule.of("all_gather", name, codec, rank, world_size, numel, dtype, P2P, steps)
 
 
 def reduce_scatter(
@@ -77,16 +70,10 @@ def reduce_scatter(
     sent_dtype = partial_sum_dtype(codec, dtype)
     cuts = pieces(numel, numel if hop else piece_numel(chunk_bytes))
     wire = lambda size: codec.wire_bytes(size, sent_dtype)  # noqa: E731
-    return Schedule(
-        op="reduce_scatter",
-        algorithm="ring-hop" if hop else "ring",
-        codec=str(codec),
-        rank=rank,
-        world_size=world_size,
-        chunk_numel=numel,
-        payload_dtype=dtype_name(sent_dtype),
-        transport=Transport.P2P,
-        steps=_rounds(rank, world_size, cuts, wire, 1, then),
+    steps = _rounds(rank, world_size, cuts, wire, 1, then)
+    name = "ring-hop" if hop else "ring"
+    return Schedule.of(
+        "reduce_scatter", name, codec, rank, world_size, numel, sent_dtype, P2P, steps
     )
 
 

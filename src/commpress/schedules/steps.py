@@ -90,6 +90,21 @@ class Schedule:
     transport: Transport
     steps: tuple[Step, ...]
 
+    @classmethod
+    def of(cls, op, algorithm, codec, rank, world_size, numel, dtype, transport, steps):
+        """A schedule of ``steps`` for a chunk of ``numel`` elements encoded as ``dtype``."""
+        return cls(
+            op=op,
+            algorithm=algorithm,
+            codec=str(codec),
+            rank=rank,
+            world_size=world_size,
+            chunk_numel=numel,
+            payload_dtype=str(dtype).removeprefix("torch."),
+            transport=transport,
+            steps=tuple(steps),
+        )
+
     @property
     def sent_bytes(self) -> int:
         return sum(step.sent_bytes for step in self.steps)
