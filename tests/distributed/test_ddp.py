@@ -82,6 +82,7 @@ RECORDED = {
     "none": ("none", None),
     "int8": ("int8", None),
     "int8@alltoall": ("int8@alltoall", None),
+    "int8@backend": ("int8@backend", None),
     **{f"int8-{c}": ("int8", c) for c in CORRUPTIONS},
 }
 
@@ -120,7 +121,10 @@ def update_ratio(records, codec, algorithm) -> float:
     return worst
 
 
-@pytest.mark.parametrize(("spec", "algorithm"), [("int8", "ring"), ("int8@alltoall", "alltoall")])
+@pytest.mark.parametrize(
+    ("spec", "algorithm"),
+    [("int8", "ring"), ("int8@alltoall", "alltoall"), ("int8@backend", "backend")],
+)
 def test_each_int8_step_is_the_exact_step_within_the_codec_error_bound(runs, spec, algorithm):
     for _, recorded in runs:
         records = recorded[spec]["records"]
@@ -140,7 +144,7 @@ def test_the_step_check_fails_for_a_broken_hook(runs, corruption):
     assert update_ratio(records, cp.get_codec("int8"), "ring") > 1
 
 
-@pytest.mark.parametrize("spec", ["int8", "int8@alltoall"])
+@pytest.mark.parametrize("spec", ["int8", "int8@alltoall", "int8@backend"])
 def test_int8_hook_ranks_agree_and_traffic_shrinks(runs, spec):
     (_, mine), (_, theirs) = runs
     final = [run[spec]["records"][-1]["after"] for run in (mine, theirs)]
