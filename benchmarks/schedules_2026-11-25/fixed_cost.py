@@ -23,6 +23,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.cluster import cluster_for
 from commpress.collectives import all_gather, fingerprint
+from commpress.collectives.fingerprint import Agreement
 from commpress.transport import collective, p2p
 
 PARTS: collections.defaultdict = collections.defaultdict(float)
@@ -79,13 +80,13 @@ def _by_all_gather(group, local, rows):
 def _with_toggles(toggles: list[str]):
     real_execute, real_init = all_gather.execute, fingerprint.Agreement.__init__
 
-    def late(schedule, payloads, group, timeout, agreement=None, window=None):
-        if agreement is not None:
-            agreement.check()
+    def late(schedule, payloads, group, timeout, fingerprint=None, window=None):
+        if fingerprint is not None:
+            Agreement(group, fingerprint, timeout, payloads.device).check()
         real_execute(schedule, payloads, group, timeout, None, window)
 
     def skipped(self, *args, **kwargs):
-        self._batch, self.early = None, None
+        self._batch = None
 
     if "late" in toggles:
         all_gather.execute = late

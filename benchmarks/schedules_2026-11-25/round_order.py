@@ -17,13 +17,18 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.collectives import executor, reduce_scatter
+from commpress.collectives.fingerprint import Agreement
 
 
-def _old_order(schedule, payloads, group, timeout, agreement=None, window=None):
+def _check(group, fingerprint, timeout, device) -> None:
+    if fingerprint is not None:  # its cost is measured apart: `fixed_cost.py`
+        Agreement(group, fingerprint, timeout, device).check()
+
+
+def _old_order(schedule, payloads, group, timeout, fingerprint=None, window=None):
     """The executor's loop, but every arrival is handled before a new round's first step
     is posted (window 1), as the hand-written ring did."""
-    if agreement is not None:
-        agreement.check()  # measured apart: `fixed_cost.py`
+    _check(group, fingerprint, timeout, payloads.device)
     for step in schedule.steps:
         for send in step.sends:
             if send.prepare is executor.Prepare.ENCODE:
@@ -49,9 +54,8 @@ def _old_order(schedule, payloads, group, timeout, agreement=None, window=None):
         payloads.handle(receive)
 
 
-def _new_order(schedule, payloads, group, timeout, agreement=None, window=None):
-    if agreement is not None:
-        agreement.check()
+def _new_order(schedule, payloads, group, timeout, fingerprint=None, window=None):
+    _check(group, fingerprint, timeout, payloads.device)
     executor.execute(schedule, payloads, group, timeout, None, window)
 
 

@@ -25,8 +25,8 @@ from commpress.collectives.checks import (
     check_pair,
     check_same_result_on_every_rank,
 )
-from commpress.collectives.executor import execute, first_send
-from commpress.collectives.fingerprint import Agreement, Fingerprint
+from commpress.collectives.executor import execute
+from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
 from commpress.collectives.work import launch
 from commpress.schedules import algorithms, plan
@@ -78,8 +78,4 @@ def gather(
     ``fingerprint``, after every rank has agreed on it."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan("all_gather", algorithm, rank, world_size, inp.numel(), inp.dtype, codec)
-    agreement = None
-    if fingerprint is not None:
-        early = first_send(schedule, group)
-        agreement = Agreement(group, fingerprint, timeout, inp.device, early)
-    execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, agreement)
+    execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, fingerprint)

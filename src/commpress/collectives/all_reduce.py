@@ -25,6 +25,7 @@ from commpress.collectives.reduce_scatter import reduce
 from commpress.collectives.work import launch
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
+from commpress.schedules.payloads import chunk_numel
 from commpress.transport import collective
 from commpress.transport.p2p import wait
 
@@ -61,7 +62,7 @@ def all_reduce(
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
-        chunk = -(-numel // world_size)
+        chunk = chunk_numel(numel, world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from commpress.collectives.fingerprint import Agreement, EarlySend
+from commpress.collectives.fingerprint import Agreement, EarlySend, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, p2p
 
@@ -37,6 +37,8 @@ class Payloads(Protocol):
 
     #: The encodes update caller-visible state (error feedback): check the arguments first.
     encodes_change_state: bool
+    #: Where the collective's tensors live (the argument check runs there on NCCL).
+    device: torch.device
 
     def encode_own(self, send: Send) -> None: ...
     def begin(self) -> None:
@@ -59,25 +61,31 @@ def execute(
     payloads: Payloads,
     group: dist.ProcessGroup | None,
     timeout: timedelta | None,
-    agreement: Agreement | None = None,
+    fingerprint: Fingerprint | None = None,
     window: int | None = None,
 ) -> None:
-    """Run ``schedule`` on the calling thread. ``agreement`` (the argument check) is waited
-    for after the own payloads are encoded and before anything is received or written to
-    the output; a point-to-point schedule's first sends leave before it. Up to ``window`` steps
-    (default :data:`WINDOW`) are in flight at once; received payloads are handled in step
-    order, so the codec sees the same calls in the same order whatever the window."""
+    """Run ``schedule`` on the calling thread. With ``fingerprint``, every rank first agrees
+    on the arguments (:class:`~commpress.collectives.fingerprint.Agreement`): the check is
+    started before the own payloads are encoded and waited for before anything is received
+    or written to the output; a point-to-point schedule's first send leaves before it. Up to
+    ``window`` steps (default :data:`WINDOW`) are in flight at once; received payloads are
+    handled in step order, so the codec sees the same calls in the same order whatever the
+    window."""
     window = WINDOW if window is None else window
-    if payloads.encodes_change_state and agreement is not None:
-        agreement.check()
+    agreement, announced = None, None
+    if fingerprint is not None:
+        if not payloads.encodes_change_state:
+            announced = first_send(schedule, group)
+        agreement = Agreement(group, fingerprint, timeout, payloads.device, announced)
+        if payloads.encodes_change_state:
+            agreement.check()
     for step in schedule.steps:
         for send in step.sends:
             if send.prepare is Prepare.ENCODE:
                 payloads.encode_own(send)
     early = None  # the first step's send, posted with the argument check in flight
     if agreement is not None:
-        if agreement.early is not None:
-            assert agreement.early == first_send(schedule, group), "announced another send"
+        if announced is not None:
             early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
             agreement.sent_early(early)
         agreement.check()
@@ -107,8 +115,8 @@ def execute(
         while len(in_flight) >= window:
             complete_oldest()
         if early is not None:
-            receives = [(payloads.receive_buffer(r), r.src) for r in step.receives]
-            transfer, early = _Both(early, p2p.Batch(group, [], receives)), None
+            transfer = _Both(early, p2p.Batch(group, [], _receives(step, payloads)))
+            early = None
         else:
             transfer = _start(schedule.transport, step, payloads, group)
         in_flight.append((transfer, step))
@@ -153,6 +161,10 @@ def _sends(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
     return [(payloads.send_buffer(s), dst) for s in step.sends for dst in s.dsts]
 
 
+def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
+    return [(payloads.receive_buffer(r), r.src) for r in step.receives]
+
+
 class _Collective:
     def __init__(self, work):
         self._work = work
@@ -163,8 +175,7 @@ class _Collective:
 
 def _start(transport: Transport, step: Step, payloads: Payloads, group):
     if transport is Transport.P2P:
-        receives = [(payloads.receive_buffer(r), r.src) for r in step.receives]
-        return p2p.Batch(group, _sends(step, payloads), receives)
+        return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
     if transport is Transport.ALL_GATHER:
         (own,) = step.sends
         work = collective.all_gather(payloads.gathered(), payloads.send_buffer(own), group)

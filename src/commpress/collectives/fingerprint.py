@@ -179,7 +179,6 @@ class Agreement:
         this rank's fingerprint), posted with :meth:`sent_early`."""
         group = dist.group.WORLD if group is None else group
         self._group, self._timeout = group, timeout
-        self.early = early
         self._world_size = dist.get_world_size(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
@@ -204,7 +203,8 @@ class Agreement:
             return
         batch.wait(self._timeout)
         rows = [bytes(row) for row in self._gathered.cpu().numpy()]
-        if any(_arguments(other) != _arguments(self._row) for other in rows):
+        mine = _arguments(self._row)
+        if any(_arguments(other) != mine for other in rows):
             rank = dist.get_rank(self._group)
             message = _mismatch_message(rows, rank, self._world_size)
             if not self._drain(rows, rank):

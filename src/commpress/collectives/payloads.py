@@ -46,7 +46,7 @@ class Gathered:
 
     def __init__(self, out: torch.Tensor, inp: torch.Tensor, codec: Codec, schedule: Schedule):
         self.rank, self.codec = schedule.rank, codec
-        self.inp, self.dtype = inp, inp.dtype
+        self.inp, self.dtype, self.device = inp, inp.dtype, inp.device
         self.chunks = out.view(schedule.world_size, inp.numel())
         self.slots = Slots("all_gather.payloads", schedule, inp.device)
 
@@ -97,6 +97,7 @@ class PartialSums:
         self.contributions = contributions  # (world_size, chunk numel)
         self.sent_dtype = getattr(torch, schedule.payload_dtype)
         numel, device = contributions.shape[1], contributions.device
+        self.device = device
         self.slots = Slots("reduce_scatter.payloads", schedule, device)
         largest = max((size for _, size in self.slots.pieces), default=0)
         self.result = workspace.take("reduce_scatter.result", numel, torch.float32, device)
@@ -156,6 +157,7 @@ class Contributions:
         self.numel, self.dtype = contributions.shape[1], contributions.dtype
         wire = codec.wire_bytes(self.numel, self.dtype)
         device, n = contributions.device, schedule.world_size
+        self.device = device
         self.sent = workspace.take("alltoall.send", n * wire, torch.uint8, device).view(n, wire)
         self.sent[self.rank] = 0  # the own slot is never encoded, but it is sent: keep it clean
         self.received = workspace.take("alltoall.received", n * wire, torch.uint8, device)

@@ -37,8 +37,8 @@ from commpress.collectives.checks import (
     check_reduction_dtype,
     check_residual,
 )
-from commpress.collectives.executor import execute, first_send
-from commpress.collectives.fingerprint import Agreement, Fingerprint
+from commpress.collectives.executor import execute
+from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
 from commpress.collectives.work import launch
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
@@ -107,7 +107,5 @@ def reduce(
     contributions = inp.view(world_size, -1)
     feedback = None if residual is None else residual.view(world_size, -1)
     payloads = reduction(contributions, codec, schedule, feedback)
-    early = None if payloads.encodes_change_state else first_send(schedule, group)
-    agreement = Agreement(group, fingerprint, timeout, inp.device, early)
-    execute(schedule, payloads, group, timeout, agreement)
+    execute(schedule, payloads, group, timeout, fingerprint)
     return payloads.result
