@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
 from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate
+from commpress.cluster.commands import add_link_arguments, wants_cluster
 from commpress.cluster.counters import parse_net_dev, parse_retransmitted
-from commpress.cluster.launcher import exit_status
+from commpress.cluster.launcher import exit_status, rank_environment
 from commpress.collectives.workspace import Workspace
 
 NET_DEV = """Inter-|   Receive                                                |  Transmit
@@ -108,3 +111,97 @@ Udp: 5 0 0 5
 
 def test_retransmitted_segments_are_read_from_the_tcp_line():
     assert parse_retransmitted(SNMP) == 37
+
+
+# -- racks ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hosts", "racks", "message"),
+    [
+        (4, 3, "racks must divide hosts.*racks=3, hosts=4"),
+        (4, 0, "racks must be at least 1, got 0"),
+        (4, -2, "racks must be at least 1, got -2"),
+        (2, 4, "racks must divide hosts"),
+    ],
+)
+def test_bad_rack_count_is_a_value_error_naming_racks(hosts, racks, message):
+    with pytest.raises(ValueError, match=message):
+        Emulated(hosts, "1gbit", racks=racks)
+
+
+@pytest.mark.parametrize("racks", [True, "2", 2.0, None])
+def test_rack_count_of_the_wrong_type_is_a_type_error(racks):
+    with pytest.raises(TypeError, match="racks must be an int"):
+        Emulated(4, "1gbit", racks=racks)
+
+
+def test_uplink_needs_more_than_one_rack_and_a_good_rate():
+    with pytest.raises(ValueError, match="uplink='500mbit' needs racks > 1"):
+        Emulated(4, "1gbit", uplink="500mbit")
+    with pytest.raises(ValueError, match="uplink='500mbit' needs racks > 1"):
+        Emulated(4, "1gbit", racks=1, uplink="500mbit")
+    with pytest.raises(ValueError, match="uplink: link rate '1gbyte'"):
+        Emulated(4, "1gbit", racks=2, uplink="1gbyte")
+    with pytest.raises(TypeError, match="uplink: link rate"):
+        Emulated(4, "1gbit", racks=2, uplink=1.5)
+
+
+def test_uplink_defaults_to_the_host_link_and_shares_its_mtu():
+    cluster = Emulated(4, "1gbit", racks=2, mtu=9000)
+    assert cluster.uplink == Link(10**9, None, 9000)
+    slower = Emulated(4, "1gbit", racks=2, uplink="500mbit", delay="1ms")
+    assert slower.uplink == Link(5 * 10**8, None, 1500)  # the delay is the hosts' own
+    assert "2 racks of 2 hosts, uplinks 500mbit" in slower.describe()
+    single = Emulated(4, "1gbit")
+    assert single.racks == 1 and single.uplink is None and single.uplink_counters() == []
+    assert single.describe_racks() == "" and "rack" not in single.describe()
+
+
+def test_hosts_are_numbered_rack_by_rack():
+    cluster = Emulated(8, "1gbit", racks=4)
+    assert [cluster.rack_of(host) for host in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [Emulated(3, "1gbit").rack_of(host) for host in range(3)] == [0, 0, 0]
+    with pytest.raises(ValueError, match="host must be between 0 and 7, got 8"):
+        cluster.rack_of(8)
+
+
+@pytest.mark.parametrize(("hosts", "racks", "nproc_per_host"), [(8, 2, 1), (8, 4, 2), (6, 3, 1)])
+def test_a_ring_over_ranks_crosses_every_uplink_once_each_way(hosts, racks, nproc_per_host):
+    cluster = Emulated(hosts, "1gbit", racks=racks)
+    rack_of_rank = {}
+    for host in range(hosts):
+        for local_rank in range(nproc_per_host):
+            env = rank_environment(cluster, host, local_rank, nproc_per_host, 29500)
+            rack_of_rank[int(env["RANK"])] = cluster.rack_of(host)
+    world = len(rack_of_rank)
+    up, down = [0] * racks, [0] * racks
+    for rank in range(world):
+        source, destination = rack_of_rank[rank], rack_of_rank[(rank + 1) % world]
+        if source != destination:
+            up[source] += 1
+            down[destination] += 1
+    assert up == down == [1] * racks
+
+
+def test_rack_names_fit_linux_interface_names_and_belong_to_the_layout():
+    layout = Layout("abcdef")
+    names = [layout.rack_bridge(253), layout.uplink_port(253), layout.spine_port(253)]
+    assert names == ["abcdef-r253", "abcdef-u253", "abcdef-d253"]
+    assert all(len(name) <= 15 for name in names)
+    assert all(layout.owns_link(name) for name in [*names, layout.bridge, "abcdef-s0"])
+    assert not any(
+        layout.owns_link(name) for name in ["abcdef-h0", "abcdef-x0", "abcdefg-r0", "abcdef-r"]
+    )
+    assert layout.rack_of_bridge("abcdef-r12") == 12 and layout.rack_of_bridge("abcdef-u1") is None
+
+
+def test_rack_options_ask_for_the_cluster():
+    parser = argparse.ArgumentParser()
+    add_link_arguments(parser, required=False)
+    assert not wants_cluster(parser.parse_args([]))
+    assert not wants_cluster(parser.parse_args(["--delay", "1ms"]))
+    racks = parser.parse_args(["--racks", "2", "--uplink", "500mbit"])
+    assert wants_cluster(racks) and racks.racks == 2 and racks.uplink == "500mbit"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--racks", "0"])

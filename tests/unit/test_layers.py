@@ -6,7 +6,7 @@ own layer and those below it.
     collectives
     transport
     schedules        (codecs and spec_options only, and never torch.distributed)
-    codecs, spec_options, _torch_private
+    codecs, spec_options, units, _torch_private
 
 ``commpress.testing`` may import anything, and nothing in the package imports it (only
 the tests do). Imports under ``if TYPE_CHECKING:`` do not count; imports inside
@@ -23,7 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "commpress"
 ROOT = ""  # the layer name of commpress/__init__.py (and of names imported from it)
 LAYERS = (
-    ("codecs", "spec_options", "_torch_private"),
+    ("codecs", "spec_options", "units", "_torch_private"),
     ("schedules",),
     ("transport",),
     ("collectives",),

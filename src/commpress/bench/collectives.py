@@ -9,7 +9,9 @@ With ``--hosts N --link RATE`` the ranks run one per host of an emulated cluster
 each host really sent per call (``tx_bytes``, from its interface counters, all
 headers included; ``tx_retransmitted``, the TCP segments it sent again), the time the
 link needs for the bytes the algorithm must send (``ideal_us`` = wire bytes / RATE) and
-``efficiency`` = ideal / measured.
+``efficiency`` = ideal / measured. ``--racks R --uplink RATE`` splits the hosts into racks
+joined through a spine (rows get ``racks`` and ``uplink``); ``ideal_us`` stays that of the
+host link.
 
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
 ``wire(B)`` is read from the algorithm's schedules (:mod:`commpress.schedules.wire`).
@@ -38,8 +40,9 @@ from commpress.bench.arguments import (
     positive_int,
     size_factor,
 )
-from commpress.cluster import Link, cluster_for, read_local, read_retransmitted
-from commpress.cluster.commands import add_link_arguments
+from commpress.cluster import Link, read_local, read_retransmitted
+from commpress.cluster.commands import add_link_arguments, cluster_from, wants_cluster
+from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, wire_bytes
 
@@ -228,17 +231,31 @@ def plot(rows: list[dict], path: str) -> None:
     axes.set_xscale("log", base=2)
     axes.set_xlabel("size (B)")
     axes.set_ylabel("busbw (GB/s)")
-    axes.set_title(title(rows[0]["op"], rows[0]["nprocs"], rows[0].get("link")))
+    first = rows[0]
+    axes.set_title(
+        title(
+            first["op"],
+            first["nprocs"],
+            first.get("link"),
+            first.get("racks", 1),
+            first.get("uplink"),
+        )
+    )
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
-def title(op: str, world_size: int, link: str | None) -> str:
+def title(
+    op: str, world_size: int, link: str | None, racks: int = 1, uplink: str | None = None
+) -> str:
     if link is None:
         return f"{op}, {world_size} local gloo processes"
-    return f"{op}, {world_size} emulated hosts, {link} links"
+    text = f"{op}, {world_size} emulated hosts, {link} links"
+    if racks > 1:
+        text += f", {racks} racks, {uplink} uplinks"
+    return text
 
 
 def main(args) -> int:
@@ -257,22 +274,21 @@ def main(args) -> int:
         "warmup": args.warmup,
         "dtype": args.dtype,
     }
-    columns, link = COLUMNS, None
-    if args.hosts is None and args.link is None:
+    columns, link, racks, uplink = COLUMNS, None, 1, None
+    if not wants_cluster(args):
         rows = run_distributed(_worker, args.nprocs or 4, config, timeout=args.timeout)[0]
     else:
         if args.nprocs is not None:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
-        with cluster_for(
-            args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
-        ) as cluster:
+        with cluster_from(args) as cluster:
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]
-            link = cluster.link.describe()
+            link, racks = cluster.link.describe(), cluster.racks
+            uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None
         columns = COLUMNS + CLUSTER_COLUMNS
         for row in rows:
-            row["link"] = link
-    heading = title(args.op, rows[0]["nprocs"], link)
+            row.update(link=link, racks=racks, uplink=uplink)
+    heading = title(args.op, rows[0]["nprocs"], link, racks, uplink)
     print(f"# {heading}, median of {args.iters}")
     print(report.format_table(rows, columns))
     if args.json:

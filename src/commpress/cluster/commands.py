@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 
 from commpress.bench.arguments import positive_int
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
@@ -17,9 +19,43 @@ def add_link_arguments(parser, *, required: bool) -> None:
     parser.add_argument(
         "--link", required=required, help="rate of every host link, each way: 1gbit, 100mbit"
     )
+    parser.add_argument(
+        "--racks",
+        type=positive_int,
+        help="racks the hosts are split into, numbered rack by rack, each joined to a spine "
+        "by an uplink (1: one switch, no uplink); must divide --hosts",
+    )
+    parser.add_argument(
+        "--uplink", help="rate of every rack's uplink, each way: 500mbit (the --link rate)"
+    )
     parser.add_argument("--delay", help="added to every packet a host sends: 1ms, 200us")
     parser.add_argument("--mtu", type=positive_int, default=1500, help="MTU of every link (1500)")
     add_prefix_argument(parser)
+
+
+CLUSTER_OPTIONS = ("hosts", "link", "racks", "uplink")
+
+
+def wants_cluster(args) -> bool:
+    """Whether a command that can also run locally was asked for the emulated cluster: any of
+    ``--hosts``, ``--link``, ``--racks``, ``--uplink`` given."""
+    return any(getattr(args, name) is not None for name in CLUSTER_OPTIONS)
+
+
+@contextlib.contextmanager
+def cluster_from(args) -> Iterator[Emulated]:
+    """:func:`~commpress.cluster.emulated.cluster_for` with the options of
+    :func:`add_link_arguments`: the cluster that is up, or one built for the command."""
+    with cluster_for(
+        args.hosts,
+        args.link,
+        racks=args.racks,
+        uplink=args.uplink,
+        delay=args.delay,
+        mtu=args.mtu,
+        prefix=args.prefix,
+    ) as cluster:
+        yield cluster
 
 
 def add_prefix_argument(parser) -> None:
@@ -42,7 +78,15 @@ def add_cluster_arguments(parser) -> None:
 
 
 def cluster_up(args) -> int:
-    cluster = Emulated(args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix)
+    cluster = Emulated(
+        args.hosts,
+        args.link,
+        racks=1 if args.racks is None else args.racks,
+        uplink=args.uplink,
+        delay=args.delay,
+        mtu=args.mtu,
+        prefix=args.prefix,
+    )
     cluster.up()
     print(f"cluster up: {cluster.describe()}")
     return 0
@@ -66,6 +110,16 @@ def cluster_status(args) -> int:
             f"{host:>4}  {cluster.namespaces[host]:<12} {cluster.addresses[host]:<15} "
             f"{counters.tx_bytes:>14} {counters.rx_bytes:>14}"
         )
+    uplinks = cluster.uplink_counters()
+    if uplinks:
+        print(f"{'rack':>4}  {'uplink':<12} {'hosts':<15} {'up bytes':>14} {'down bytes':>14}")
+    for rack, counters in enumerate(uplinks):
+        members = [host for host in range(cluster.hosts) if cluster.rack_of(host) == rack]
+        print(
+            f"{rack:>4}  {cluster.layout.uplink_port(rack):<12} "
+            f"{f'{members[0]}-{members[-1]}':<15} "
+            f"{counters.tx_bytes:>14} {counters.rx_bytes:>14}"
+        )
     return 0
 
 
@@ -84,9 +138,7 @@ def launch(args) -> int:
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         raise ValueError("give the command to run after --, e.g. -- python train.py")
-    with cluster_for(
-        args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
-    ) as cluster:
+    with cluster_from(args) as cluster:
         print(f"commpress launch: {cluster.describe()}", file=sys.stderr, flush=True)
         return cluster.launch(
             command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout

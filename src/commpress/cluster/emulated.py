@@ -3,6 +3,15 @@
 Every host link is shaped in both directions (a token bucket on the host's end
 of its veth limits what it sends, one on the switch's end limits what it
 receives), so a host behaves like one with a full-duplex NIC of the given rate.
+
+With ``racks`` > 1 the network has two levels: the hosts of each rack share a
+bridge of their own, and every rack bridge joins the spine bridge through an
+uplink shaped the same way in both directions (a token bucket on the rack's end
+limits what the rack sends up, one on the spine's end what it receives down).
+Hosts are numbered rack by rack; traffic between two hosts of one rack never
+crosses an uplink. Every bridge floods multicast to all its ports, so a
+multicast datagram reaches every host of every rack.
+
 Building is all or nothing: a failure or Ctrl-C part way removes what was made.
 """
 
@@ -18,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from commpress.cluster import system
-from commpress.cluster.counters import Counters, parse_net_dev
-from commpress.cluster.layout import MULTICAST_ROUTE, Layout, check_hosts
-from commpress.cluster.link import Link
+from commpress.cluster.counters import PROC_NET_DEV, Counters, parse_net_dev
+from commpress.cluster.layout import MULTICAST_ROUTE, Layout, check_hosts, check_racks
+from commpress.cluster.link import Link, format_rate
 from commpress.cluster.system import ClusterError
 
 # `ip netns exec NS` shows /etc/netns/NS/hosts as /etc/hosts: hosts resolve each other's names
@@ -37,6 +46,11 @@ class Emulated:
     ``link`` is a rate such as ``"1gbit"`` or ``"100mbit"`` (or bits per second as an
     int); ``delay`` (``"1ms"``) is added to every packet a host sends; ``prefix``
     names the namespaces and links, so that separate clusters can coexist.
+
+    ``racks`` (dividing ``hosts``) splits the hosts into racks of ``hosts // racks``,
+    numbered rack by rack, each rack joined to a spine by an uplink of rate ``uplink``
+    each way (a rate like ``link``; the host link's rate if left out). With one rack
+    (the default) there is no spine and no uplink: one bridge joins every host.
     """
 
     def __init__(
@@ -44,12 +58,16 @@ class Emulated:
         hosts: int,
         link: str | int = "1gbit",
         *,
+        racks: int = 1,
+        uplink: str | int | None = None,
         delay: str | None = None,
         mtu: int = 1500,
         prefix: str = "cp",
     ) -> None:
         self.hosts = check_hosts(hosts)
+        self.racks = check_racks(racks, self.hosts)
         self.link = Link.parse(link, delay, mtu)
+        self.uplink = _uplink(self.racks, uplink, self.link)
         self.layout = Layout(prefix)
 
     # -- life cycle ---------------------------------------------------------------------
@@ -96,16 +114,21 @@ class Emulated:
                 f"cluster {prefix!r} is incomplete (hosts {hosts}): "
                 f"`commpress cluster down --prefix {prefix}` and build it again"
             )
+        racks = _read_racks(layout, len(hosts))
         cluster = cls.__new__(cls)
-        cluster.hosts, cluster.layout = len(hosts), layout
+        cluster.hosts, cluster.racks, cluster.layout = len(hosts), racks, layout
         cluster.link = _read_link(layout)
+        cluster.uplink = _read_uplink(layout) if racks > 1 else None
         return cluster
 
     def _build(self, interrupted: list[int]) -> None:
         layout, link = self.layout, self.link
-        system.ip("link", "add", "name", layout.bridge, "type", "bridge", "mcast_snooping", "0")
-        system.disable_ipv6(layout.bridge)
-        system.ip("link", "set", layout.bridge, "up")
+        self._add_bridge(layout.bridge)  # the switch; with racks, the spine
+        if self.racks > 1:
+            for rack in range(self.racks):
+                if interrupted:
+                    return
+                self._add_rack(rack)
         for host in range(self.hosts):
             if interrupted:
                 return
@@ -131,7 +154,7 @@ class Emulated:
                 namespace,
             )
             system.disable_ipv6(port)
-            system.ip("link", "set", port, "mtu", str(link.mtu), "master", layout.bridge, "up")
+            system.ip("link", "set", port, "mtu", str(link.mtu), "master", self._switch(host), "up")
             system.ip("-n", namespace, "link", "set", "lo", "up")
             system.ip("-n", namespace, "link", "set", layout.interface, "mtu", str(link.mtu), "up")
             system.ip(
@@ -146,6 +169,34 @@ class Emulated:
             system.ip("-n", namespace, "route", "add", MULTICAST_ROUTE, "dev", layout.interface)
             self._shape(namespace, port)
             self._write_hosts_file(namespace)
+
+    def _add_bridge(self, name: str) -> None:
+        """A bridge that floods multicast to every port (no snooping), without IPv6."""
+        system.ip("link", "add", "name", name, "type", "bridge", "mcast_snooping", "0")
+        system.disable_ipv6(name)
+        system.ip("link", "set", name, "up")
+
+    def _add_rack(self, rack: int) -> None:
+        """Rack ``rack``'s bridge and its uplink to the spine, shaped both ways."""
+        layout, uplink = self.layout, self.uplink
+        bridge, up, down = (
+            layout.rack_bridge(rack),
+            layout.uplink_port(rack),
+            layout.spine_port(rack),
+        )
+        self._add_bridge(bridge)
+        system.ip("link", "add", up, "type", "veth", "peer", "name", down)
+        for port, master in ((up, bridge), (down, layout.bridge)):
+            system.disable_ipv6(port)
+            system.ip("link", "set", port, "mtu", str(uplink.mtu), "master", master, "up")
+            # on `up` what the rack sends to the spine, on `down` what it receives from it
+            system.tc("qdisc", "add", "dev", port, "root", *uplink.tbf_arguments())
+
+    def _switch(self, host: int) -> str:
+        """The bridge ``host``'s port belongs to: its rack's, or the only one."""
+        if self.racks == 1:
+            return self.layout.bridge
+        return self.layout.rack_bridge(self.rack_of(host))
 
     def _shape(self, namespace: str, port: str) -> None:
         tbf = self.link.tbf_arguments()
@@ -216,12 +267,33 @@ class Emulated:
     def addresses(self) -> list[str]:
         return [self.layout.address(h) for h in range(self.hosts)]
 
+    def rack_of(self, host: int) -> int:
+        """The rack of host ``host``: hosts are numbered rack by rack."""
+        if isinstance(host, bool) or not isinstance(host, int):
+            raise TypeError(f"host must be an int, got {type(host).__name__}")
+        if not 0 <= host < self.hosts:
+            raise ValueError(f"host must be between 0 and {self.hosts - 1}, got {host}")
+        return host // (self.hosts // self.racks)
+
     def counters(self) -> list[Counters]:
         """Traffic counters of every host's link, host 0 first (snapshot; subtract two)."""
         return [
             parse_net_dev(system.in_namespace(ns, "cat", "/proc/net/dev"), self.layout.interface)
             for ns in self.namespaces
         ]
+
+    def uplink_counters(self) -> list[Counters]:
+        """Traffic counters of every rack's uplink, rack 0 first (snapshot; subtract two);
+        ``[]`` with one rack.
+
+        Read on the rack's end (``<prefix>-u<k>``) from the root namespace: ``tx`` is what
+        the rack sent up to the spine, ``rx`` what it received down from it.
+        """
+        if self.racks == 1:
+            return []
+        with open(PROC_NET_DEV) as table:  # the caller's namespace: the one that built it
+            text = table.read()
+        return [parse_net_dev(text, self.layout.uplink_port(k)) for k in range(self.racks)]
 
     def launch(self, command: Sequence[str], **options) -> int:
         """Run ``command`` as a multi-node job; see :func:`commpress.cluster.launcher.launch`."""
@@ -235,17 +307,40 @@ class Emulated:
 
         return run_on_cluster(self, fn, *args, timeout=timeout)
 
+    def describe_racks(self) -> str:
+        """``"2 racks of 4 hosts, uplinks 500mbit"``; empty with one rack."""
+        if self.racks == 1:
+            return ""
+        return (
+            f"{self.racks} racks of {self.hosts // self.racks} hosts, "
+            f"uplinks {format_rate(self.uplink.rate_bits)}"
+        )
+
     def describe(self) -> str:
-        return f"{self.hosts} hosts, links {self.link.describe()}, prefix {self.layout.prefix!r}"
+        racks = f", {self.describe_racks()}" if self.racks > 1 else ""
+        return (
+            f"{self.hosts} hosts, links {self.link.describe()}{racks}, "
+            f"prefix {self.layout.prefix!r}"
+        )
+
+
+def _uplink(racks: int, uplink, link: Link) -> Link | None:
+    """The uplinks' link: ``uplink``'s rate (the host link's if None), the hosts' MTU."""
+    if racks == 1:
+        if uplink is not None:
+            raise ValueError(f"uplink={uplink!r} needs racks > 1: one rack has no uplink")
+        return None
+    try:
+        return Link.parse(link.rate_bits if uplink is None else uplink, None, link.mtu)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"uplink: {error}") from None
 
 
 def present(layout: Layout) -> list[str]:
     """Namespaces and links of ``layout`` that exist now."""
     found = [ns for ns in system.namespaces() if layout.host_of(ns) is not None]
     links = [entry["ifname"] for entry in system.ip_json("link", "show")]
-    found += [
-        name for name in links if name == layout.bridge or name.startswith(f"{layout.prefix}-s")
-    ]
+    found += [name for name in links if layout.owns_link(name)]
     found += [path for path in _etc_folders(layout) if os.path.basename(path) not in found]
     return found
 
@@ -267,8 +362,8 @@ def remove(layout: Layout) -> list[str]:
         for namespace in (name for name in removed if layout.host_of(name) is not None):
             _kill_processes_in(namespace)
             _quietly(system.ip, "netns", "del", namespace)
-        for name in removed:
-            if layout.host_of(name) is None and "/" not in name:  # ports may outlive namespaces
+        for name in removed:  # ports may outlive namespaces; one end of an uplink takes both
+            if layout.host_of(name) is None and "/" not in name:
                 _quietly(system.ip, "link", "del", name)
         for folder in _etc_folders(layout):
             shutil.rmtree(folder, ignore_errors=True)
@@ -293,11 +388,37 @@ def _quietly(action, *arguments) -> None:
         action(*arguments)
 
 
-def _read_link(layout: Layout) -> Link:
-    qdiscs = json.loads(system.tc("-j", "qdisc", "show", "dev", layout.switch_port(0)) or "[]")
+def _read_rate_bits(device: str) -> int:
+    """The rate of the token bucket on ``device`` (root namespace), in bits per second."""
+    qdiscs = json.loads(system.tc("-j", "qdisc", "show", "dev", device) or "[]")
     tbf = next((q for q in qdiscs if q.get("kind") == "tbf"), None)
     if tbf is None:
-        raise ClusterError(f"{layout.switch_port(0)} has no rate limit: the cluster is incomplete")
+        raise ClusterError(f"{device} has no rate limit: the cluster is incomplete")
+    return int(tbf["options"]["rate"]) * 8
+
+
+def _read_racks(layout: Layout, hosts: int) -> int:
+    """How many racks the cluster of ``layout`` has: its rack bridges, 1 where there are none."""
+    links = [entry["ifname"] for entry in system.ip_json("link", "show")]
+    racks = sorted(k for k in map(layout.rack_of_bridge, links) if k is not None)
+    if not racks:
+        return 1
+    uplinks = [layout.uplink_port(k) for k in racks] + [layout.spine_port(k) for k in racks]
+    if racks != list(range(len(racks))) or hosts % len(racks) or not set(uplinks) <= set(links):
+        raise ClusterError(
+            f"cluster {layout.prefix!r} is incomplete (racks {racks} of {hosts} hosts): "
+            f"`commpress cluster down --prefix {layout.prefix}` and build it again"
+        )
+    return len(racks)
+
+
+def _read_uplink(layout: Layout) -> Link:
+    mtu = system.ip_json("link", "show", "dev", layout.uplink_port(0))[0]["mtu"]
+    return Link.parse(_read_rate_bits(layout.uplink_port(0)), None, mtu)
+
+
+def _read_link(layout: Layout) -> Link:
+    rate_bits = _read_rate_bits(layout.switch_port(0))
     host_qdiscs = json.loads(
         system.tc("-j", "-n", layout.namespace(0), "qdisc", "show", "dev", layout.interface) or "[]"
     )
@@ -307,7 +428,7 @@ def _read_link(layout: Layout) -> Link:
         delay_s = netem.get("options", {}).get("delay", {}).get("delay")
         delay = f"{delay_s * 1e6:.0f}us" if delay_s else None
     mtu = system.ip_json("link", "show", "dev", layout.switch_port(0))[0]["mtu"]
-    return Link.parse(int(tbf["options"]["rate"]) * 8, delay, mtu)
+    return Link.parse(rate_bits, delay, mtu)
 
 
 @contextlib.contextmanager
@@ -315,12 +436,15 @@ def cluster_for(
     hosts: int | None,
     link: str | None,
     *,
+    racks: int | None = None,
+    uplink: str | None = None,
     delay: str | None = None,
     mtu: int = 1500,
     prefix: str = "cp",
 ) -> Iterator[Emulated]:
-    """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``), else a
-    new one built from them and removed on exit."""
+    """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``/``racks``/
+    ``uplink``, each where given), else a new one built from them (one rack where ``racks`` is
+    None) and removed on exit."""
     layout = Layout(prefix)
     if present(layout):
         cluster = Emulated.attach(prefix)
@@ -333,11 +457,24 @@ def cluster_for(
             raise ValueError(
                 f"link={link!r} but cluster {prefix!r} is up with {cluster.link.describe()}"
             )
+        if racks is not None and racks != cluster.racks:
+            raise ValueError(
+                f"racks={racks} but cluster {prefix!r} is up with {cluster.racks} rack(s): "
+                f"`commpress cluster down --prefix {prefix}` first, or drop --racks"
+            )
+        if uplink is not None and (
+            cluster.uplink is None or Link.parse(uplink).rate_bits != cluster.uplink.rate_bits
+        ):
+            has = cluster.describe_racks() or "one rack (no uplink)"
+            raise ValueError(f"uplink={uplink!r} but cluster {prefix!r} is up with {has}")
         yield cluster
         return
     if hosts is None or link is None:
         raise ValueError(
             f"no cluster named {prefix!r} is up: give both --hosts and --link to build one"
         )
-    with Emulated(hosts, link, delay=delay, mtu=mtu, prefix=prefix) as cluster:
+    racks = 1 if racks is None else racks
+    with Emulated(
+        hosts, link, racks=racks, uplink=uplink, delay=delay, mtu=mtu, prefix=prefix
+    ) as cluster:
         yield cluster

@@ -47,6 +47,12 @@ class Rank:
 
 
 def rank_environment(cluster, host: int, local_rank: int, nproc_per_host: int, port: int) -> dict:
+    """The variables torchrun would give local rank ``local_rank`` of host ``host``.
+
+    ``RANK`` follows the host index (``host * nproc_per_host + local_rank``), and hosts are
+    numbered rack by rack: ranks are too, so a ring over ranks 0..N-1 leaves each rack once
+    and enters it once, crossing every uplink exactly once in each direction.
+    """
     world_size = cluster.hosts * nproc_per_host
     return {
         "RANK": str(host * nproc_per_host + local_rank),

@@ -4,6 +4,11 @@ Host ``i`` is the network namespace ``<prefix>-h<i>`` with interface ``eth0`` at
 ``10.213.0.<i+1>/24``; its link's other end, ``<prefix>-s<i>``, is a port of the
 bridge ``<prefix>-br`` (the switch). The bridge has no address, so the hosts can
 reach each other and nothing else.
+
+With racks, ``<prefix>-br`` is the spine and rack ``k`` is the bridge ``<prefix>-r<k>``,
+the switch of its hosts' ports; the rack joins the spine through the veth pair
+``<prefix>-u<k>`` (a port of the rack's bridge) and ``<prefix>-d<k>`` (a port of the
+spine). Hosts are numbered rack by rack, and all share one /24 (one L2 domain).
 """
 
 from __future__ import annotations
@@ -40,6 +45,18 @@ class Layout:
     def switch_port(self, host: int) -> str:
         return f"{self.prefix}-s{host}"
 
+    def rack_bridge(self, rack: int) -> str:
+        """The switch of rack ``rack``'s hosts (with one rack there is none: ``bridge``)."""
+        return f"{self.prefix}-r{rack}"
+
+    def uplink_port(self, rack: int) -> str:
+        """The rack's end of its uplink, a port of its bridge: it sends what goes up."""
+        return f"{self.prefix}-u{rack}"
+
+    def spine_port(self, rack: int) -> str:
+        """The spine's end of rack ``rack``'s uplink: it sends what goes down to the rack."""
+        return f"{self.prefix}-d{rack}"
+
     def address(self, host: int) -> str:
         return f"{self.subnet}.{host + 1}"
 
@@ -48,6 +65,18 @@ class Layout:
         match = re.fullmatch(rf"{re.escape(self.prefix)}-h(\d+)", namespace)
         return int(match.group(1)) if match else None
 
+    def rack_of_bridge(self, name: str) -> int | None:
+        """The rack index of one of this layout's rack bridges, None for any other name."""
+        match = re.fullmatch(rf"{re.escape(self.prefix)}-r(\d+)", name)
+        return int(match.group(1)) if match else None
+
+    def owns_link(self, name: str) -> bool:
+        """Whether ``name`` is one of this layout's links in the root namespace: the bridge,
+        a host's switch port, a rack bridge or either end of an uplink."""
+        return name == self.bridge or bool(
+            re.fullmatch(rf"{re.escape(self.prefix)}-[srud]\d+", name)
+        )
+
 
 def check_hosts(hosts) -> int:
     if isinstance(hosts, bool) or not isinstance(hosts, int):
@@ -55,3 +84,17 @@ def check_hosts(hosts) -> int:
     if not 1 <= hosts <= MAX_HOSTS:
         raise ValueError(f"hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     return hosts
+
+
+def check_racks(racks, hosts: int) -> int:
+    """``racks`` is an int of at least 1 that divides ``hosts`` (every rack holds as many)."""
+    if isinstance(racks, bool) or not isinstance(racks, int):
+        raise TypeError(f"racks must be an int, got {type(racks).__name__}")
+    if racks < 1:
+        raise ValueError(f"racks must be at least 1, got {racks}")
+    if hosts % racks:
+        raise ValueError(
+            f"racks must divide hosts (every rack holds as many hosts): "
+            f"racks={racks}, hosts={hosts}"
+        )
+    return racks

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from commpress.collectives.fingerprint import Agreement, EarlySend, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
-from commpress.transport import collective, p2p
+from commpress.transport import collective, multicast, p2p
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived; more lets a pipelined schedule keep its link busy across the per-step latency.
@@ -72,6 +72,8 @@ def execute(
     handled in step order, so the codec sees the same calls in the same order whatever the
     window."""
     window = WINDOW if window is None else window
+    if schedule.transport is Transport.MULTICAST:
+        window = len(schedule.steps)  # every broadcast posted at once; the transport paces
     agreement, announced = None, None
     if fingerprint is not None:
         if not payloads.encodes_change_state:
@@ -90,6 +92,24 @@ def execute(
             agreement.sent_early(early)
         agreement.check()
     payloads.begin()
+    if schedule.transport is Transport.MULTICAST:
+        with multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout) as posted:
+            _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
+        return
+
+    def start(step: Step) -> _Transfer:
+        nonlocal early
+        if early is not None:  # the first step: its send is on its way, post its receives
+            transfer, early = _Both(early, p2p.Batch(group, [], _receives(step, payloads))), None
+            return transfer
+        return _start(schedule.transport, step, payloads, group)
+
+    _run_steps(schedule, payloads, window, timeout, start)
+
+
+def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, start) -> None:
+    """Post each step's transfer (``start(step)``), at most ``window`` in flight, and handle
+    what arrives in step order, overlapped with the transfers still in flight."""
     in_flight: deque[tuple[_Transfer, Step]] = deque()
     arrived: deque[Receive] = deque()  # not handled yet, in step order
 
@@ -114,12 +134,7 @@ def execute(
         make_ready({_key(s) for s in step.sends if s.prepare is Prepare.FORWARD})
         while len(in_flight) >= window:
             complete_oldest()
-        if early is not None:
-            transfer = _Both(early, p2p.Batch(group, [], _receives(step, payloads)))
-            early = None
-        else:
-            transfer = _start(schedule.transport, step, payloads, group)
-        in_flight.append((transfer, step))
+        in_flight.append((start(step), step))
         while arrived:  # overlaps with the transfers in flight
             payloads.handle(arrived.popleft())
     while in_flight:
@@ -138,6 +153,23 @@ def first_send(schedule: Schedule, group) -> EarlySend | None:
     if len(sends) != 1 or len(sends[0].dsts) != 1 or not p2p.sends_may_go_alone(group):
         return None
     return EarlySend(sends[0].dsts[0], sends[0].wire_bytes)
+
+
+def _root(step: Step) -> int:
+    """The rank whose broadcast a multicast step is."""
+    return step.receives[0].src if step.receives else step.sends[0].chunk
+
+
+def _broadcasts(schedule: Schedule, payloads: Payloads) -> dict[int, torch.Tensor]:
+    """Each root's payload buffer, in the schedule's order: the own one to send, the others
+    to receive into."""
+    buffers = {}
+    for step in schedule.steps:
+        for send in step.sends:
+            buffers[send.chunk] = payloads.send_buffer(send)
+        for receive in step.receives:
+            buffers[receive.src] = payloads.receive_buffer(receive)
+    return buffers
 
 
 def _key(transfer: Send | Receive) -> tuple[int, int]:

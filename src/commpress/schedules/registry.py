@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from commpress.codecs import get_codec
-from commpress.schedules import alltoall, payloads, ring
+from commpress.schedules import alltoall, multicast, payloads, ring
 from commpress.schedules.payloads import chunk_numel, partial_sum_dtype
 from commpress.schedules.steps import Schedule
 
@@ -161,5 +161,17 @@ register(
             r, n, numel, dtype, codec, algorithm="backend"
         ),
         all_reduce_gather="backend",
+    )
+)
+register(
+    Algorithm(
+        "multicast",
+        "all-gather: each rank injects its encoded shard once, the network replicates it "
+        "(reliable UDP multicast, repaired point to point)",
+        all_gather=lambda r, n, numel, dtype, codec, _: multicast.all_gather(
+            r, n, numel, dtype, codec
+        ),
+        reduce_scatter=None,
+        all_reduce_gather=None,
     )
 )

@@ -42,6 +42,12 @@ class Transport(enum.Enum):
     P2P = "p2p"  # one batch of point-to-point sends and receives per step
     ALL_GATHER = "the backend's all-gather"  # one per step: every rank broadcasts a payload
     ALL_TO_ALL = "the backend's all-to-all"  # one per step: a payload for every peer
+    MULTICAST = "reliable multicast"  # one broadcast per step, replicated by the network
+
+    @property
+    def replicates(self) -> bool:
+        """Whether the network copies a send to its destinations (the sender injects one)."""
+        return self is Transport.MULTICAST
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,10 @@ class Schedule:
 
     @property
     def sent_bytes(self) -> int:
+        """Bytes this rank injects: one copy per destination, or one per send where the
+        network replicates it."""
+        if self.transport.replicates:
+            return sum(send.wire_bytes for step in self.steps for send in step.sends)
         return sum(step.sent_bytes for step in self.steps)
 
     @property

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from commpress.bench import report
 from commpress.bench.arguments import positive_int
-from commpress.cluster import cluster_for
-from commpress.cluster.commands import add_link_arguments
+from commpress.cluster.commands import add_link_arguments, cluster_from, wants_cluster
 from commpress.cluster.local import run_distributed
 from commpress.train.loop import (
     COSINE_FLOOR,
@@ -67,15 +66,15 @@ def config_from(args) -> TrainConfig:
 def main(args) -> int:
     config = config_from(args)
     _check_specs(config)
-    if args.hosts is None and args.link is None:
+    if not wants_cluster(args):
         results = run_distributed(train_worker, args.nprocs, config, timeout=args.timeout)[0]
         where = f"{args.nprocs} local gloo processes"
     else:
-        with cluster_for(
-            args.hosts, args.link, delay=args.delay, mtu=args.mtu, prefix=args.prefix
-        ) as cluster:
+        with cluster_from(args) as cluster:
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
             where = f"{cluster.hosts} emulated hosts, {cluster.link.describe()} links"
+            if cluster.racks > 1:
+                where += f", {cluster.describe_racks()}"
     first = results[0]
     for row in results:
         row["step_ms"] = row["step_s"] * 1e3

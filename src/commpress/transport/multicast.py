@@ -1,0 +1,245 @@
+"""The multicast transport of a process group: its channel, set up once, and its options.
+
+A channel is one multicast group and port for the communicator, every rank's unicast
+address, and the :class:`~commpress.transport.reliable_broadcast.Engine` whose thread runs
+the protocol. It is set up on first use, collectively (every rank of the group takes part:
+rank 0 picks the group, port and channel number; every rank binds its sockets and reports
+its address or what failed, so a rank that cannot set up makes every rank raise).
+
+Options come from :func:`configure` (call it on every rank, before the first multicast
+collective on the group), else from the environment, ``COMMPRESS_MULTICAST``:
+``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02`` (any subset).
+The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
+``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT``, else random
+in 239.255.0.0/16 (administratively scoped: it does not leave the site).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import ipaddress
+import os
+import random
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commpress.spec_options import parse_options
+from commpress.transport.reliable_broadcast import Engine, Operation, Options
+from commpress.transport.udp import MulticastSetupError, UdpNetwork, route_source
+from commpress.units import parse_rate_bits
+
+ENVIRONMENT = "COMMPRESS_MULTICAST"
+_ENV_KEYS = {
+    "rate": ("rate_bits", str),
+    "roots": ("concurrent_roots", int),
+    "loss": ("loss", float),
+    "seed": ("seed", int),
+    "racks": ("racks", int),
+    "uplink": ("uplink_bits", str),
+    "retry": ("retry_s", float),
+}
+_channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_configured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def options_from_text(text: str) -> Options:
+    """``"rate=1gbit,roots=2,loss=0.01"`` as :class:`Options`."""
+    raw = parse_options(text, {k: kind for k, (_, kind) in _ENV_KEYS.items()}, text, ENVIRONMENT)
+    values = {}
+    for key, value in raw.items():
+        name = _ENV_KEYS[key][0]
+        values[name] = parse_rate_bits(value, key) if name.endswith("_bits") else value
+    return Options(**values)
+
+
+def configure(group: dist.ProcessGroup | None = None, options: Options | None = None, **kw):
+    """Set the multicast options of ``group`` (every rank, the same): an :class:`Options`,
+    or its fields as keywords. A channel already set up with other options is closed; the
+    next multicast collective sets up a new one."""
+    group = _group(group)
+    chosen = dataclasses.replace(options or Options(), **kw)
+    channel = _channels.get(group)
+    if channel is not None and channel.options != chosen:
+        channel.close()
+        del _channels[group]
+    _configured[group] = chosen
+
+
+def channel_for(group: dist.ProcessGroup | None) -> Channel:
+    """The group's channel, set up on first use (collectively: call on every rank)."""
+    group = _group(group)
+    channel = _channels.get(group)
+    if channel is None:
+        options = _configured.get(group)
+        if options is None:
+            options = options_from_text(os.environ.get(ENVIRONMENT, ""))
+        channel = _channels[group] = Channel(group, options)
+    return channel
+
+
+class Channel:
+    def __init__(self, group: dist.ProcessGroup, options: Options):
+        self.options = options
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.operations = 0
+        local, chosen, failure = None, None, None
+        try:
+            local = _local_address()
+            chosen = _choose_group() if self.rank == 0 else None
+        except (MulticastSetupError, ValueError) as error:
+            failure = f"rank {self.rank}: {error}"
+        addresses = [None] * self.world_size
+        dist.all_gather_object(addresses, (local, chosen, failure), group=group)
+        _raise_failures([f for _, _, f in addresses])
+        self.group_address, channel_number = addresses[0][1]
+        shared = [a for a, _, _ in addresses].count(local) > 1
+        network, failure = None, None
+        try:
+            network = UdpNetwork(
+                self.rank, self.world_size, local, self.group_address, shared_host=shared
+            )
+        except (MulticastSetupError, OSError) as error:
+            failure = f"rank {self.rank}: {error}"
+        reports = [None] * self.world_size
+        report = (failure, None if network is None else network.unicast_address)
+        dist.all_gather_object(reports, report, group=group)
+        try:
+            _raise_failures([f for f, _ in reports])
+        except MulticastSetupError:
+            if network is not None:
+                network.close()
+            raise
+        network.connect([address for _, address in reports])
+        self.network = network
+        self.engine = Engine(network, channel_number, options)
+        _open.add(self)
+
+    def next_operation_id(self) -> int:
+        """Every rank numbers its multicast collectives on the group alike."""
+        operation, self.operations = self.operations, self.operations + 1
+        return operation
+
+    def close(self) -> None:
+        self.engine.close()
+        _open.discard(self)
+
+
+_open: weakref.WeakSet = weakref.WeakSet()
+
+
+def _raise_failures(failures: list[str | None]) -> None:
+    """Every rank raises the same error when any rank could not set up."""
+    failures = [f for f in failures if f]
+    if failures:
+        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(failures))
+
+
+@atexit.register
+def _close_all() -> None:
+    for channel in list(_open):
+        channel.close()
+
+
+#: torch's own default for a process group whose timeout cannot be read.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class Broadcasts:
+    """One schedule's broadcasts, posted together: ``with Broadcasts(group, buffers, timeout)
+    as posted: posted.of(root).wait(timeout)``. ``buffers`` maps each root, in the
+    schedule's order, to its payload (uint8, on the CPU): this rank's own is sent, the
+    others are received into. Leaving the ``with`` block, finished or not, stops the
+    transport's writes into them."""
+
+    def __init__(self, group, buffers: dict[int, torch.Tensor], timeout: timedelta | None):
+        for root, buffer in buffers.items():
+            if buffer.device.type != "cpu":
+                raise ValueError(
+                    f"multicast moves CPU tensors only; the payload of rank {root} is on "
+                    f"{buffer.device}"
+                )
+        self._channel = channel_for(group)
+        rank = self._channel.rank
+        views = {root: memoryview(buffer.numpy()).cast("B") for root, buffer in buffers.items()}
+        own = views.pop(rank)
+        self._timeout = timeout or _group_timeout(group)
+        self.operation = Operation(self._channel.next_operation_id(), list(buffers), own, views)
+
+    def __enter__(self) -> Broadcasts:
+        self._channel.engine.post(self.operation)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._channel.engine.abandon(self.operation)
+
+    def of(self, root: int) -> _Broadcast:
+        return _Broadcast(self, root)
+
+
+class _Broadcast:
+    def __init__(self, broadcasts: Broadcasts, root: int):
+        self._broadcasts, self._root = broadcasts, root
+
+    def wait(self, timeout: timedelta | None) -> None:
+        """Until the root's payload is here (this rank's own: every peer has it)."""
+        posted = self._broadcasts
+        limit = timeout or posted._timeout
+        if not posted.operation.wait(self._root, limit.total_seconds()):
+            rank = posted._channel.rank
+            what = (
+                "not every peer acknowledged this rank's broadcast"
+                if self._root == rank
+                else f"the broadcast of rank {self._root} did not arrive"
+            )
+            raise RuntimeError(
+                f"multicast all-gather on rank {rank}: {what} within {limit} (a peer stopped, "
+                "or the network drops every datagram); "
+                + posted._channel.engine.describe(posted.operation)
+            )
+
+
+def _group_timeout(group) -> timedelta:
+    try:
+        return _group(group)._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT
+
+
+def _local_address() -> str:
+    chosen = os.environ.get("COMMPRESS_MULTICAST_ADDRESS")
+    if chosen:
+        return chosen
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        raise MulticastSetupError(
+            "cannot tell which interface to multicast on: set COMMPRESS_MULTICAST_ADDRESS "
+            "to this host's address on the cluster network (or MASTER_ADDR)"
+        )
+    return route_source(master)
+
+
+def _choose_group() -> tuple[tuple[str, int], int]:
+    """``((address, port), channel number)``: from COMMPRESS_MULTICAST_GROUP, else random."""
+    chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
+    rng = random.SystemRandom()
+    channel = rng.randrange(1, 2**32)
+    if chosen:
+        address, _, port = chosen.rpartition(":")
+        if not ipaddress.ip_address(address).is_multicast or not port.isdigit():
+            raise ValueError(
+                f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be a multicast ADDRESS:PORT, "
+                "e.g. 239.255.12.34:45000"
+            )
+        return (address, int(port)), channel
+    return (
+        f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
+        rng.randrange(40000, 60000),
+    ), channel
+
+
+def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return dist.group.WORLD if group is None else group

@@ -1,0 +1,587 @@
+"""Reliable broadcasts over an unreliable multicast: the protocol, on a thread of its own.
+
+One :class:`Operation` is an all-gather's worth of broadcasts: every rank is the root of
+one payload, which it multicasts once, cut into datagram-sized chunks; every other rank
+receives it into a buffer of the size the schedule says. How loss is repaired:
+
+* each receiver keeps a bitmap of the chunks of each root; every DATA datagram carries the
+  chunk count, so the bitmap's size is checked, and the root's END (the chunk count again,
+  multicast after its last chunk) says that any chunk still missing is a gap;
+* a receiver with gaps sends the root a NACK listing them (ranges); the root sends those
+  chunks again to that receiver alone, and the receiver asks again after a timeout if they
+  do not come;
+* a receiver with every chunk sends the root an ACK; the root repeats its END every
+  ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
+  timeout, never a hang; an END of an operation this rank has finished is ACKed again;
+* at most ``concurrent_roots`` roots send at once: the root in position ``p`` of the
+  operation's order starts once the root in position ``p - K`` is done (its END seen, or
+  all its chunks here), a token passed by the broadcasts themselves;
+* each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s`), so
+  that the roots sending at once do not overflow a receiver's link or a rack's uplink.
+
+Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
+are kept, up to a bound, and replayed when it is posted; datagrams of another channel,
+stale, truncated or corrupted ones are counted in :class:`Stats` and dropped, which the
+protocol sees as loss. ``loss`` drops received datagrams at random (seeded) to test all of
+this. The thread only touches the buffers of the operation it is running: once
+:meth:`Engine.abandon` has returned, it never writes to them again.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from commpress.transport.datagrams import (
+    FRAME_OVERHEAD,
+    Header,
+    Kind,
+    Refused,
+    chunk_bytes_for,
+    pack_header,
+    pack_ranges,
+    parse,
+    unpack_ranges,
+)
+
+#: How long the thread sleeps when nothing is due (a post or a datagram wakes it sooner).
+IDLE_S = 0.05
+#: Datagrams of operations not posted yet kept per engine, at most (bytes).
+STASH_BYTES = 64 << 20
+#: Operations whose END is still ACKed once done (a root that missed an ACK repeats it).
+REMEMBERED_OPERATIONS = 8
+#: Pacing runs a little below the link rate: the shaper's token bucket is the real limit.
+PACE_MARGIN = 0.95
+
+
+class Network(Protocol):
+    """What the protocol needs from the wire; :mod:`commpress.transport.udp` is the real
+    one. ``head`` and ``payload`` are sent back to back as one datagram."""
+
+    rank: int
+    world_size: int
+    mtu: int
+
+    def multicast(self, head: bytes, payload) -> None: ...
+    def unicast(self, rank: int, head: bytes, payload) -> None: ...
+    def receive(self, timeout: float, handle: Callable[[memoryview], None]) -> None:
+        """Wait up to ``timeout`` s for datagrams; ``handle`` each (the view is valid only
+        during the call). Returns early when :meth:`wake` is called."""
+
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How broadcasts are paced and how much loss is injected; every rank must agree."""
+
+    rate_bits: int = 10**9  # each host link's rate, bits per second
+    concurrent_roots: int = 2  # K: roots that send at once
+    racks: int = 1  # racks the ranks are split into, in order (hosts numbered rack by rack)
+    uplink_bits: int | None = None  # a rack's uplink rate, when it is slower than needed
+    loss: float = 0.0  # probability that a received datagram is dropped (injected)
+    seed: int = 0
+    retry_s: float = 0.02  # NACK again / END again after this long without progress
+
+    def __post_init__(self):
+        for name in ("rate_bits", "concurrent_roots", "racks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.uplink_bits is not None and (
+            isinstance(self.uplink_bits, bool)
+            or not isinstance(self.uplink_bits, int)
+            or self.uplink_bits < 1
+        ):
+            raise ValueError(f"uplink_bits must be a positive int, got {self.uplink_bits!r}")
+        if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
+            raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
+        if not isinstance(self.retry_s, (int, float)) or self.retry_s <= 0:
+            raise ValueError(f"retry_s must be positive, got {self.retry_s!r}")
+
+    def pace_bytes_per_s(self, world_size: int) -> float:
+        """One root's sending rate: the K roots at once share each receiver's link, and the
+        roots of one rack its uplink."""
+        streams = max(1, min(self.concurrent_roots, world_size - 1))
+        rate = self.rate_bits / streams
+        if self.uplink_bits is not None and self.racks > 1:
+            per_rack = math.ceil(min(self.concurrent_roots, world_size) / self.racks)
+            rate = min(rate, self.uplink_bits / per_rack)
+        return rate / 8 * PACE_MARGIN
+
+
+@dataclasses.dataclass
+class Stats:
+    """What one engine sent and received; ``wire_bytes`` counts frames as a link does."""
+
+    datagrams_sent: int = 0
+    wire_bytes_sent: int = 0
+    data_sent: int = 0
+    repairs_sent: int = 0
+    nacks_sent: int = 0
+    acks_sent: int = 0
+    ends_sent: int = 0
+    datagrams_received: int = 0
+    duplicates: int = 0
+    injected_losses: int = 0
+    stale: int = 0
+    stashed: int = 0
+    stash_dropped: int = 0
+    refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+class BroadcastError(RuntimeError):
+    """An operation could not finish: a peer stopped answering, or sent what it must not."""
+
+
+class Operation:
+    """One all-gather's broadcasts, as the caller sees them: :meth:`wait` for each root."""
+
+    def __init__(
+        self,
+        operation_id: int,
+        order: Sequence[int],
+        own: memoryview,
+        incoming: dict[int, memoryview],
+    ):
+        self.id, self.order = operation_id, tuple(order)
+        self.own, self.incoming = own, incoming
+        self._done = {root: threading.Event() for root in self.order}
+        self.error: BaseException | None = None
+
+    def wait(self, root: int, timeout: float | None) -> bool:
+        """Whether ``root``'s broadcast finished here within ``timeout`` s (this rank's own:
+        every receiver has ACKed it); raises the engine's error if it failed."""
+        finished = self._done[root].wait(timeout)
+        if self.error is not None:
+            raise self.error
+        return finished
+
+    def _finish(self, root: int) -> None:
+        self._done[root].set()
+
+    def _fail(self, error: BaseException) -> None:
+        self.error = error
+        for event in self._done.values():
+            event.set()
+
+
+class _Incoming:
+    """A root's payload arriving here."""
+
+    def __init__(self, buffer: memoryview, chunk_bytes: int):
+        self.buffer, self.chunk_bytes = buffer, chunk_bytes
+        self.count = max(1, math.ceil(len(buffer) / chunk_bytes))
+        self.bitmap = bytearray(self.count)
+        self.missing = self.count
+        self.end_seen = False
+        self.nacked_at = -math.inf
+
+    def length_of(self, chunk: int) -> int:
+        return min(self.chunk_bytes, len(self.buffer) - chunk * self.chunk_bytes)
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """The missing chunks as half-open ranges."""
+        ranges, start = [], self.bitmap.find(0)
+        while start >= 0:
+            stop = self.bitmap.find(1, start)
+            stop = self.count if stop < 0 else stop
+            ranges.append((start, stop))
+            start = self.bitmap.find(0, stop)
+        return ranges
+
+
+class _Running:
+    """The engine's side of the operation it is running."""
+
+    def __init__(self, operation: Operation, rank: int, world_size: int, chunk_bytes: int):
+        self.operation = operation
+        self.incoming = {
+            root: _Incoming(buffer, chunk_bytes) for root, buffer in operation.incoming.items()
+        }
+        self.own = operation.own
+        self.own_count = max(1, math.ceil(len(self.own) / chunk_bytes))
+        self.position = operation.order.index(rank)
+        self.started = False
+        self.next_chunk = 0
+        self.repairs: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+        self.end_due = math.inf  # when the root sends its END (again)
+        self.acked: set[int] = set()
+        self.receivers = world_size - 1
+        self.passed: set[int] = set()  # roots done sending, as far as this rank knows
+
+    @property
+    def own_done(self) -> bool:
+        return len(self.acked) == self.receivers
+
+    @property
+    def done(self) -> bool:
+        return self.own_done and all(i.missing == 0 for i in self.incoming.values())
+
+
+class Engine:
+    """The protocol's state and its thread; one per channel (communicator)."""
+
+    def __init__(self, network: Network, channel: int, options: Options):
+        self.network, self.channel, self.options = network, channel, options
+        self.rank, self.world_size = network.rank, network.world_size
+        self.chunk_bytes = chunk_bytes_for(network.mtu)
+        self.stats = Stats()
+        self._pace = options.pace_bytes_per_s(self.world_size)
+        self._burst = max(4 * (self.chunk_bytes + FRAME_OVERHEAD), self._pace * 1e-3)
+        self._allowance, self._refilled = self._burst, time.monotonic()
+        self._losses = random.Random(options.seed * 1_000_003 + self.rank)
+        self._posted: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: collections.deque[Operation] = collections.deque()
+        self._running: _Running | None = None
+        self._finished: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
+        self._stash: list[bytes] = []
+        self._stash_bytes = 0
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="commpress-multicast", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------
+
+    def post(self, operation: Operation) -> None:
+        """Run ``operation`` after those posted before it; returns at once."""
+        self._request(("post", operation))
+
+    def abandon(self, operation: Operation) -> None:
+        """Stop running ``operation`` (the caller gave up on it); once this returns, the
+        thread writes no more to its buffers."""
+        self._request(("abandon", operation), wait=True)
+
+    def describe(self, operation: Operation) -> str:
+        """What is still missing of ``operation`` (for an error message; approximate, read
+        while the thread runs)."""
+        running = self._running
+        if running is None or running.operation is not operation:
+            return f"operation #{operation.id} is not running"
+        missing = {r: i.missing for r, i in running.incoming.items() if i.missing}
+        unacked = sorted(set(range(self.world_size)) - running.acked - {self.rank})
+        return (
+            f"operation #{operation.id}: chunks missing by root {missing or 'none'}, "
+            f"peers that have not acknowledged this rank's payload {unacked or 'none'}"
+        )
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._request(("close", None), wait=True)
+            self._thread.join()
+        self.network.close()
+
+    def _request(self, request, wait: bool = False) -> None:
+        handled = threading.Event() if wait else None
+        self._posted.put((*request, handled))
+        self.network.wake()
+        if handled is not None:
+            while not handled.wait(0.1):
+                if not self._thread.is_alive():
+                    return
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._closing:
+                self._take_requests()
+                self.network.receive(self._next_wakeup(), self._on_datagram)
+                now = time.monotonic()
+                self._take_requests()
+                if self._running is not None:
+                    self._timers(now)
+                    self._send(now)
+                    self._finish_if_done()
+        except BaseException as error:  # noqa: BLE001 - handed to every waiting caller
+            failure = BroadcastError(f"the multicast thread of rank {self.rank} failed: {error!r}")
+            failure.__cause__ = error
+            for operation in self._operations():
+                operation._fail(failure)
+
+    def _operations(self) -> list[Operation]:
+        running = [] if self._running is None else [self._running.operation]
+        return running + list(self._waiting)
+
+    def _take_requests(self) -> None:
+        while True:
+            try:
+                kind, operation, handled = self._posted.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "post":
+                self._waiting.append(operation)
+            elif kind == "abandon":
+                if self._running is not None and self._running.operation is operation:
+                    self._retire()
+                elif operation in self._waiting:
+                    self._waiting.remove(operation)
+            else:
+                self._closing = True
+            if handled is not None:
+                handled.set()
+        if self._running is None and self._waiting:
+            self._start(self._waiting.popleft())
+
+    def _start(self, operation: Operation) -> None:
+        self._running = _Running(operation, self.rank, self.world_size, self.chunk_bytes)
+        stash, self._stash, self._stash_bytes = self._stash, [], 0
+        for datagram in stash:
+            self._on_datagram(memoryview(datagram), replayed=True)
+        self._finish_if_done()
+
+    def _retire(self) -> None:
+        self._finished.append(self._running.operation.id)
+        self._running = None
+
+    def _finish_if_done(self) -> None:
+        running = self._running
+        if running is not None and running.done:
+            for root in running.operation.order:
+                running.operation._finish(root)
+            self._retire()
+            if self._waiting:
+                self._start(self._waiting.popleft())
+
+    def _next_wakeup(self) -> float:
+        running = self._running
+        if running is None or not self._posted.empty():
+            return IDLE_S if self._posted.empty() else 0.0
+        now = time.monotonic()
+        due = min(
+            [running.end_due]
+            + [
+                i.nacked_at + self._renack_after(i)
+                for i in running.incoming.values()
+                if i.end_seen and i.missing
+            ]
+        )
+        wakeup = due - now
+        if self._has_data_to_send(running):
+            need = self.chunk_bytes + FRAME_OVERHEAD - self._refill(now)
+            wakeup = min(wakeup, need / self._pace)
+        return min(IDLE_S, max(0.0, wakeup))
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def _on_datagram(self, view: memoryview, replayed: bool = False) -> None:
+        if not replayed:
+            self.stats.datagrams_received += 1
+            if self.options.loss and self._losses.random() < self.options.loss:
+                self.stats.injected_losses += 1
+                return
+        try:
+            header, payload = parse(view)
+        except Refused as refused:
+            self.stats.refused[refused.reason] += 1
+            return
+        if header.channel != self.channel:
+            self.stats.refused["channel"] += 1
+            return
+        if header.sender == self.rank:
+            return  # our own multicast, looped back to another rank on this host
+        if header.sender >= self.world_size or header.root >= self.world_size:
+            self.stats.refused["rank"] += 1
+            return
+        running = self._running
+        if running is None or header.operation != running.operation.id:
+            self._other_operation(header, view)
+            return
+        if header.kind is Kind.DATA:
+            self._on_data(running, header, payload)
+        elif header.kind is Kind.END:
+            self._on_end(running, header)
+        elif header.kind is Kind.NACK:
+            self._on_nack(running, header, payload)
+        else:
+            self._on_ack(running, header)
+
+    def _other_operation(self, header: Header, view: memoryview) -> None:
+        if header.operation in self._finished:
+            if header.kind is Kind.END:  # the root missed our ACK
+                self._send_control(Kind.ACK, header.root, header.operation, to=header.root)
+            else:
+                self.stats.stale += 1
+            return
+        newest = self._running.operation.id if self._running else max(self._finished, default=-1)
+        if header.operation > newest and header.kind in (Kind.DATA, Kind.END):
+            if self._stash_bytes + len(view) > STASH_BYTES:
+                self.stats.stash_dropped += 1
+                return
+            self._stash.append(bytes(view))
+            self._stash_bytes += len(view)
+            self.stats.stashed += 1
+            return
+        self.stats.stale += 1
+
+    def _on_data(self, running: _Running, header: Header, payload: memoryview) -> None:
+        incoming = running.incoming.get(header.root)
+        if incoming is None:  # data of this rank's own broadcast: only a bug sends that
+            self.stats.refused["root"] += 1
+            return
+        if header.count != incoming.count or header.chunk >= incoming.count:
+            self.stats.refused["count"] += 1
+            return
+        if incoming.bitmap[header.chunk]:
+            self.stats.duplicates += 1
+            return
+        start = header.chunk * incoming.chunk_bytes
+        if len(payload) != incoming.length_of(header.chunk):
+            self.stats.refused["length"] += 1
+            return
+        incoming.buffer[start : start + len(payload)] = payload
+        incoming.bitmap[header.chunk] = 1
+        incoming.missing -= 1
+        if incoming.missing == 0:
+            running.passed.add(header.root)
+            self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
+            running.operation._finish(header.root)
+
+    def _on_end(self, running: _Running, header: Header) -> None:
+        incoming = running.incoming.get(header.root)
+        if incoming is None or header.count != incoming.count:
+            self.stats.refused["count"] += 1
+            return
+        running.passed.add(header.root)
+        incoming.end_seen = True
+        if incoming.missing == 0:
+            self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
+        elif time.monotonic() - incoming.nacked_at > self.options.retry_s / 4:
+            self._nack(running, header.root, incoming)
+
+    def _on_nack(self, running: _Running, header: Header, payload: memoryview) -> None:
+        if header.root != self.rank:
+            self.stats.refused["root"] += 1
+            return
+        try:
+            ranges = unpack_ranges(payload)
+        except Refused as refused:
+            self.stats.refused[refused.reason] += 1
+            return
+        for start, stop in ranges:
+            for chunk in range(start, min(stop, running.own_count)):
+                running.repairs[(header.sender, chunk)] = None
+        running.end_due = math.inf  # the END follows the repairs
+
+    def _on_ack(self, running: _Running, header: Header) -> None:
+        if header.root != self.rank:
+            self.stats.refused["root"] += 1
+            return
+        running.acked.add(header.sender)
+        if running.own_done:
+            running.end_due = math.inf
+            running.operation._finish(self.rank)
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _timers(self, now: float) -> None:
+        running = self._running
+        for root, incoming in running.incoming.items():
+            if (
+                incoming.end_seen
+                and incoming.missing
+                and now >= incoming.nacked_at + self._renack_after(incoming)
+            ):
+                self._nack(running, root, incoming)
+        if now >= running.end_due:
+            self._send_control(Kind.END, self.rank, running.operation.id, count=running.own_count)
+            self.stats.ends_sent += 1
+            running.end_due = now + self.options.retry_s
+
+    def _renack_after(self, incoming: _Incoming) -> float:
+        """Long enough for the repairs already asked for to arrive, and a retry on top."""
+        return (
+            self.options.retry_s
+            + incoming.missing * (self.chunk_bytes + FRAME_OVERHEAD) / self._pace
+        )
+
+    def _nack(self, running: _Running, root: int, incoming: _Incoming) -> None:
+        limit = self.chunk_bytes
+        self._send_control(
+            Kind.NACK,
+            root,
+            running.operation.id,
+            to=root,
+            payload=pack_ranges(incoming.gaps(), limit),
+        )
+        self.stats.nacks_sent += 1
+        incoming.nacked_at = time.monotonic()
+
+    def _may_start(self, running: _Running) -> bool:
+        position = running.position - self.options.concurrent_roots
+        return position < 0 or running.operation.order[position] in running.passed
+
+    def _has_data_to_send(self, running: _Running) -> bool:
+        if running.repairs:
+            return True
+        if not running.started:
+            running.started = self._may_start(running)
+        return running.started and running.next_chunk < running.own_count
+
+    def _refill(self, now: float) -> float:
+        self._allowance = min(self._burst, self._allowance + (now - self._refilled) * self._pace)
+        self._refilled = now
+        return self._allowance
+
+    def _send(self, now: float) -> None:
+        running = self._running
+        cost = self.chunk_bytes + FRAME_OVERHEAD
+        while self._has_data_to_send(running) and self._refill(now) >= cost:
+            if running.repairs:
+                (to, chunk), _ = running.repairs.popitem(last=False)
+                self._send_chunk(running, chunk, to)
+                self.stats.repairs_sent += 1
+            else:
+                self._send_chunk(running, running.next_chunk, None)
+                self.stats.data_sent += 1
+                running.next_chunk += 1
+            self._allowance -= cost
+            now = time.monotonic()
+        sent_all = running.started and running.next_chunk == running.own_count
+        idle = not running.repairs and running.end_due == math.inf and not running.own_done
+        if sent_all and idle:
+            running.end_due = now  # the END right after the last chunk or repair
+
+    def _send_chunk(self, running: _Running, chunk: int, to: int | None) -> None:
+        start = chunk * self.chunk_bytes
+        payload = running.own[start : start + self.chunk_bytes]
+        header = Header(
+            Kind.DATA,
+            self.rank,
+            self.rank,
+            self.channel,
+            running.operation.id,
+            chunk,
+            running.own_count,
+        )
+        head = pack_header(header, payload)
+        if to is None:
+            self.network.multicast(head, payload)
+        else:
+            self.network.unicast(to, head, payload)
+        self._count_sent(len(head) + len(payload))
+
+    def _send_control(
+        self, kind: Kind, root: int, operation: int, *, to=None, count=0, payload=b""
+    ):
+        header = Header(kind, self.rank, root, self.channel, operation, 0, count)
+        head = pack_header(header, payload)
+        if to is None:
+            self.network.multicast(head, payload)
+        else:
+            self.network.unicast(to, head, payload)
+        if kind is Kind.ACK:
+            self.stats.acks_sent += 1
+        self._count_sent(len(head) + len(payload))
+
+    def _count_sent(self, nbytes: int) -> None:
+        self.stats.datagrams_sent += 1
+        self.stats.wire_bytes_sent += nbytes + FRAME_OVERHEAD

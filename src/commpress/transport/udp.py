@@ -1,0 +1,203 @@
+"""UDP sockets for the reliable multicast: one joined to the communicator's group, one for
+sending (to the group, and to single peers) and for receiving what peers send this rank.
+
+Both sockets are bound to the interface that carries ``local_address``: multicast leaves
+through it (``IP_MULTICAST_IF``) with TTL 1 by default (one layer-2 network, as the emulated
+cluster's), and is received on it only (``IP_ADD_MEMBERSHIP`` with that address). A rank's
+own multicast is not looped back unless another rank shares its address; the protocol
+drops its own datagrams by their sender field either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import selectors
+import socket
+import struct
+from collections.abc import Callable
+
+_SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
+_IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
+#: Receive buffer asked for each socket: several milliseconds of a fast link, so that a
+#: burst from the roots sending at once waits there rather than being dropped.
+RECEIVE_BUFFER_BYTES = 8 << 20
+_DRAIN_AT_MOST = 512  # datagrams handled per socket before the caller gets to send
+
+
+class MulticastSetupError(RuntimeError):
+    """The multicast transport cannot be set up here; the message says what to change."""
+
+
+def interface_of(address: str) -> tuple[str, int]:
+    """``(name, mtu)`` of the interface that holds IPv4 ``address``; MulticastSetupError
+    when no interface does, or it is down or cannot multicast."""
+    for _, name in socket.if_nameindex():
+        if _interface_address(name) != address:
+            continue
+        flags = struct.unpack_from("H", _ifreq(name, _SIOCGIFFLAGS), 16)[0]
+        if not flags & _IFF_UP:
+            raise MulticastSetupError(f"interface {name} ({address}) is down")
+        if not flags & _IFF_MULTICAST:
+            raise MulticastSetupError(
+                f"interface {name} ({address}) cannot multicast (no MULTICAST flag): use "
+                "another interface (COMMPRESS_MULTICAST_ADDRESS) or another algorithm"
+            )
+        mtu = struct.unpack_from("i", _ifreq(name, _SIOCGIFMTU), 16)[0]
+        return name, mtu
+    raise MulticastSetupError(f"no interface of this host has the address {address}")
+
+
+def route_source(peer: str) -> str:
+    """The address this host sends from to reach ``peer`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((peer, 9))
+        except OSError as error:
+            raise MulticastSetupError(f"no route to {peer}: {error}") from None
+        return probe.getsockname()[0]
+
+
+def _ifreq(name: str, request: int) -> bytes:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        return fcntl.ioctl(probe.fileno(), request, struct.pack("256s", name.encode()[:15]))
+
+
+def _interface_address(name: str) -> str | None:
+    try:
+        return socket.inet_ntoa(_ifreq(name, _SIOCGIFADDR)[20:24])
+    except OSError:  # no IPv4 address
+        return None
+
+
+class UdpNetwork:
+    """The :class:`~commpress.transport.reliable_broadcast.Network` over UDP multicast.
+
+    Built in two steps, since peers learn each other's ports only once every rank has
+    bound its sockets: ``UdpNetwork(...)``, then :meth:`connect` with every rank's
+    ``(address, port)`` (:attr:`unicast_address`).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        local_address: str,
+        group: tuple[str, int],
+        *,
+        shared_host: bool = False,
+        ttl: int = 1,
+    ):
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.interface, self.mtu = interface_of(local_address)
+        self._peers: list[tuple[str, int]] = []
+        self._sockets: list[socket.socket] = []
+        try:
+            self._joined = self._socket()
+            if shared_host:  # several ranks of this host receive the same group and port
+                self._joined.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._bind(self._joined, group, "the multicast group's port")
+            membership = socket.inet_aton(group[0]) + socket.inet_aton(local_address)
+            self._joined.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+            self._own = self._socket()
+            self._bind(self._own, (local_address, 0), "a unicast port")
+            interface = socket.inet_aton(local_address)
+            self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, interface)
+            self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+            self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, int(shared_host))
+            self._wake_read, self._wake_write = os.pipe()
+            os.set_blocking(self._wake_read, False)
+            os.set_blocking(self._wake_write, False)
+        except BaseException:
+            self.close()
+            raise
+        self._selector = selectors.DefaultSelector()
+        for sock in self._sockets:
+            self._selector.register(sock, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        self._buffer = bytearray(65536)
+
+    def _socket(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sockets.append(sock)
+        for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+            if option is None:
+                continue
+            try:  # FORCE passes net.core.rmem_max where we may (as root)
+                sock.setsockopt(socket.SOL_SOCKET, option, RECEIVE_BUFFER_BYTES)
+                break
+            except PermissionError:
+                continue
+        return sock
+
+    @staticmethod
+    def _bind(sock: socket.socket, address: tuple[str, int], what: str) -> None:
+        try:
+            sock.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise MulticastSetupError(
+                    f"{what} {address[0]}:{address[1]} is already in use (another communicator "
+                    "or program): pick another with COMMPRESS_MULTICAST_GROUP=ADDRESS:PORT"
+                ) from None
+            raise MulticastSetupError(f"cannot bind {what} {address}: {error}") from None
+
+    @property
+    def unicast_address(self) -> tuple[str, int]:
+        return self._own.getsockname()
+
+    @property
+    def receive_buffer_bytes(self) -> int:
+        return self._joined.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+    def connect(self, peers: list[tuple[str, int]]) -> None:
+        if len(peers) != self.world_size:
+            raise ValueError(f"peers must list {self.world_size} addresses, got {len(peers)}")
+        self._peers = [tuple(peer) for peer in peers]
+
+    def multicast(self, head: bytes, payload) -> None:
+        self._send(head, payload, self.group)
+
+    def unicast(self, rank: int, head: bytes, payload) -> None:
+        self._send(head, payload, self._peers[rank])
+
+    def _send(self, head: bytes, payload, address) -> None:
+        try:
+            self._own.sendmsg([head, payload], (), 0, address)
+        except OSError as error:  # a full local queue drops the datagram: loss, repaired
+            if error.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                raise
+
+    def receive(self, timeout: float, handle: Callable[[memoryview], None]) -> None:
+        view = memoryview(self._buffer)
+        for key, _ in self._selector.select(timeout):
+            if key.fileobj == self._wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_read, 4096)
+                continue
+            sock = key.fileobj
+            for _ in range(_DRAIN_AT_MOST):
+                try:
+                    size = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                handle(view[:size])
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # already woken
+            os.write(self._wake_write, b"x")
+
+    def close(self) -> None:
+        if getattr(self, "_selector", None) is not None:
+            self._selector.close()
+            self._selector = None
+        for sock in self._sockets:
+            sock.close()
+        self._sockets = []
+        for name in ("_wake_read", "_wake_write"):
+            descriptor = getattr(self, name, None)
+            if descriptor is not None:
+                os.close(descriptor)
+                setattr(self, name, None)

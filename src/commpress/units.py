@@ -1,0 +1,28 @@
+"""Link rates as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's."""
+
+from __future__ import annotations
+
+import re
+
+RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
+
+
+def parse_quantity(text, units: dict, what: str) -> float:
+    """``text`` such as ``"2.5gbit"`` in the base unit of ``units``; ``what`` names it."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a string such as {next(iter(units))!r}, got {text!r}")
+    match = _QUANTITY.fullmatch(text.lower())
+    if not match or match.group(2) not in units:
+        raise ValueError(
+            f"{what} {text!r} is not understood; use a number and one of {list(units)}"
+        )
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def parse_rate_bits(text, what: str = "link rate") -> int:
+    """``"1gbit"`` -> 1_000_000_000 bits per second."""
+    bits = int(parse_quantity(text, RATE_UNITS, what))
+    if bits <= 0:
+        raise ValueError(f"{what} {text!r} must be positive")
+    return bits
