@@ -23,6 +23,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def size_factor(text: str) -> int:
     value = int(text)
     if value < 2:

@@ -13,6 +13,10 @@ link needs for the bytes the algorithm must send (``ideal_us`` = wire bytes / RA
 joined through a spine (rows get ``racks`` and ``uplink``); ``ideal_us`` stays that of the
 host link.
 
+``multicast`` paces each root for the cluster's links (host rate, racks, uplink), runs
+``--roots`` broadcasts at once, and drops ``--loss`` of the datagrams each host receives
+(seeded): rows get ``loss``, and ``repairs``, the datagrams sent again per call (all ranks).
+
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
 ``wire(B)`` is read from the algorithm's schedules (:mod:`commpress.schedules.wire`).
 ``rel_err`` (rank 0's output) and
@@ -38,6 +42,7 @@ from commpress.bench.arguments import (
     comma_list,
     non_negative_int,
     positive_int,
+    probability,
     size_factor,
 )
 from commpress.cluster import Link, read_local, read_retransmitted
@@ -45,6 +50,7 @@ from commpress.cluster.commands import add_link_arguments, cluster_from, wants_c
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, wire_bytes
+from commpress.transport import multicast
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 COLUMNS = (
@@ -139,8 +145,15 @@ def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) 
     return count
 
 
+def _repairs() -> int:
+    """Datagrams the multicast transport of the default group has sent again so far."""
+    return multicast.channel_for(None).engine.stats.repairs_sent
+
+
 def _worker(rank, world_size, config):
     op, pairs = config["op"], variants(config["algorithms"], config["codecs"])
+    if "multicast" in config["algorithms"]:
+        multicast.configure(None, multicast.Options(**config["multicast"]))
     dtype_name = config["dtype"]
     dtype = DTYPES[dtype_name]
     rows = []
@@ -154,6 +167,7 @@ def _worker(rank, world_size, config):
         for algorithm, codec in pairs:
             if rank == 0:
                 print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
+            repaired = _repairs() if algorithm == "multicast" else None
             seconds, tx = _time(
                 op,
                 algorithm,
@@ -165,6 +179,9 @@ def _worker(rank, world_size, config):
                 config.get("interface"),
             )
             _run(op, algorithm, codec, inp, out)
+            calls = config["iters"] + config["warmup"] + 1
+            repairs = torch.tensor([0.0 if repaired is None else (_repairs() - repaired) / calls])
+            dist.all_reduce(repairs)
             native_time = seconds if algorithm == "native" else native_time
             bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
             wrong = torch.tensor([correctness.count_wrong(out, exact, bound)])
@@ -188,6 +205,11 @@ def _worker(rank, world_size, config):
                     "wrong": int(wrong.item()),
                     "speedup": native_time / seconds,
                     "nprocs": world_size,
+                    **(
+                        {"loss": config["multicast"]["loss"], "repairs": repairs.item()}
+                        if algorithm == "multicast"
+                        else {}
+                    ),
                     **_link_columns(config.get("link_bits"), wire, seconds, tx),
                 }
             )
@@ -273,6 +295,7 @@ def main(args) -> int:
         "iters": args.iters,
         "warmup": args.warmup,
         "dtype": args.dtype,
+        "multicast": {"concurrent_roots": args.roots, "loss": args.loss, "seed": args.seed},
     }
     columns, link, racks, uplink = COLUMNS, None, 1, None
     if not wants_cluster(args):
@@ -282,6 +305,11 @@ def main(args) -> int:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
+            config["multicast"].update(
+                rate_bits=cluster.link.rate_bits,
+                racks=cluster.racks,
+                uplink_bits=cluster.uplink.rate_bits if cluster.uplink else None,
+            )
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]
             link, racks = cluster.link.describe(), cluster.racks
             uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None
@@ -333,6 +361,16 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--nprocs", type=positive_int, help="local gloo processes (4)")
     add_link_arguments(parser, required=False)
+    parser.add_argument(
+        "--roots", type=positive_int, default=2, help="multicast: broadcasts at once (2)"
+    )
+    parser.add_argument(
+        "--loss",
+        type=probability,
+        default=0.0,
+        help="multicast: fraction of received datagrams dropped on purpose (0)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="multicast: seed of --loss (0)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--markdown", metavar="PATH")

@@ -226,7 +226,7 @@ def _choose_group() -> tuple[tuple[str, int], int]:
     """``((address, port), channel number)``: from COMMPRESS_MULTICAST_GROUP, else random."""
     chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
     rng = random.SystemRandom()
-    channel = rng.randrange(1, 2**32)
+    channel = rng.randrange(1, 2**16)  # the header holds 16 bits
     if chosen:
         address, _, port = chosen.rpartition(":")
         if not ipaddress.ip_address(address).is_multicast or not port.isdigit():

@@ -186,6 +186,8 @@ class UdpNetwork:
                 handle(view[:size])
 
     def wake(self) -> None:
+        if self._wake_write is None:  # closed
+            return
         with contextlib.suppress(BlockingIOError):  # already woken
             os.write(self._wake_write, b"x")
 

@@ -1,0 +1,214 @@
+"""The multicast all-gather over real UDP multicast between emulated hosts: exact at any
+loss, one injection per host, half the fabric traffic of a ring, and clear errors.
+
+The protocol's corner cases (corruption, truncation, stale and foreign datagrams, K roots
+at once) are tested on an in-memory network in ``tests/unit/test_reliable_broadcast.py``;
+here the same engine runs over the kernel's sockets, bridges and shapers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.cluster import Emulated
+from commpress.transport import multicast
+from commpress.transport.datagrams import Header, Kind, pack
+
+SHARD = 300_000  # float32 elements: 1.2 MB, about 830 datagrams of MTU 1500
+LOSSES = (0.0, 0.01, 0.05, 0.2)
+
+
+def _inputs(rank: int, numel: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(numel, generator=generator)
+
+
+def _gather_at_every_loss(rank, world_size, link_bits):
+    """For each loss rate: codec none against the input shards, int8 against the ring
+    (which encodes each shard once, as multicast does, so the bits must agree)."""
+    shards = torch.cat([_inputs(r, SHARD) for r in range(world_size)])
+    inp = _inputs(rank, SHARD)
+    ring_int8 = torch.empty(world_size * SHARD)
+    cp.all_gather_into_tensor(ring_int8, inp, codec="int8", algorithm="ring")
+    results = {}
+    for loss in LOSSES:
+        multicast.configure(None, rate_bits=link_bits, loss=loss, seed=11)
+        engine = multicast.channel_for(None).engine
+        out_none = torch.full((world_size * SHARD,), float("nan"))
+        out_int8 = torch.full((world_size * SHARD,), float("nan"))
+        cp.all_gather_into_tensor(out_none, inp, codec="none", algorithm="multicast")
+        cp.all_gather_into_tensor(out_int8, inp, codec="int8", algorithm="multicast")
+        stats = engine.stats
+        results[loss] = {
+            "none_exact": torch.equal(out_none, shards),
+            "int8_as_ring": torch.equal(out_int8, ring_int8),
+            "int8_bits": out_int8.view(torch.int32).clone(),
+            "injected": stats.injected_losses,
+            "repairs": stats.repairs_sent,
+            "refused": sum(stats.refused.values()),
+            "duplicates": stats.duplicates,
+        }
+    return results
+
+
+def test_exact_on_every_host_at_every_loss_rate(prefix):
+    with Emulated(4, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_gather_at_every_loss, cluster.link.rate_bits, timeout=300)
+    for loss in LOSSES:
+        for rank, by_loss in enumerate(results):
+            row = by_loss[loss]
+            assert row["none_exact"], f"rank {rank}, loss {loss}: codec none is not exact"
+            assert row["int8_as_ring"], f"rank {rank}, loss {loss}: int8 differs from the ring"
+            assert torch.equal(row["int8_bits"], results[0][loss]["int8_bits"])
+            assert row["refused"] == 0, "a datagram failed its checksum on a clean network"
+        injected = sum(r[loss]["injected"] for r in results)
+        repairs = sum(r[loss]["repairs"] for r in results)
+        if loss:
+            assert injected > 0 and repairs > 0, (loss, injected, repairs)
+        else:
+            assert injected == 0
+
+
+def _gather_times(rank, world_size, algorithm, codec, calls, link_bits, racks, uplink_bits):
+    multicast.configure(None, rate_bits=link_bits, racks=racks, uplink_bits=uplink_bits)
+    inp = _inputs(rank, SHARD)
+    out = torch.empty(world_size * SHARD)
+    for _ in range(calls):
+        cp.all_gather_into_tensor(out, inp, codec=codec, algorithm=algorithm)
+    dist.barrier()
+    return bool(torch.equal(out, torch.cat([_inputs(r, SHARD) for r in range(world_size)])))
+
+
+def _traffic_of_two_calls(cluster, algorithm):
+    """Host and uplink bytes of two calls: a job of three calls minus a job of one, so
+    that process-group setup and teardown cancel out."""
+    rates = (cluster.link.rate_bits, cluster.racks, cluster.uplink.rate_bits)
+    counts = {}
+    for calls in (1, 3):
+        hosts, uplinks = cluster.counters(), cluster.uplink_counters()
+        exact = cluster.run(_gather_times, algorithm, "none", calls, *rates, timeout=300)
+        assert all(exact)
+        counts[calls] = (
+            [after - before for after, before in zip(cluster.counters(), hosts, strict=True)],
+            [a - b for a, b in zip(cluster.uplink_counters(), uplinks, strict=True)],
+        )
+    hosts = [(a - b).tx_bytes / 2 for a, b in zip(counts[3][0], counts[1][0], strict=True)]
+    uplinks = [a - b for a, b in zip(counts[3][1], counts[1][1], strict=True)]
+    return hosts, [u.tx_bytes / 2 for u in uplinks], [u.rx_bytes / 2 for u in uplinks]
+
+
+def test_each_host_injects_its_shard_once_and_uplinks_carry_half_the_shards(prefix):
+    """4 hosts in 2 racks: multicast sends at most 1.05 shards per host (ring: n - 1), and
+    each uplink direction carries n/2 shards (ring: n - 1)."""
+    n, shard_bytes = 4, SHARD * 4
+    with Emulated(n, "1gbit", racks=2, uplink="1gbit", prefix=prefix) as cluster:
+        mc_hosts, mc_up, mc_down = _traffic_of_two_calls(cluster, "multicast")
+        ring_hosts, ring_up, ring_down = _traffic_of_two_calls(cluster, "ring")
+    for sent in mc_hosts:
+        assert shard_bytes <= sent <= 1.05 * shard_bytes, (sent, shard_bytes)
+    for sent in ring_hosts:  # TCP: its headers and the ACKs of what the host receives
+        assert (n - 1) * shard_bytes <= sent <= 1.10 * (n - 1) * shard_bytes
+    for carried in mc_up + mc_down:
+        assert (n // 2) * shard_bytes <= carried <= 1.05 * (n // 2) * shard_bytes
+    for carried in ring_up + ring_down:  # a rack-ordered ring: n - 1 shards each way
+        assert (n - 1) * shard_bytes <= carried <= 1.10 * (n - 1) * shard_bytes
+    fabric_ratio = (sum(ring_hosts) + sum(ring_up) + sum(ring_down)) / (
+        sum(mc_hosts) + sum(mc_up) + sum(mc_down)
+    )
+    assert fabric_ratio > 1.4  # host links: 2(n-1)/n = 1.5 less; uplinks n-1 over n/2
+
+
+def _a_peer_stops_mid_operation(rank, world_size):
+    multicast.configure(None, rate_bits=10**8)  # slow enough to be stopped half way
+    inp = _inputs(rank, 4 * SHARD)
+    out = torch.empty(world_size * inp.numel())
+    channel = multicast.channel_for(None)  # set up on every rank
+    if rank == world_size - 1:
+        threading.Timer(0.3, channel.engine.network.close).start()
+    try:
+        cp.all_gather_into_tensor(
+            out, inp, codec="none", algorithm="multicast", timeout=timedelta(seconds=5)
+        )
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_a_peer_that_stops_mid_operation_is_an_error_on_every_rank(prefix):
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        errors = cluster.run(_a_peer_stops_mid_operation, timeout=120)
+    for rank, error in enumerate(errors[:-1]):
+        assert error is not None, f"rank {rank} did not notice that rank 2 stopped"
+        assert "multicast all-gather" in error and "within" in error, error
+
+
+def _setup_error(rank, world_size, case):
+    if case == "port in use":
+        os.environ["COMMPRESS_MULTICAST_GROUP"] = "239.255.7.7:45123"
+        blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        blocker.bind(("239.255.7.7", 45123))
+    else:
+        os.environ["COMMPRESS_MULTICAST_ADDRESS"] = "127.0.0.1"
+    inp = torch.ones(10)
+    out = torch.zeros(10 * world_size)
+    try:
+        cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
+    except multicast.MulticastSetupError as error:
+        return str(error), bool(out.eq(0).all())
+    return None, bool(out.eq(0).all())
+
+
+@pytest.mark.parametrize(
+    "case, message", [("port in use", "already in use"), ("no multicast", "cannot multicast")]
+)
+def test_setup_errors_are_raised_on_every_rank(prefix, case, message):
+    with Emulated(2, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_setup_error, case, timeout=120)
+    for error, untouched in results:
+        assert error is not None and message in error, error
+        assert untouched
+
+
+def _junk_on_the_group(rank, world_size):
+    """Rank 0 sends the group a corrupted datagram, one of another channel and one of a
+    stale operation before each all-gather; the others refuse them and stay exact."""
+    channel = multicast.channel_for(None)
+    out = torch.empty(world_size * SHARD)
+    inp = _inputs(rank, SHARD)
+    shards = torch.cat([_inputs(r, SHARD) for r in range(world_size)])
+    exact = []
+    for operation in range(3):
+        if rank == 0:
+            real = Header(Kind.DATA, 0, 0, channel.engine.channel, operation, 0, 834)
+            datagram = bytearray(pack(real, bytes(1446)))
+            datagram[40] ^= 0xFF
+            other = Header(Kind.DATA, 0, 0, channel.engine.channel ^ 1, operation, 0, 834)
+            junks = [bytes(datagram), pack(other, bytes(1446))]
+            if operation:
+                stale = Header(Kind.DATA, 0, 0, channel.engine.channel, operation - 1, 0, 834)
+                junks.append(pack(stale, b"x"))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+                for junk in junks:
+                    sender.sendto(junk, channel.network.group)
+        dist.barrier()
+        cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
+        exact.append(bool(torch.equal(out, shards)))
+    return exact, dict(channel.engine.stats.refused), channel.engine.stats.stale
+
+
+def test_corrupted_foreign_and_stale_datagrams_on_the_wire_are_refused(prefix):
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_junk_on_the_group, timeout=120)
+    for rank, (exact, refused, stale) in enumerate(results):
+        assert all(exact), rank
+        if rank:
+            assert refused.get("checksum", 0) >= 3 and refused.get("channel", 0) >= 3, refused
+            assert stale >= 2, stale
