@@ -46,7 +46,12 @@ from commpress.bench.arguments import (
     size_factor,
 )
 from commpress.cluster import Link, read_local, read_retransmitted
-from commpress.cluster.commands import add_link_arguments, cluster_from, wants_cluster
+from commpress.cluster.commands import (
+    add_link_arguments,
+    cluster_from,
+    multicast_options,
+    wants_cluster,
+)
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, wire_bytes
@@ -305,11 +310,7 @@ def main(args) -> int:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
-            config["multicast"].update(
-                rate_bits=cluster.link.rate_bits,
-                racks=cluster.racks,
-                uplink_bits=cluster.uplink.rate_bits if cluster.uplink else None,
-            )
+            config["multicast"].update(multicast_options(cluster))
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]
             link, racks = cluster.link.describe(), cluster.racks
             uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None

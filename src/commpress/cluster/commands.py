@@ -143,3 +143,13 @@ def launch(args) -> int:
         return cluster.launch(
             command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout
         )
+
+
+def multicast_options(cluster) -> dict:
+    """What the multicast transport must know of ``cluster`` to pace its roots: the
+    :class:`~commpress.transport.reliable_broadcast.Options` fields of its links."""
+    return {
+        "rate_bits": cluster.link.rate_bits,
+        "racks": cluster.racks,
+        "uplink_bits": cluster.uplink.rate_bits if cluster.uplink else None,
+    }

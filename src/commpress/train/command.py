@@ -12,12 +12,18 @@ the loss curves, a JSON summary and a PNG plot.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
 from commpress.bench import report
 from commpress.bench.arguments import positive_int
-from commpress.cluster.commands import add_link_arguments, cluster_from, wants_cluster
+from commpress.cluster.commands import (
+    add_link_arguments,
+    cluster_from,
+    multicast_options,
+    wants_cluster,
+)
 from commpress.cluster.local import run_distributed
 from commpress.train.loop import (
     COSINE_FLOOR,
@@ -71,6 +77,7 @@ def main(args) -> int:
         where = f"{args.nprocs} local gloo processes"
     else:
         with cluster_from(args) as cluster:
+            config = dataclasses.replace(config, multicast=multicast_options(cluster))
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
             where = f"{cluster.hosts} emulated hosts, {cluster.link.describe()} links"
             if cluster.racks > 1:

@@ -18,6 +18,7 @@ import commpress as cp
 from commpress.lowrank.registry import ALGORITHMS
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
+from commpress.transport import multicast
 
 UNCOMPRESSED = "plain"
 TORCH_POWERSGD = "torch-powersgd"
@@ -77,6 +78,9 @@ class TrainConfig:
     corpus_bytes: int = 4 << 20
     bf16: bool = False
     eval_batches: int = 4
+    #: :class:`~commpress.transport.reliable_broadcast.Options` fields for ``@multicast``
+    #: (the cluster's link rates), or None for the defaults and ``COMMPRESS_MULTICAST``.
+    multicast: dict | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -182,6 +186,8 @@ class Progress:
 
 def train_worker(rank: int, world_size: int, config: TrainConfig):
     torch.set_num_threads(1)
+    if config.multicast is not None:
+        multicast.set_default_options(multicast.Options(**config.multicast))
     corpus = Corpus.standard_library(config.corpus_bytes)
     side = dist.new_group()  # loss averaging, never mixed with the measured traffic
     results = []

@@ -7,7 +7,9 @@ rank 0 picks the group, port and channel number; every rank binds its sockets an
 its address or what failed, so a rank that cannot set up makes every rank raise).
 
 Options come from :func:`configure` (call it on every rank, before the first multicast
-collective on the group), else from the environment, ``COMMPRESS_MULTICAST``:
+collective on the group), else from :func:`set_default_options` (every group of the
+process, such as those FSDP and DDP make for commpress), else from the environment,
+``COMMPRESS_MULTICAST``:
 ``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02`` (any subset).
 The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
 ``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT``, else random
@@ -44,6 +46,7 @@ _ENV_KEYS = {
 }
 _channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _configured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_default: Options | None = None
 
 
 def options_from_text(text: str) -> Options:
@@ -69,12 +72,19 @@ def configure(group: dist.ProcessGroup | None = None, options: Options | None = 
     _configured[group] = chosen
 
 
+def set_default_options(options: Options | None) -> None:
+    """The options of every group that :func:`configure` has not set (None: read them from
+    the environment again). Channels already set up keep theirs."""
+    global _default
+    _default = options
+
+
 def channel_for(group: dist.ProcessGroup | None) -> Channel:
     """The group's channel, set up on first use (collectively: call on every rank)."""
     group = _group(group)
     channel = _channels.get(group)
     if channel is None:
-        options = _configured.get(group)
+        options = _configured.get(group, _default)
         if options is None:
             options = options_from_text(os.environ.get(ENVIRONMENT, ""))
         channel = _channels[group] = Channel(group, options)
