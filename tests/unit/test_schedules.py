@@ -34,7 +34,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 CHUNK_BYTES = 512  # pieces of 128 fp32 elements: the ring reduce-scatter has several
 PIECE = CHUNK_BYTES // 4
 SHARD = 300  # elements of an all-gather's shard: three pieces, the last one shorter
-GATHERS = ("ring", "ring-hop", "backend")
+GATHERS = ("ring", "ring-hop", "backend", "multicast")
 REDUCTIONS = ("ring", "ring-hop", "alltoall", "backend")
 #: The all-gather that finishes each algorithm's all-reduce.
 ALL_REDUCE_GATHER = {
@@ -105,6 +105,14 @@ def check_structure(schedules: list[Schedule]) -> None:
                 # the backend's all-gather: one payload to every other rank, one from each
                 assert [send.dsts for send in step.sends] == [others], where
                 assert sorted(receive.src for receive in step.receives) == list(others), where
+            elif schedule.transport is Transport.MULTICAST:
+                # one broadcast per step: its root sends once to every other rank
+                roots = {send.chunk for send in step.sends} | {r.src for r in step.receives}
+                assert len(roots) == 1, f"{where}: roots {roots}"
+                if step.sends:
+                    assert [send.dsts for send in step.sends] == [others], where
+                else:
+                    assert len(step.receives) == 1, where
             elif schedule.transport is Transport.ALL_TO_ALL:
                 # the backend's all-to-all: at most one payload per peer each way
                 dsts = [dst for send in step.sends for dst in send.dsts]
@@ -360,6 +368,8 @@ def expected_all_gather(algorithm, world_size, numel, dtype, codec) -> tuple[int
     wire = get_codec(codec).wire_bytes
     if algorithm == "backend":
         return min(n - 1, 1), (n - 1) * wire(numel, dtype)
+    if algorithm == "multicast":  # one broadcast per rank; the network copies the own one
+        return (n, wire(numel, dtype)) if n > 1 else (0, 0)
     return n - 1, (n - 1) * wire(numel, dtype)  # whole shards, one per round
 
 
@@ -387,7 +397,7 @@ def test_counts_are_the_textbook_ones(world_size, dtype, codec):
         steps, sent = expected_all_gather(algorithm, n, SHARD, dtype, codec)
         for schedule in schedules:
             assert (len(schedule.steps), schedule.sent_bytes) == (steps, sent), schedule.rank
-            if algorithm != "backend":
+            if algorithm not in ("backend", "multicast"):
                 assert schedule.rounds == n - 1
         assert count("all_gather", algorithm, numel=SHARD, chunk_bytes=CHUNK_BYTES) == sent
     assert count("all_gather", NATIVE, numel=SHARD) == (n - 1) * SHARD * itemsize

@@ -8,10 +8,16 @@ With ``--hosts N --link RATE`` the ranks run one per host of an emulated cluster
 (built for the run, or the one already up), and every row also gets the bytes
 each host really sent per call (``tx_bytes``, from its interface counters, all
 headers included; ``tx_retransmitted``, the TCP segments it sent again), the time the
-link needs for the bytes the algorithm must send (``ideal_us`` = wire bytes / RATE) and
+link needs for the bytes the algorithm must move through the busiest host link, in its
+busier direction (``ideal_us`` = those bytes / RATE: a ring's wire bytes; a multicast
+root's received bytes, n - 1 times what it sends) and
 ``efficiency`` = ideal / measured. ``--racks R --uplink RATE`` splits the hosts into racks
 joined through a spine (rows get ``racks`` and ``uplink``); ``ideal_us`` stays that of the
 host link.
+
+Rows also get the CPU time per call, in microseconds, of the calling thread, of
+commpress's communication thread, of the multicast protocol's thread, and of the whole
+process (``cpu_*_us``, JSON only; mean over ranks).
 
 ``multicast`` paces each root for the cluster's links (host rate, racks, uplink), runs
 ``--roots`` broadcasts at once, and drops ``--loss`` of the datagrams each host receives
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -54,7 +61,7 @@ from commpress.cluster.commands import (
 )
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
-from commpress.schedules import busbw_factor, wire_bytes
+from commpress.schedules import busbw_factor, busiest_link_bytes, wire_bytes
 from commpress.transport import multicast
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -72,6 +79,8 @@ COLUMNS = (
     ("wrong", "#wrong", "d"),
     ("speedup", "speedup", ".2f"),
 )
+#: CPU microseconds per call, mean over ranks (JSON only): see :func:`_cpu_seconds`.
+CPU_FIELDS = ("cpu_caller_us", "cpu_comm_us", "cpu_progress_us", "cpu_process_us")
 CLUSTER_COLUMNS = (
     ("tx_max", "tx/host(B)", "d"),
     ("ideal_us", "ideal(us)", ".1f"),
@@ -113,15 +122,39 @@ def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tens
         cp.all_reduce(out, codec=codec, algorithm=algorithm)
 
 
+#: Threads whose CPU time the rows report: commpress's communication thread (it runs
+#: every compressed collective, synchronous or not) and the multicast protocol's thread.
+_COMM_THREAD, _PROGRESS_THREAD = "commpress_", "commpress-multicast"
+
+
+def _cpu_seconds() -> torch.Tensor:
+    """CPU seconds so far of: the calling thread, the communication thread, the multicast
+    thread(s), the whole process (gloo's threads included)."""
+    comm = progress = 0.0
+    for thread in threading.enumerate():
+        if thread.name.startswith((_COMM_THREAD, _PROGRESS_THREAD)) and thread.ident:
+            try:
+                seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (OSError, ProcessLookupError):  # it ended meanwhile
+                continue
+            if thread.name.startswith(_COMM_THREAD):
+                comm += seconds
+            else:
+                progress += seconds
+    return torch.tensor([time.thread_time(), comm, progress, time.process_time()])
+
+
 def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
-    """Median seconds per call, and with ``interface`` the bytes and packets each rank sent
-    per call (two lists, one entry per rank)."""
+    """Median seconds per call; the CPU microseconds per call of the threads of
+    :func:`_cpu_seconds` (mean over ranks); with ``interface`` the bytes and packets each
+    rank sent per call (two lists, one entry per rank)."""
     for _ in range(warmups):
         _run(op, algorithm, codec, inp, out)
     dist.barrier()
     before = read_local(interface) if interface else None
     retransmitted = read_retransmitted() if interface else None
     times = []
+    cpu = _cpu_seconds()
     for _ in range(iterations):
         dist.barrier()
         start = time.perf_counter()
@@ -129,15 +162,18 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
+    cpu = (_cpu_seconds() - cpu) / iterations * 1e6 / dist.get_world_size()
+    dist.all_reduce(cpu)
+    cpu_us = dict(zip(CPU_FIELDS, cpu.tolist(), strict=True))
     if interface is None:
-        return statistics.median(times), None
+        return statistics.median(times), cpu_us, None
     dist.barrier()  # every peer has received what this rank sent: it has left the link
     sent = read_local(interface) - before
     again = (read_retransmitted() - retransmitted) / iterations
     per_rank = [None] * dist.get_world_size()
     mine = (sent.tx_bytes // iterations, sent.tx_packets / iterations, again)
     dist.all_gather_object(per_rank, mine)
-    return statistics.median(times), tuple(map(list, zip(*per_rank, strict=True)))
+    return statistics.median(times), cpu_us, tuple(map(list, zip(*per_rank, strict=True)))
 
 
 def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
@@ -173,7 +209,7 @@ def _worker(rank, world_size, config):
             if rank == 0:
                 print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
             repaired = _repairs() if algorithm == "multicast" else None
-            seconds, tx = _time(
+            seconds, cpu_us, tx = _time(
                 op,
                 algorithm,
                 codec,
@@ -210,22 +246,28 @@ def _worker(rank, world_size, config):
                     "wrong": int(wrong.item()),
                     "speedup": native_time / seconds,
                     "nprocs": world_size,
+                    **cpu_us,
                     **(
                         {"loss": config["multicast"]["loss"], "repairs": repairs.item()}
                         if algorithm == "multicast"
                         else {}
                     ),
-                    **_link_columns(config.get("link_bits"), wire, seconds, tx),
+                    **_link_columns(
+                        config.get("link_bits"),
+                        busiest_link_bytes(op, algorithm, codec, numel, world_size, dtype),
+                        seconds,
+                        tx,
+                    ),
                 }
             )
     return rows if rank == 0 else None
 
 
-def _link_columns(link_bits, wire, seconds, tx) -> dict:
+def _link_columns(link_bits, busiest, seconds, tx) -> dict:
     if link_bits is None:
         return {}
     tx_bytes, tx_packets, retransmitted = tx
-    ideal = Link(link_bits).seconds_for(wire)
+    ideal = Link(link_bits).seconds_for(busiest)
     return {
         "tx_bytes": tx_bytes,
         "tx_packets": tx_packets,

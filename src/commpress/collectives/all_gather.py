@@ -7,6 +7,9 @@
   MPI libraries that compress point-to-point messages do.
 * ``backend``: each rank encodes its shard once; the backend's own all-gather (gloo's or
   NCCL's, in native code) moves the payloads; each is decoded once it has arrived.
+* ``multicast``: each rank encodes its shard once and injects it once; the network
+  replicates it (reliable UDP multicast, :mod:`commpress.transport.multicast`; CPU
+  tensors). Pays where a shared link is the bottleneck (racks behind a slow uplink).
 
 In every one the owner keeps the *decoded* copy of its own shard, so all ranks end
 bitwise identical. The schedules are in :mod:`commpress.schedules`.
@@ -22,6 +25,7 @@ import torch.distributed as dist
 from commpress.codecs import Codec, get_codec
 from commpress.collectives.checks import (
     check_algorithm,
+    check_device,
     check_pair,
     check_same_result_on_every_rank,
 )
@@ -57,6 +61,7 @@ def all_gather_into_tensor(
     """
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
+    check_device(algorithm, "all_gather", inp)
     if algorithm == "native":
         work = collective.all_gather(out, inp, group)
         return work if async_op else wait(work, timeout)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from commpress.schedules import NATIVE, get_algorithm
+
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 #: What a compressed reduction can sum exactly: it accumulates in fp32.
 REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -13,6 +15,19 @@ REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
     if algorithm not in known:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
+
+
+def check_device(algorithm: str, op: str, tensor: torch.Tensor) -> None:
+    """An algorithm whose transport moves host memory only refuses CUDA tensors up front."""
+    if (
+        algorithm != NATIVE
+        and tensor.device.type != "cpu"
+        and get_algorithm(algorithm, op).cpu_only
+    ):
+        raise ValueError(
+            f"algorithm {algorithm!r} moves CPU tensors only; inp is on {tensor.device}: "
+            "copy it to the CPU, or use algorithm 'ring' or 'backend'"
+        )
 
 
 def check_op(op) -> None:

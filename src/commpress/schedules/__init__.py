@@ -16,7 +16,7 @@ from commpress.schedules.registry import (
     register,
 )
 from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
-from commpress.schedules.wire import busbw_factor, wire_bytes
+from commpress.schedules.wire import busbw_factor, busiest_link_bytes, wire_bytes
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -32,6 +32,7 @@ __all__ = [
     "Transport",
     "algorithms",
     "busbw_factor",
+    "busiest_link_bytes",
     "get_algorithm",
     "partial_sum_dtype",
     "plan",

@@ -33,6 +33,7 @@ class Algorithm:
     all_gather: ScheduleFunction | None  # None: this algorithm does not all-gather
     reduce_scatter: ScheduleFunction | None
     all_reduce_gather: str | None  # the algorithm whose all-gather finishes an all-reduce
+    cpu_only: bool = False  # its transport moves host memory only (no CUDA tensors)
 
     def supports(self, op: str) -> bool:
         if op == "all_reduce":
@@ -173,5 +174,6 @@ register(
         ),
         reduce_scatter=None,
         all_reduce_gather=None,
+        cpu_only=True,
     )
 )

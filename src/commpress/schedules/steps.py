@@ -120,6 +120,11 @@ class Schedule:
         return sum(step.sent_bytes for step in self.steps)
 
     @property
+    def received_bytes(self) -> int:
+        """Bytes that arrive at this rank."""
+        return sum(r.wire_bytes for step in self.steps for r in step.receives)
+
+    @property
     def rounds(self) -> int:
         return len({step.round for step in self.steps})
 

@@ -52,6 +52,25 @@ def _wire_bytes(op, algorithm, codec, numel, world_size, dtype, chunk_bytes) -> 
     )
 
 
+def busiest_link_bytes(
+    op: str, algorithm: str, codec, numel: int, world_size: int, dtype: torch.dtype
+) -> int:
+    """The most bytes one host link carries in one direction per call, over ranks: what a
+    link's rate bounds. A ring sends what it receives; a multicast root sends its shard
+    once but receives every other rank's."""
+    if algorithm == NATIVE:
+        return wire_bytes(op, algorithm, codec, numel, world_size, dtype)
+    codec = str(get_codec(codec))
+    chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
+    return max(
+        max(sum(s.sent_bytes for s in schedules), sum(s.received_bytes for s in schedules))
+        for schedules in (
+            plan(op, algorithm, rank, world_size, numel, dtype, codec, chunk_bytes)
+            for rank in range(world_size)
+        )
+    )
+
+
 def busbw_factor(op: str, world_size: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor compares a collective's
     bandwidth with the link's whatever n. It is native's wire bytes over the op's size:

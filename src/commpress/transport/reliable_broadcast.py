@@ -8,8 +8,10 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   chunk count, so the bitmap's size is checked, and the root's END (the chunk count again,
   multicast after its last chunk) says that any chunk still missing is a gap;
 * a receiver with gaps sends the root a NACK listing them (ranges); the root sends those
-  chunks again to that receiver alone, and the receiver asks again after a timeout if they
-  do not come;
+  chunks again to that receiver alone (each (receiver, chunk) queued once), and the
+  receiver asks again once ``retry_s`` has passed without a new chunk since its last
+  report (a repeated END does not make it ask sooner: that only duplicated repairs still
+  queued or in flight);
 * a receiver with every chunk sends the root an ACK; the root repeats its END every
   ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
   timeout, never a hang; an END of an operation this rank has finished is ACKed again;
@@ -184,6 +186,7 @@ class _Incoming:
         self.missing = self.count
         self.end_seen = False
         self.nacked_at = -math.inf
+        self.progress_at = -math.inf  # when the last new chunk arrived
 
     def length_of(self, chunk: int) -> int:
         return min(self.chunk_bytes, len(self.buffer) - chunk * self.chunk_bytes)
@@ -359,7 +362,7 @@ class Engine:
         due = min(
             [running.end_due]
             + [
-                i.nacked_at + self._renack_after(i)
+                self._renack_due(i)
                 for i in running.incoming.values()
                 if i.end_seen and i.missing
             ]
@@ -440,6 +443,7 @@ class Engine:
         incoming.buffer[start : start + len(payload)] = payload
         incoming.bitmap[header.chunk] = 1
         incoming.missing -= 1
+        incoming.progress_at = time.monotonic()
         if incoming.missing == 0:
             running.passed.add(header.root)
             self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
@@ -454,8 +458,8 @@ class Engine:
         incoming.end_seen = True
         if incoming.missing == 0:
             self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
-        elif time.monotonic() - incoming.nacked_at > self.options.retry_s / 4:
-            self._nack(running, header.root, incoming)
+        elif time.monotonic() >= self._renack_due(incoming):
+            self._nack(running, header.root, incoming)  # the first gap report, or a retry
 
     def _on_nack(self, running: _Running, header: Header, payload: memoryview) -> None:
         if header.root != self.rank:
@@ -488,7 +492,7 @@ class Engine:
             if (
                 incoming.end_seen
                 and incoming.missing
-                and now >= incoming.nacked_at + self._renack_after(incoming)
+                and now >= self._renack_due(incoming)
             ):
                 self._nack(running, root, incoming)
         if now >= running.end_due:
@@ -496,12 +500,14 @@ class Engine:
             self.stats.ends_sent += 1
             running.end_due = now + self.options.retry_s
 
-    def _renack_after(self, incoming: _Incoming) -> float:
-        """Long enough for the repairs already asked for to arrive, and a retry on top."""
-        return (
-            self.options.retry_s
-            + incoming.missing * (self.chunk_bytes + FRAME_OVERHEAD) / self._pace
-        )
+    def _renack_due(self, incoming: _Incoming) -> float:
+        """When to report the gaps again: ``retry_s`` after the last report and the last
+        new chunk, whichever came later. While repairs keep arriving the root is still
+        working through the reports (this receiver's, and every other's ahead of it, which
+        it keeps once each); once they stop, what is still missing was lost again."""
+        if incoming.nacked_at == -math.inf:
+            return -math.inf  # never reported: at once
+        return max(incoming.nacked_at, incoming.progress_at) + self.options.retry_s
 
     def _nack(self, running: _Running, root: int, incoming: _Incoming) -> None:
         limit = self.chunk_bytes

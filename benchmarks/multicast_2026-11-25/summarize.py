@@ -1,0 +1,69 @@
+"""Ring time over multicast time (above 1: multicast is faster) per network, size and codec,
+from the JSON files that ``sweep.sh`` wrote, as a markdown table; plus the multicast rows'
+repairs and CPU per call.
+
+    python benchmarks/multicast_2026-11-25/summarize.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+NETWORKS = (
+    "racks_200m_100m_mtu9000",
+    "racks_200m_100m_mtu1500",
+    "racks_1g_500m_mtu9000",
+    "racks_1g_500m_mtu1500",
+    "racks_1g_1g_mtu9000",
+    "racks_1g_2g_mtu9000",
+    "switch8_1g_mtu9000_roots8",
+    "switch8_1g_mtu9000",
+    "switch4_1g_mtu9000_roots4",
+    "switch4_1g_mtu9000",
+    "switch4_1g_mtu1500",
+)
+
+
+def rows_of(name: str) -> list[dict]:
+    return json.loads((HERE / f"{name}.json").read_text())["rows"]
+
+
+def main() -> None:
+    print("| network | size | ring/multicast, none | ring/multicast, int8 | repairs/call |")
+    print("|---|---|---|---|---|")
+    for name in NETWORKS:
+        if not (HERE / f"{name}.json").exists():
+            continue
+        rows = rows_of(name)
+        times = {(r["algorithm"], r["codec"], r["size_bytes"]): r for r in rows}
+        for size in sorted({r["size_bytes"] for r in rows}):
+            ratios = []
+            for codec in ("none", "int8"):
+                ring, mc = times.get(("ring", codec, size)), times.get(("multicast", codec, size))
+                ratios.append(f"{ring['time_us'] / mc['time_us']:.2f}" if ring and mc else "-")
+            repairs = [
+                f"{times[('multicast', c, size)]['repairs']:.0f}"
+                for c in ("none", "int8")
+                if ("multicast", c, size) in times
+            ]
+            print(f"| {name} | {size >> 20} MiB | {ratios[0]} | {ratios[1]} | {'/'.join(repairs)} |")
+    print()
+    print("CPU per call, ms (mean over ranks): caller thread, communication thread, multicast")
+    print("thread, whole process; racks_1g_500m_mtu9000")
+    print("| size | algorithm | codec | caller | comm | multicast | process |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows_of("racks_1g_500m_mtu9000"):
+        if row["algorithm"] == "native":
+            continue
+        cpu = [row[f"cpu_{k}_us"] / 1e3 for k in ("caller", "comm", "progress", "process")]
+        print(
+            f"| {row['size_bytes'] >> 20} MiB | {row['algorithm']} | {row['codec']} | "
+            + " | ".join(f"{c:.1f}" for c in cpu)
+            + " |"
+        )
+
+
+if __name__ == "__main__":
+    main()
