@@ -48,7 +48,8 @@ def main() -> None:
                 for c in ("none", "int8")
                 if ("multicast", c, size) in times
             ]
-            print(f"| {name} | {size >> 20} MiB | {ratios[0]} | {ratios[1]} | {'/'.join(repairs)} |")
+            cells = [name, f"{size >> 20} MiB", *ratios, "/".join(repairs)]
+            print("| " + " | ".join(cells) + " |")
     print()
     print("CPU per call, ms (mean over ranks): caller thread, communication thread, multicast")
     print("thread, whole process; racks_1g_500m_mtu9000")

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -162,21 +163,26 @@ def _a_peer_stops_mid_operation(rank, world_size):
     channel = multicast.channel_for(None)  # set up on every rank
     if rank == world_size - 1:
         threading.Timer(0.3, channel.engine.network.close).start()
+    start = time.monotonic()
     try:
         cp.all_gather_into_tensor(
             out, inp, codec="none", algorithm="multicast", timeout=timedelta(seconds=5)
         )
     except RuntimeError as error:
-        return str(error)
-    return None
+        return str(error), time.monotonic() - start
+    return None, time.monotonic() - start
 
 
 def test_a_peer_that_stops_mid_operation_is_an_error_on_every_rank(prefix):
     with Emulated(3, "1gbit", prefix=prefix) as cluster:
         errors = cluster.run(_a_peer_stops_mid_operation, timeout=120)
-    for rank, error in enumerate(errors[:-1]):
+    for rank, (error, seconds) in enumerate(errors):
         assert error is not None, f"rank {rank} did not notice that rank 2 stopped"
-        assert "multicast all-gather" in error and "within" in error, error
+        assert seconds < 12, f"rank {rank} raised after {seconds:.1f} s, timeout 5 s"
+        if rank < 2:
+            assert "multicast all-gather" in error and "within" in error, error
+        else:  # the rank whose network went away
+            assert "multicast" in error, error
 
 
 def _setup_error(rank, world_size, case):
@@ -260,3 +266,37 @@ def test_fsdp_training_with_a_multicast_all_gather_follows_the_ring_step_for_ste
     assert losses["int8"] == losses["int8@multicast/int8"]
     assert len(losses["int8"]) == 3
     assert runs["int8@multicast/int8"]["wire_bytes"] < runs["int8"]["wire_bytes"]
+
+
+def _fsdp_through_multicast(rank, world_size):
+    """Two FSDP2 training steps with ``int8`` all-gathers on the ring, then on multicast:
+    the parameters after, and the DATA datagrams the multicast channels sent."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    parameters = {}
+    for spec in ("int8", "int8@multicast"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        cp.fsdp.compress(model, all_gather=spec, reduce_scatter="int8")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 * rank + step))
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        parameters[spec] = [p.full_tensor().clone() for p in model.parameters()]
+    sent = sum(channel.engine.stats.data_sent for channel in multicast._channels.values())
+    return parameters, sent
+
+
+def test_fsdp_all_gathers_go_through_multicast_and_match_the_ring(prefix):
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_fsdp_through_multicast, timeout=300)
+    for rank, (parameters, sent) in enumerate(results):
+        assert sent > 0, f"rank {rank}: FSDP's all-gathers did not use the multicast channel"
+        for ring, mc in zip(parameters["int8"], parameters["int8@multicast"], strict=True):
+            assert torch.equal(ring, mc), rank

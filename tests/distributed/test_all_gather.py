@@ -209,3 +209,17 @@ def _raises(rank, world_size):
 def test_harness_reports_a_failing_rank():
     with pytest.raises(DistributedError, match=r"(?s)rank 1 failed.*boom on rank 1"):
         run_distributed(_raises, 2, timeout=60)
+
+
+def _multicast_alone(rank, world_size):
+    inp = torch.linspace(-1, 1, 1000)
+    multicast_out, ring_out = torch.empty(1000), torch.empty(1000)
+    cp.all_gather_into_tensor(multicast_out, inp, codec="int8", algorithm="multicast")
+    cp.all_gather_into_tensor(ring_out, inp, codec="int8", algorithm="ring")
+    return torch.equal(multicast_out, ring_out) and not torch.equal(multicast_out, inp)
+
+
+def test_multicast_in_a_world_of_one_needs_no_network():
+    """Nothing to broadcast: no channel is set up (loopback cannot multicast), and the rank
+    keeps the decoded copy of its own shard as every algorithm does."""
+    assert run_distributed(_multicast_alone, 1) == [True]

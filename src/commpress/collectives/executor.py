@@ -91,10 +91,11 @@ def execute(
             early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
             agreement.sent_early(early)
         agreement.check()
-    if schedule.transport is Transport.MULTICAST:  # set up (once) before touching the output
+    multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
+    if multicasts:  # the channel is set up (once) before anything touches the output
         broadcasts = multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout)
     payloads.begin()
-    if schedule.transport is Transport.MULTICAST:
+    if multicasts:
         with broadcasts as posted:
             _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
         return

@@ -10,15 +10,16 @@ Options come from :func:`configure` (call it on every rank, before the first mul
 collective on the group), else from :func:`set_default_options` (every group of the
 process, such as those FSDP and DDP make for commpress), else from the environment,
 ``COMMPRESS_MULTICAST``:
-``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02`` (any subset).
+``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02,ttl=1`` (any
+subset; ``ttl`` above 1 for multicast routed between subnets).
 The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
-``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT``, else random
-in 239.255.0.0/16 (administratively scoped: it does not leave the site).
+``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT`` (the process's
+n-th channel uses PORT + n), else random in 239.255.0.0/16 (administratively scoped: it does
+not leave the site). Ranks agree on the smallest MTU of their interfaces.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import ipaddress
 import os
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.spec_options import parse_options
-from commpress.transport.reliable_broadcast import Engine, Operation, Options
+from commpress.transport.reliable_broadcast import OPERATION_IDS, Engine, Operation, Options
 from commpress.transport.udp import MulticastSetupError, UdpNetwork, route_source
 from commpress.units import parse_rate_bits
 
@@ -43,7 +44,9 @@ _ENV_KEYS = {
     "racks": ("racks", int),
     "uplink": ("uplink_bits", str),
     "retry": ("retry_s", float),
+    "ttl": ("ttl", int),
 }
+MAX_RANKS = 2**16 - 1  # ranks are 16-bit fields of the datagram header
 _channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _configured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _default: Options | None = None
@@ -92,14 +95,24 @@ def channel_for(group: dist.ProcessGroup | None) -> Channel:
 
 
 class Channel:
+    """A process group's multicast group, sockets and protocol thread. Every rank sets it
+    up at once (two all-gathers of small objects on ``group``); its thread and sockets go
+    when it is garbage-collected, closed, or at exit."""
+
     def __init__(self, group: dist.ProcessGroup, options: Options):
+        global _created
         self.options = options
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        if self.world_size > MAX_RANKS:
+            raise MulticastSetupError(
+                f"multicast numbers ranks in 16 bits: a group of {self.world_size} is too large"
+            )
         self.operations = 0
+        index, _created = _created, _created + 1  # the same on every rank: set up collectively
         local, chosen, failure = None, None, None
         try:
             local = _local_address()
-            chosen = _choose_group() if self.rank == 0 else None
+            chosen = _choose_group(index) if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = f"rank {self.rank}: {error}"
         addresses = [None] * self.world_size
@@ -110,35 +123,43 @@ class Channel:
         network, failure = None, None
         try:
             network = UdpNetwork(
-                self.rank, self.world_size, local, self.group_address, shared_host=shared
+                self.rank,
+                self.world_size,
+                local,
+                self.group_address,
+                shared_host=shared,
+                ttl=options.ttl,
             )
         except (MulticastSetupError, OSError) as error:
             failure = f"rank {self.rank}: {error}"
         reports = [None] * self.world_size
-        report = (failure, None if network is None else network.unicast_address)
-        dist.all_gather_object(reports, report, group=group)
+        report = (failure, None) if network is None else (None, network.unicast_address)
+        mtu = None if network is None else network.mtu
+        dist.all_gather_object(reports, (*report, mtu), group=group)
         try:
-            _raise_failures([f for f, _ in reports])
+            _raise_failures([f for f, _, _ in reports])
         except MulticastSetupError:
             if network is not None:
                 network.close()
             raise
-        network.connect([address for _, address in reports])
+        network.connect([address for _, address, _ in reports])
+        network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
         self.network = network
         self.engine = Engine(network, channel_number, options)
-        _open.add(self)
+        self._close = weakref.finalize(self, Engine.close, self.engine)  # also at exit
 
     def next_operation_id(self) -> int:
-        """Every rank numbers its multicast collectives on the group alike."""
-        operation, self.operations = self.operations, self.operations + 1
+        """Every rank numbers its multicast collectives on the group alike (32 bits, wrapping
+        around)."""
+        operation, self.operations = self.operations, (self.operations + 1) % OPERATION_IDS
         return operation
 
     def close(self) -> None:
-        self.engine.close()
-        _open.discard(self)
+        self._close()
 
 
-_open: weakref.WeakSet = weakref.WeakSet()
+#: Channels set up by this process so far: a fixed COMMPRESS_MULTICAST_GROUP's port + this.
+_created = 0
 
 
 def _raise_failures(failures: list[str | None]) -> None:
@@ -146,12 +167,6 @@ def _raise_failures(failures: list[str | None]) -> None:
     failures = [f for f in failures if f]
     if failures:
         raise MulticastSetupError("multicast cannot be set up: " + "; ".join(failures))
-
-
-@atexit.register
-def _close_all() -> None:
-    for channel in list(_open):
-        channel.close()
 
 
 #: torch's own default for a process group whose timeout cannot be read.
@@ -232,8 +247,9 @@ def _local_address() -> str:
     return route_source(master)
 
 
-def _choose_group() -> tuple[tuple[str, int], int]:
-    """``((address, port), channel number)``: from COMMPRESS_MULTICAST_GROUP, else random."""
+def _choose_group(index: int) -> tuple[tuple[str, int], int]:
+    """``((address, port), channel number)``: COMMPRESS_MULTICAST_GROUP's address and its port
+    + ``index`` (the process's ``index``-th channel), else random."""
     chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
     rng = random.SystemRandom()
     channel = rng.randrange(1, 2**16)  # the header holds 16 bits
@@ -244,7 +260,7 @@ def _choose_group() -> tuple[tuple[str, int], int]:
                 f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be a multicast ADDRESS:PORT, "
                 "e.g. 239.255.12.34:45000"
             )
-        return (address, int(port)), channel
+        return (address, int(port) + index), channel
     return (
         f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
         rng.randrange(40000, 60000),

@@ -61,6 +61,15 @@ STASH_BYTES = 64 << 20
 REMEMBERED_OPERATIONS = 8
 #: Pacing runs a little below the link rate: the shaper's token bucket is the real limit.
 PACE_MARGIN = 0.95
+#: Operation ids are 32-bit on the wire and wrap around: "newer" is serial arithmetic.
+OPERATION_IDS = 2**32
+#: How long :meth:`Engine.close` waits for the thread to stop.
+CLOSE_S = 5.0
+
+
+def newer(a: int, b: int) -> bool:
+    """Whether operation id ``a`` comes after ``b`` (RFC 1982 serial numbers, 32 bits)."""
+    return 0 < (a - b) % OPERATION_IDS < OPERATION_IDS // 2
 
 
 class Network(Protocol):
@@ -92,9 +101,10 @@ class Options:
     loss: float = 0.0  # probability that a received datagram is dropped (injected)
     seed: int = 0
     retry_s: float = 0.02  # NACK again / END again after this long without progress
+    ttl: int = 1  # multicast hops: 1 stays in the layer-2 network
 
     def __post_init__(self):
-        for name in ("rate_bits", "concurrent_roots", "racks"):
+        for name in ("rate_bits", "concurrent_roots", "racks", "ttl"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -245,10 +255,15 @@ class Engine:
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[Operation] = collections.deque()
         self._running: _Running | None = None
+        # finished here: an END of one is ACKed again (its root missed the ACK)
         self._finished: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
-        self._stash: list[bytes] = []
+        # given up by the caller: this rank lacks their data, so their ENDs get no ACK
+        self._abandoned: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
+        self._latest: int | None = None  # the id of the operation started last
+        self._stash: list[tuple[int, bytes]] = []  # (operation, datagram) of later operations
         self._stash_bytes = 0
         self._closing = False
+        self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="commpress-multicast", daemon=True)
         self._thread.start()
 
@@ -277,12 +292,19 @@ class Engine:
         )
 
     def close(self) -> None:
+        """Stop the thread (operations still running or waiting fail) and the network."""
         if self._thread.is_alive():
             self._request(("close", None), wait=True)
-            self._thread.join()
+            self._thread.join(CLOSE_S)
         self.network.close()
 
     def _request(self, request, wait: bool = False) -> None:
+        """Hand ``request`` to the thread; with ``wait``, until it has been taken. Raises
+        the thread's failure if it has stopped."""
+        if not self._thread.is_alive():
+            if request[0] == "close" or (request[0] == "abandon"):
+                return  # nothing runs that could still write
+            raise self._stopped()
         handled = threading.Event() if wait else None
         self._posted.put((*request, handled))
         self.network.wake()
@@ -290,6 +312,13 @@ class Engine:
             while not handled.wait(0.1):
                 if not self._thread.is_alive():
                     return
+
+    def _stopped(self) -> BroadcastError:
+        if self._failure is not None:
+            return BroadcastError(
+                f"the multicast channel of rank {self.rank} has stopped: {self._failure}"
+            )
+        return BroadcastError(f"the multicast channel of rank {self.rank} is closed")
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -305,10 +334,16 @@ class Engine:
                     self._send(now)
                     self._finish_if_done()
         except BaseException as error:  # noqa: BLE001 - handed to every waiting caller
-            failure = BroadcastError(f"the multicast thread of rank {self.rank} failed: {error!r}")
-            failure.__cause__ = error
+            self._failure = BroadcastError(
+                f"the multicast thread of rank {self.rank} failed: {error!r}"
+            )
+            self._failure.__cause__ = error
+        finally:  # nothing waits for an operation this thread will not run
+            failure = self._failure or self._stopped()
             for operation in self._operations():
                 operation._fail(failure)
+            self._running = None
+            self._waiting.clear()
 
     def _operations(self) -> list[Operation]:
         running = [] if self._running is None else [self._running.operation]
@@ -324,7 +359,7 @@ class Engine:
                 self._waiting.append(operation)
             elif kind == "abandon":
                 if self._running is not None and self._running.operation is operation:
-                    self._retire()
+                    self._retire(abandoned=True)
                 elif operation in self._waiting:
                     self._waiting.remove(operation)
             else:
@@ -336,13 +371,17 @@ class Engine:
 
     def _start(self, operation: Operation) -> None:
         self._running = _Running(operation, self.rank, self.world_size, self.chunk_bytes)
-        stash, self._stash, self._stash_bytes = self._stash, [], 0
-        for datagram in stash:
-            self._on_datagram(memoryview(datagram), replayed=True)
+        self._latest = operation.id
+        stash = self._stash
+        self._stash = [(o, d) for o, d in stash if newer(o, operation.id)]  # still later
+        self._stash_bytes = sum(len(d) for _, d in self._stash)
+        for operation_id, datagram in stash:
+            if operation_id == operation.id:
+                self._on_datagram(memoryview(datagram), replayed=True)
         self._finish_if_done()
 
-    def _retire(self) -> None:
-        self._finished.append(self._running.operation.id)
+    def _retire(self, abandoned: bool = False) -> None:
+        (self._abandoned if abandoned else self._finished).append(self._running.operation.id)
         self._running = None
 
     def _finish_if_done(self) -> None:
@@ -361,11 +400,7 @@ class Engine:
         now = time.monotonic()
         due = min(
             [running.end_due]
-            + [
-                self._renack_due(i)
-                for i in running.incoming.values()
-                if i.end_seen and i.missing
-            ]
+            + [self._renack_due(i) for i in running.incoming.values() if i.end_seen and i.missing]
         )
         wakeup = due - now
         if self._has_data_to_send(running):
@@ -414,16 +449,16 @@ class Engine:
             else:
                 self.stats.stale += 1
             return
-        newest = self._running.operation.id if self._running else max(self._finished, default=-1)
-        if header.operation > newest and header.kind in (Kind.DATA, Kind.END):
+        later = self._latest is None or newer(header.operation, self._latest)
+        if later and header.kind in (Kind.DATA, Kind.END):  # a faster peer's next operation
             if self._stash_bytes + len(view) > STASH_BYTES:
                 self.stats.stash_dropped += 1
                 return
-            self._stash.append(bytes(view))
+            self._stash.append((header.operation, bytes(view)))
             self._stash_bytes += len(view)
             self.stats.stashed += 1
             return
-        self.stats.stale += 1
+        self.stats.stale += 1  # an abandoned operation's too: no ACK for what is not here
 
     def _on_data(self, running: _Running, header: Header, payload: memoryview) -> None:
         incoming = running.incoming.get(header.root)
@@ -489,11 +524,7 @@ class Engine:
     def _timers(self, now: float) -> None:
         running = self._running
         for root, incoming in running.incoming.items():
-            if (
-                incoming.end_seen
-                and incoming.missing
-                and now >= self._renack_due(incoming)
-            ):
+            if incoming.end_seen and incoming.missing and now >= self._renack_due(incoming):
                 self._nack(running, root, incoming)
         if now >= running.end_due:
             self._send_control(Kind.END, self.rank, running.operation.id, count=running.own_count)

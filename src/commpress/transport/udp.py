@@ -17,6 +17,7 @@ import os
 import selectors
 import socket
 import struct
+import warnings
 from collections.abc import Callable
 
 _SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
@@ -113,6 +114,14 @@ class UdpNetwork:
         except BaseException:
             self.close()
             raise
+        if self.receive_buffer_bytes < RECEIVE_BUFFER_BYTES:  # Linux reports twice the grant
+            warnings.warn(
+                f"commpress multicast: receive buffers are {self.receive_buffer_bytes} bytes, "
+                f"not {RECEIVE_BUFFER_BYTES} (not root, and net.core.rmem_max is lower): "
+                "bursts will be dropped and repaired; raise net.core.rmem_max",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._selector = selectors.DefaultSelector()
         for sock in self._sockets:
             self._selector.register(sock, selectors.EVENT_READ)
