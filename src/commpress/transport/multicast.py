@@ -10,7 +10,7 @@ Options come from :func:`configure` (call it on every rank, before the first mul
 collective on the group), else from :func:`set_default_options` (every group of the
 process, such as those FSDP and DDP make for commpress), else from the environment,
 ``COMMPRESS_MULTICAST``:
-``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02,ttl=1`` (any
+``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02,ttl=1,burst=0.01`` (any
 subset; ``ttl`` above 1 for multicast routed between subnets).
 The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
 ``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT`` (the process's
@@ -45,6 +45,7 @@ _ENV_KEYS = {
     "uplink": ("uplink_bits", str),
     "retry": ("retry_s", float),
     "ttl": ("ttl", int),
+    "burst": ("burst_s", float),
 }
 MAX_RANKS = 2**16 - 1  # ranks are 16-bit fields of the datagram header
 _channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

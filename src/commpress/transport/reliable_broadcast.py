@@ -61,6 +61,9 @@ STASH_BYTES = 64 << 20
 REMEMBERED_OPERATIONS = 8
 #: Pacing runs a little below the link rate: the shaper's token bucket is the real limit.
 PACE_MARGIN = 0.95
+#: The pacing bucket holds ``burst_s`` of the pace, but never more than this: a burst that
+#: lands in a switch's (or a shaper's) queue, where a few MiB is typical.
+MAX_BURST_BYTES = 1 << 20
 #: Operation ids are 32-bit on the wire and wrap around: "newer" is serial arithmetic.
 OPERATION_IDS = 2**32
 #: How long :meth:`Engine.close` waits for the thread to stop.
@@ -102,6 +105,9 @@ class Options:
     seed: int = 0
     retry_s: float = 0.02  # NACK again / END again after this long without progress
     ttl: int = 1  # multicast hops: 1 stays in the layer-2 network
+    # How much sending time the pacing bucket keeps when the thread falls behind: with
+    # 1 ms, a thread descheduled for longer (8 hosts on 2 cores) lost that time for good.
+    burst_s: float = 0.01
 
     def __post_init__(self):
         for name in ("rate_bits", "concurrent_roots", "racks", "ttl"):
@@ -116,8 +122,10 @@ class Options:
             raise ValueError(f"uplink_bits must be a positive int, got {self.uplink_bits!r}")
         if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
-        if not isinstance(self.retry_s, (int, float)) or self.retry_s <= 0:
-            raise ValueError(f"retry_s must be positive, got {self.retry_s!r}")
+        for name in ("retry_s", "burst_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
 
     def pace_bytes_per_s(self, world_size: int) -> float:
         """One root's sending rate: the K roots at once share each receiver's link, and the
@@ -249,7 +257,10 @@ class Engine:
         self.chunk_bytes = chunk_bytes_for(network.mtu)
         self.stats = Stats()
         self._pace = options.pace_bytes_per_s(self.world_size)
-        self._burst = max(4 * (self.chunk_bytes + FRAME_OVERHEAD), self._pace * 1e-3)
+        self._burst = max(
+            4 * (self.chunk_bytes + FRAME_OVERHEAD),
+            min(self._pace * options.burst_s, MAX_BURST_BYTES),
+        )
         self._allowance, self._refilled = self._burst, time.monotonic()
         self._losses = random.Random(options.seed * 1_000_003 + self.rank)
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
