@@ -27,6 +27,9 @@ def _refused(rank, world_size):
             torch.zeros(16), torch.zeros(8), codec="int8:stochastic=true", algorithm="ring-hop"
         ),
         "zfp ring-hop ddp hook": lambda: cp.ddp.hook("zfp@ring-hop", group=object()),
+        "multicast off the CPU": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16, device="meta"), torch.zeros(8, device="meta"), algorithm="multicast"
+        ),
     }
     errors = {}
     with forbid_communication() as attempted:
@@ -37,6 +40,12 @@ def _refused(rank, world_size):
                 errors[name] = (type(error).__name__, str(error))
     assert attempted == []
     return errors
+
+
+def test_multicast_refuses_tensors_off_the_cpu():
+    errors = run_distributed(_refused, 2, timeout=60)[0]
+    kind, message = errors["multicast off the CPU"]
+    assert kind == "ValueError" and "CPU tensors only" in message and "meta" in message
 
 
 def _accepted(rank, world_size):

@@ -61,7 +61,7 @@ def all_gather_into_tensor(
     """
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
-    check_device(algorithm, "all_gather", inp)
+    check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
         work = collective.all_gather(out, inp, group)
         return work if async_op else wait(work, timeout)

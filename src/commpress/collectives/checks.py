@@ -17,16 +17,22 @@ def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
 
 
-def check_device(algorithm: str, op: str, tensor: torch.Tensor) -> None:
-    """An algorithm whose transport moves host memory only refuses CUDA tensors up front."""
-    if (
-        algorithm != NATIVE
-        and tensor.device.type != "cpu"
-        and get_algorithm(algorithm, op).cpu_only
-    ):
+def check_device(algorithm: str, op: str, tensor: torch.Tensor, group) -> None:
+    """An algorithm whose transport moves host memory only refuses CUDA tensors, and a group
+    whose backend moves only CUDA tensors (NCCL), up front."""
+    if algorithm == NATIVE or not get_algorithm(algorithm, op).cpu_only:
+        return
+    if tensor.device.type != "cpu":
         raise ValueError(
             f"algorithm {algorithm!r} moves CPU tensors only; inp is on {tensor.device}: "
             "copy it to the CPU, or use algorithm 'ring' or 'backend'"
+        )
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        raise ValueError(
+            f"algorithm {algorithm!r} moves CPU tensors, which a {backend} group cannot "
+            "(its argument check runs on the group): use a gloo group, e.g. "
+            "dist.new_group(backend='gloo')"
         )
 
 

@@ -14,7 +14,9 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   queued or in flight);
 * a receiver with every chunk sends the root an ACK; the root repeats its END every
   ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
-  timeout, never a hang; an END of an operation this rank has finished is ACKed again;
+  timeout, never a hang; an END of an operation this rank has finished is ACKed again,
+  also for a moment after the engine is closed (:data:`LINGER_S`), and never one of an
+  operation the caller gave up on (this rank lacks its data);
 * at most ``concurrent_roots`` roots send at once: the root in position ``p`` of the
   operation's order starts once the root in position ``p - K`` is done (its END seen, or
   all its chunks here), a token passed by the broadcasts themselves;
@@ -68,6 +70,10 @@ MAX_BURST_BYTES = 1 << 20
 OPERATION_IDS = 2**32
 #: How long :meth:`Engine.close` waits for the thread to stop.
 CLOSE_S = 5.0
+#: A closing engine keeps answering the ENDs of operations it finished, this long (and at
+#: least 10 retries): a root whose ACK from this rank was lost would otherwise wait for it
+#: in vain once this process has moved on or exited (TCP's TIME-WAIT, for the same reason).
+LINGER_S = 0.2
 
 
 def newer(a: int, b: int) -> bool:
@@ -274,6 +280,7 @@ class Engine:
         self._stash: list[tuple[int, bytes]] = []  # (operation, datagram) of later operations
         self._stash_bytes = 0
         self._closing = False
+        self._linger_until = math.inf
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="commpress-multicast", daemon=True)
         self._thread.start()
@@ -335,8 +342,10 @@ class Engine:
 
     def _loop(self) -> None:
         try:
-            while not self._closing:
+            while True:
                 self._take_requests()
+                if self._closing and time.monotonic() >= self._linger_until:
+                    break
                 self.network.receive(self._next_wakeup(), self._on_datagram)
                 now = time.monotonic()
                 self._take_requests()
@@ -350,11 +359,13 @@ class Engine:
             )
             self._failure.__cause__ = error
         finally:  # nothing waits for an operation this thread will not run
-            failure = self._failure or self._stopped()
-            for operation in self._operations():
-                operation._fail(failure)
-            self._running = None
-            self._waiting.clear()
+            self._fail_all(self._failure or self._stopped())
+
+    def _fail_all(self, failure: BaseException) -> None:
+        for operation in self._operations():
+            operation._fail(failure)
+        self._running = None
+        self._waiting.clear()
 
     def _operations(self) -> list[Operation]:
         running = [] if self._running is None else [self._running.operation]
@@ -368,16 +379,22 @@ class Engine:
                 break
             if kind == "post":
                 self._waiting.append(operation)
-            elif kind == "abandon":
+            elif kind == "abandon":  # also after success: the caller leaves in any case
                 if self._running is not None and self._running.operation is operation:
-                    self._retire(abandoned=True)
+                    # done but not yet retired (the caller saw its last event first): a
+                    # finished operation, whose END this rank must still acknowledge
+                    self._retire(abandoned=not self._running.done)
                 elif operation in self._waiting:
                     self._waiting.remove(operation)
-            else:
+            else:  # close: fail what is left, then linger (see LINGER_S)
                 self._closing = True
+                self._linger_until = time.monotonic() + max(LINGER_S, 10 * self.options.retry_s)
+                if self._running is not None:
+                    self._retire(abandoned=not self._running.done)
+                self._fail_all(self._stopped())
             if handled is not None:
                 handled.set()
-        if self._running is None and self._waiting:
+        if self._running is None and self._waiting and not self._closing:
             self._start(self._waiting.popleft())
 
     def _start(self, operation: Operation) -> None:
@@ -407,7 +424,11 @@ class Engine:
     def _next_wakeup(self) -> float:
         running = self._running
         if running is None or not self._posted.empty():
-            return IDLE_S if self._posted.empty() else 0.0
+            if not self._posted.empty():
+                return 0.0
+            if self._closing:
+                return max(0.0, min(IDLE_S, self._linger_until - time.monotonic()))
+            return IDLE_S
         now = time.monotonic()
         due = min(
             [running.end_due]
