@@ -2,8 +2,10 @@
 
 ``python benchmarks/schedules_2026-11-25/fixed_cost.py HOSTS SIZE ITERS VARIANT...``
 (root; builds HOSTS hosts at 1 Gbit/s, prefix ``cpfc``). A variant is
-``ALGORITHM:CODEC[:late][:nocheck]``: ``late`` waits for the argument check before the
-first send (the order before the single executor), ``nocheck`` skips the check. Variants
+``ALGORITHM:CODEC[:late][:nocheck][:p2pcheck]``: ``late`` waits for the argument check
+before the first send (the order before the single executor), ``nocheck`` skips the check,
+``p2pcheck`` exchanges whole fingerprints with every peer as the check did before it
+became an all-reduce of digests. Variants
 run interleaved, one call each per round, so drift hits all alike. Per variant: the median
 over calls of the slowest rank's time, and the median time per call each rank spent in each
 part on the communication thread (argument check, encode, decode, posting and waiting for
@@ -22,7 +24,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster import cluster_for
-from commpress.collectives import all_gather, fingerprint
+from commpress.collectives import all_gather, executor, fingerprint
 from commpress.collectives.fingerprint import Agreement
 from commpress.transport import collective, p2p
 
@@ -65,16 +67,26 @@ def _instrument() -> None:
         object.__setattr__(codec, "decode", _timed("decode", codec.decode))
 
 
-class _Waited:
-    def __init__(self, work):
-        self._work = work
+class _PointToPointCheck(Agreement):
+    """The check up to commit 359d15a: every rank's whole fingerprint to every other rank
+    in one round of point-to-point messages (the success path only)."""
 
-    def wait(self, timeout=None):
-        p2p.wait(self._work, timeout)
+    def __init__(self, group, mine, timeout, device, early=None):
+        self._group, self._timeout = group or dist.group.WORLD, timeout
+        rank, world_size = dist.get_rank(self._group), dist.get_world_size(self._group)
+        local = torch.frombuffer(bytearray(mine.to_bytes(0, early)), dtype=torch.uint8)
+        self._rows = torch.empty(world_size, local.numel(), dtype=torch.uint8)
+        peers = [peer for peer in range(world_size) if peer != rank]
+        sends = [(local, peer) for peer in peers]
+        self._batch = p2p.Batch(self._group, sends, [(self._rows[p], p) for p in peers])
 
+    def check(self):
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.wait(self._timeout)
 
-def _by_all_gather(group, local, rows):
-    return _Waited(collective.all_gather(rows.view(-1), local, group))
+    def sent_early(self, sends):
+        pass
 
 
 def _with_toggles(toggles: list[str]):
@@ -92,13 +104,13 @@ def _with_toggles(toggles: list[str]):
         all_gather.execute = late
     if "nocheck" in toggles:
         fingerprint.Agreement.__init__ = skipped
-    real_exchange = fingerprint._to_and_from_every_peer
-    if "agcheck" in toggles:  # the fingerprints by gloo's all-gather instead of p2p
-        fingerprint._to_and_from_every_peer = _by_all_gather
+    executor_agreement = executor.Agreement
+    if "p2pcheck" in toggles:
+        executor.Agreement = _PointToPointCheck
 
     def restore():
         all_gather.execute, fingerprint.Agreement.__init__ = real_execute, real_init
-        fingerprint._to_and_from_every_peer = real_exchange
+        executor.Agreement = executor_agreement
 
     return restore
 

@@ -164,3 +164,25 @@ def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
     assert parsed.fingerprint.codec.endswith("…")
     with pytest.raises(ValueError, match="op must be one of"):
         Fingerprint("gather", "ring", 10, "float32", "int8")
+
+
+def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
+    """What each rank all-reduces: ``[d, -d]``; the elementwise maximum over ranks holds
+    ``[max d, -min d]``, so the ranks agree exactly when the two are negations. Rows that
+    differ only in the early send (which differs from rank to rank) still agree."""
+    from commpress.collectives import fingerprint
+
+    def reduced(rows):
+        return torch.stack([fingerprint._digests(row) for row in rows]).amax(dim=0).tolist()
+
+    def agree(rows):
+        largest, negated_smallest = reduced(rows)
+        return largest == -negated_smallest
+
+    same = Fingerprint("all_gather", "ring", 10, "float32", "int8")
+    other = Fingerprint("all_gather", "ring", 12, "float32", "int8")
+    early = [fingerprint.EarlySend(to, 40) for to in (1, 2, 0)]
+    assert agree([same.to_bytes(5, e) for e in early])
+    assert not agree([same.to_bytes(5), same.to_bytes(5), other.to_bytes(5)])
+    assert not agree([same.to_bytes(5), same.to_bytes(6)])  # a skipped call
+    assert all(fingerprint._digests(same.to_bytes(s))[0].item() >= 0 for s in range(100))
