@@ -8,7 +8,7 @@ import sys
 
 from commpress.bench import codecs as codec_bench
 from commpress.bench import collectives as collective_bench
-from commpress.bench import schedule_command
+from commpress.bench import schedule_command, sim_command
 from commpress.cluster import commands as cluster_commands
 from commpress.cluster.system import ClusterError
 from commpress.train import command as train_command
@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schedule_command.add_arguments(schedule)
     schedule.set_defaults(handler=schedule_command.run)
+    sim = commands.add_parser(
+        "sim", help="cost model on the schedules: time and traffic at up to thousands of nodes"
+    )
+    sim_command.add_arguments(sim)
+    sim.set_defaults(handler=sim_command.main)
     cluster = commands.add_parser(
         "cluster", help="emulated cluster: hosts in network namespaces behind rate-limited links"
     )

@@ -204,6 +204,7 @@ def _scenarios(rank, world_size):
     run("none-bf16", ("none", "none"), policy=bf16)
     run("plain-sum", force_sum=True)
     run("none-sum", ("none", "none"), force_sum=True)
+    run("auto-exact", ("auto:max_rel_err=0", "auto:max_rel_err=0@auto"))  # lossless choices
     return results
 
 
@@ -223,6 +224,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
         ("none-accumulate", "plain-accumulate"),
         ("none-bf16", "plain-bf16"),
         ("none-sum", "plain-sum"),
+        ("auto-exact", "plain"),
     ],
 )
 def test_uncompressed_specs_match_plain_fsdp_bit_for_bit(scenarios, compressed, plain):

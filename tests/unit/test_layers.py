@@ -4,6 +4,7 @@ own layer and those below it.
     bench, cluster, train, cli, commpress/__init__     (top: anything)
     integrations, lowrank
     collectives
+    sim              (the cost model and the autotuner that the collectives consult)
     transport
     schedules        (codecs and spec_options only, and never torch.distributed)
     codecs, spec_options, units, _torch_private
@@ -26,6 +27,7 @@ LAYERS = (
     ("codecs", "spec_options", "units", "_torch_private"),
     ("schedules",),
     ("transport",),
+    ("sim",),
     ("collectives",),
     ("integrations", "lowrank"),
     ("bench", "cluster", "train", "cli", ROOT),

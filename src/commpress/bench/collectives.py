@@ -29,10 +29,15 @@ Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item 
 ``#wrong`` (summed over ranks) compare with the exact result of the known inputs, and
 ``#wrong`` counts the elements outside the algorithm's error bound
 (:mod:`commpress.bench.correctness`).
+
+``--algorithm auto`` (and ``--codec auto:max_rel_err=E``) rows run what the tuner chose
+(:mod:`commpress.sim.tuner`) and name it in ``chosen``; on an emulated cluster the tuner
+plans for its links, every host sharing this machine's cores, with ``--tune-fit``'s fit.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import threading
@@ -62,6 +67,7 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, busiest_link_bytes, wire_bytes
+from commpress.sim import tuner
 from commpress.transport import multicast
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -193,6 +199,8 @@ def _repairs() -> int:
 
 def _worker(rank, world_size, config):
     op, pairs = config["op"], variants(config["algorithms"], config["codecs"])
+    if config.get("tune"):
+        tuner.configure(**config["tune"])
     if "multicast" in config["algorithms"]:
         multicast.configure(None, multicast.Options(**config["multicast"]))
     dtype_name = config["dtype"]
@@ -220,10 +228,13 @@ def _worker(rank, world_size, config):
                 config.get("interface"),
             )
             _run(op, algorithm, codec, inp, out)
+            chosen = _chosen(op, algorithm, codec, inp, world_size)
+            requested = (algorithm, codec)
+            algorithm, codec = chosen or requested
             calls = config["iters"] + config["warmup"] + 1
             repairs = torch.tensor([0.0 if repaired is None else (_repairs() - repaired) / calls])
             dist.all_reduce(repairs)
-            native_time = seconds if algorithm == "native" else native_time
+            native_time = seconds if requested[0] == "native" else native_time
             bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
             wrong = torch.tensor([correctness.count_wrong(out, exact, bound)])
             dist.all_reduce(wrong)
@@ -233,8 +244,9 @@ def _worker(rank, world_size, config):
             rows.append(
                 {
                     "op": op,
-                    "algorithm": algorithm,
-                    "codec": codec,
+                    "algorithm": requested[0],
+                    "codec": requested[1],
+                    **({"chosen": f"{codec}@{algorithm}"} if chosen else {}),
                     "size_bytes": size_bytes,
                     "count": size_bytes // dtype.itemsize,
                     "type": dtype_name,
@@ -261,6 +273,14 @@ def _worker(rank, world_size, config):
                 }
             )
     return rows if rank == 0 else None
+
+
+def _chosen(op, algorithm, codec, inp, world_size) -> tuple[str, str] | None:
+    """What the tuner ran for an ``auto`` row (the same choice the collective made)."""
+    if algorithm != tuner.AUTO and not tuner.is_auto(codec):
+        return None
+    choice = tuner.choose(op, inp.numel(), inp.dtype, world_size, codec, algorithm)
+    return choice.algorithm, choice.codec
 
 
 def _link_columns(link_bits, busiest, seconds, tx) -> dict:
@@ -331,7 +351,10 @@ def main(args) -> int:
     if args.minbytes > args.maxbytes:
         raise ValueError(f"-b ({args.minbytes}) must not exceed -e ({args.maxbytes})")
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
-        cp.get_codec(codec).check_dtype(DTYPES[args.dtype], "--dtype")
+        if tuner.is_auto(codec):
+            tuner.budget(codec)
+        else:
+            cp.get_codec(codec).check_dtype(DTYPES[args.dtype], "--dtype")
     config = {
         "op": args.op,
         "algorithms": args.algorithm,
@@ -352,6 +375,8 @@ def main(args) -> int:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
+            if "auto" in args.algorithm or any(map(tuner.is_auto, args.codec)):
+                config["tune"] = _tune(args, cluster)
             config["multicast"].update(multicast_options(cluster))
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]
             link, racks = cluster.link.describe(), cluster.racks
@@ -359,6 +384,10 @@ def main(args) -> int:
         columns = COLUMNS + CLUSTER_COLUMNS
         for row in rows:
             row.update(link=link, racks=racks, uplink=uplink)
+    if any("chosen" in row for row in rows):
+        columns += (("chosen", "chosen", ""),)
+        for row in rows:
+            row.setdefault("chosen", "")
     heading = title(args.op, rows[0]["nprocs"], link, racks, uplink)
     print(f"# {heading}, median of {args.iters}")
     print(report.format_table(rows, columns))
@@ -369,6 +398,20 @@ def main(args) -> int:
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+def _tune(args, cluster) -> dict:
+    """The tuner's network: the emulated cluster's, every host sharing this machine."""
+    topology = "switch"
+    if cluster.racks > 1:
+        uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None
+        topology = f"racks:count={cluster.racks}" + (f",uplink={uplink}" if uplink else "")
+    return {
+        "topology": topology,
+        "link": format_rate(cluster.link.rate_bits),
+        "fit": args.tune_fit,
+        "shared_cores": os.cpu_count(),
+    }
 
 
 def add_arguments(parser) -> None:
@@ -414,6 +457,12 @@ def add_arguments(parser) -> None:
         help="multicast: fraction of received datagrams dropped on purpose (0)",
     )
     parser.add_argument("--seed", type=int, default=0, help="multicast: seed of --loss (0)")
+    parser.add_argument(
+        "--tune-fit",
+        metavar="FIT.json",
+        help="--algorithm auto / --codec auto:...: the fit of `commpress sim --save-fit` the "
+        "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--markdown", metavar="PATH")

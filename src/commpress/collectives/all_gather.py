@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.codecs import Codec, get_codec
+from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_device,
@@ -53,14 +54,17 @@ def all_gather_into_tensor(
     """Gather every rank's ``inp`` into ``out`` (``world_size * inp.numel()`` elements).
 
     Same convention as :func:`torch.distributed.all_gather_into_tensor`, plus ``codec``
-    and ``algorithm`` (``codec`` is ignored by ``native``). A peer that dies or stalls
-    longer than ``timeout`` (default: the process group's) raises on every other rank.
+    and ``algorithm`` (``codec`` is ignored by ``native``). ``algorithm="auto"`` and
+    ``codec="auto:max_rel_err=E"`` let the cost model choose (:mod:`commpress.sim.tuner`).
+    A peer that dies or stalls longer than ``timeout`` (default: the process group's)
+    raises on every other rank.
     Ranks that disagree on the arguments (size, dtype, codec, algorithm) all raise
     :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` before ``out`` is
     written (``native`` excepted: that is torch's own collective).
     """
-    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
+    algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm)
+    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
         work = collective.all_gather(out, inp, group)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.codecs import Codec, get_codec
+from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_chunk_bytes,
@@ -64,7 +65,8 @@ def reduce_scatter_tensor(
     """Sum (or average) ``inp`` over ranks; rank r keeps chunk r in ``out``.
 
     Same convention as :func:`torch.distributed.reduce_scatter_tensor`, plus ``codec``,
-    ``algorithm``, ``chunk_bytes`` (pipeline piece size of ``ring``) and ``timeout``
+    ``algorithm`` (either may be ``"auto"``: :mod:`commpress.sim.tuner`), ``chunk_bytes``
+    (pipeline piece size of ``ring``) and ``timeout``
     (a dead or stalled peer raises on every other rank; default: the group's).
 
     ``residual`` (``alltoall`` only; fp32, ``inp``'s size): error feedback. It is added
@@ -72,9 +74,11 @@ def reduce_scatter_tensor(
     ``inp + residual_before == sent + residual_after`` for this rank's contributions.
     """
     world_size = dist.get_world_size(group)
-    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_op(op)
     check_pair(out, inp, world_size=world_size, gather=False)
+    feedback = residual is not None
+    algorithm, codec = auto.resolve("reduce_scatter", inp, group, codec, algorithm, feedback)
+    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_chunk_bytes(chunk_bytes)
     check_residual(residual, inp, algorithm)
     if algorithm == "native":

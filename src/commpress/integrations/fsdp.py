@@ -24,6 +24,7 @@ from commpress.collectives import (
     all_gather_into_tensor,
     reduce_scatter_tensor,
 )
+from commpress.collectives.auto import AUTO
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
@@ -64,7 +65,9 @@ def compress(
     """Install commpress collectives on every ``FSDPModule`` in ``model``.
 
     ``all_gather`` / ``reduce_scatter``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``,
-    ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), or None to keep FSDP's own.
+    ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), or None to keep FSDP's own;
+    ``"auto"`` (or ``"auto:max_rel_err=1e-3"``, ``"int8@auto"``) lets the cost model choose
+    per call (:mod:`commpress.sim.tuner`, where the network it assumes is set).
     ``error_feedback``: keep, per module, the reduce-scatter's rounding error of this
     rank's gradients and add it before the next compression (needs ``@alltoall``, where
     every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
@@ -79,7 +82,8 @@ def compress(
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
-    if error_feedback and (scatter is None or scatter.algorithm not in ("alltoall", "backend")):
+    feeds_back = ("alltoall", "backend", AUTO)
+    if error_feedback and (scatter is None or scatter.algorithm not in feeds_back):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "
             f"rounding happen on the rank that owns the gradient (got {reduce_scatter!r})"
@@ -130,9 +134,9 @@ def compress(
 
 
 def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:
-    return (
-        None if spec is None else CollectiveSpec.parse(spec, algorithms, argument, gathers=gathers)
-    )
+    if spec is None:
+        return None
+    return CollectiveSpec.parse(spec, algorithms, argument, gathers=gathers, tunable=True)
 
 
 def _check_dtypes(name, module, gather, scatter) -> None:
@@ -144,6 +148,8 @@ def _check_dtypes(name, module, gather, scatter) -> None:
             original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
+        if gather is not None and gather.tuned or scatter is not None and scatter.tuned:
+            continue  # the tuner takes only codecs that encode the dtype it is handed
         if gather is not None and not gather.codec.lossless and len(dtypes) > 1:
             raise TypeError(
                 f"module {name!r}: parameters of several dtypes {sorted(map(str, dtypes))} are "
@@ -187,16 +193,17 @@ class CompressedAllGather(AllGather):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        spec, numel, dtype, n = self.spec, input_tensor.numel(), input_tensor.dtype, group.size()
+        numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
+        algorithm, codec = self.spec.resolve("all_gather", input_tensor, group)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
-        wire = wire_bytes("all_gather", spec.algorithm, spec.codec, numel, n, dtype)
+        wire = wire_bytes("all_gather", algorithm, codec, numel, n, dtype)
         watch = Stopwatch(self.stats, wire, raw)
         work = all_gather_into_tensor(
             output_tensor,
             input_tensor,
-            self.groups.own(group, spec.algorithm),
-            codec=spec.codec,
-            algorithm=spec.algorithm,
+            self.groups.own(group, algorithm),
+            codec=codec,
+            algorithm=algorithm,
             async_op=True,
             timeout=self.timeout,
         )
@@ -217,18 +224,20 @@ class CompressedReduceScatter(ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        spec, numel, dtype, n = self.spec, input_tensor.numel(), input_tensor.dtype, group.size()
+        numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
         op = _sum_or_average(op, self.module_name)
+        feedback = self.error_feedback
+        algorithm, codec = self.spec.resolve("reduce_scatter", input_tensor, group, feedback)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
-        wire = wire_bytes("reduce_scatter", spec.algorithm, spec.codec, numel, n, dtype)
+        wire = wire_bytes("reduce_scatter", algorithm, codec, numel, n, dtype)
         watch = Stopwatch(self.stats, wire, raw)
         work = reduce_scatter_tensor(
             output_tensor,
             input_tensor,
             op,
-            self.groups.own(group, spec.algorithm),
-            codec=spec.codec,
-            algorithm=spec.algorithm,
+            self.groups.own(group, algorithm),
+            codec=codec,
+            algorithm=algorithm,
             async_op=True,
             timeout=self.timeout,
             residual=self._residual(input_tensor),

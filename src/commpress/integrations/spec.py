@@ -5,33 +5,69 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commpress.codecs import Codec, get_codec
+from commpress.collectives import auto
 from commpress.collectives.checks import check_algorithm, check_same_result_on_every_rank
+from commpress.sim import tuner
 
 
 @dataclass(frozen=True)
 class CollectiveSpec:
-    codec: Codec
-    algorithm: str
+    codec: Codec | str  # a codec, or an ``auto[:max_rel_err=E]`` spec resolved per call
+    algorithm: str  # may be ``auto``: resolved per call
     text: str
+
+    @property
+    def tuned(self) -> bool:
+        return self.algorithm == auto.AUTO or tuner.is_auto(self.codec)
+
+    def resolve(self, op: str, tensor, group, error_feedback=False) -> tuple[str, Codec]:
+        """``(algorithm, codec)`` of one call on ``tensor`` (the rank's input)."""
+        algorithm, codec = auto.resolve(
+            op, tensor, group, self.codec, self.algorithm, error_feedback
+        )
+        return algorithm, get_codec(codec)
 
     @classmethod
     def parse(
-        cls, spec, algorithms: tuple[str, ...], argument: str, *, gathers: bool
+        cls, spec, algorithms: tuple[str, ...], argument: str, *, gathers: bool, tunable=False
     ) -> CollectiveSpec:
         """``"int8"`` -> int8 over the ring; ``"int4:block=128@alltoall"``; ``"none"``.
 
         ``gathers``: the collective ends with an all-gather (all-gather, all-reduce), whose
-        result must be the same bits on every rank.
+        result must be the same bits on every rank. ``tunable``: ``"auto"`` (codec and
+        algorithm chosen per call, error budget :data:`~commpress.sim.tuner.
+        DEFAULT_MAX_REL_ERR`), ``"auto:max_rel_err=1e-3"``, ``"int8@auto"`` are accepted.
         """
         if not isinstance(spec, str):
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
         codec_text, _, algorithm = spec.partition("@")
+        if tuner.is_auto(codec_text) or algorithm == auto.AUTO:
+            if not tunable:
+                raise ValueError(
+                    f"{argument}={spec!r}: 'auto' is for all-gathers and reduce-scatters "
+                    "(cp.fsdp.compress), not this collective"
+                )
+            return cls._tuned(spec, codec_text, algorithm or auto.AUTO, algorithms, argument)
         algorithm = algorithm or "ring"
         try:
             check_algorithm(algorithm, algorithms)
             codec = get_codec(codec_text)
             if gathers:
                 check_same_result_on_every_rank(codec, algorithm)
+        except ValueError as error:
+            raise ValueError(f"{argument}={spec!r}: {error}") from None
+        return cls(codec, algorithm, spec)
+
+    @classmethod
+    def _tuned(cls, spec, codec_text, algorithm, algorithms, argument) -> CollectiveSpec:
+        try:
+            if algorithm != auto.AUTO:
+                check_algorithm(algorithm, algorithms)
+            if tuner.is_auto(codec_text):
+                tuner.budget(codec_text)
+                codec = codec_text
+            else:
+                codec = get_codec(codec_text)
         except ValueError as error:
             raise ValueError(f"{argument}={spec!r}: {error}") from None
         return cls(codec, algorithm, spec)

@@ -1,0 +1,205 @@
+"""``commpress sim``: what the collectives would cost at a scale we cannot run.
+
+Sweeps nodes x ops x algorithms x codecs x sizes x link rates through the cost model
+(:mod:`commpress.sim`), which reads the runtime's own schedules, and prints a table
+(``native`` once per size, whatever the codecs; pairs an algorithm does not run are
+skipped and named; a reduce-scatter's size is rounded down to equal chunks);
+``--json`` and ``--markdown`` keep the rows, ``--plot`` draws time against nodes.
+``--calibrate BENCH.json [...]`` fits the model's per-message time and link efficiency to
+``commpress bench`` rows (and codec speeds to ``commpress codecs`` JSON) and saves the
+fit with ``--save-fit``; ``--fit FILE`` reuses one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+from commpress.bench import report
+from commpress.bench.arguments import byte_size, comma_list, positive_int
+from commpress.schedules.registry import NATIVE, OPS, algorithms, get_algorithm
+from commpress.sim import calibrate
+from commpress.sim.model import Params, simulate
+from commpress.sim.topology import parse_topology
+from commpress.units import parse_rate_bits
+
+COLUMNS = (
+    ("nodes", "nodes", "d"),
+    ("op", "op", "s"),
+    ("algorithm", "algorithm", "s"),
+    ("codec", "codec", "s"),
+    ("size_bytes", "size(B)", "d"),
+    ("link", "link", "s"),
+    ("time_us", "time(us)", ".1f"),
+    ("tx_bytes_per_host", "tx/host(B)", "d"),
+    ("fabric_bytes", "fabric(B)", ".4g"),
+    ("busiest_link_bytes", "busiest(B)", ".4g"),
+    ("bottleneck", "bottleneck", "s"),
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--topology",
+        default="switch",
+        help="switch, racks:count=2,uplink=500mbit, fattree:radix=32 (switch)",
+    )
+    parser.add_argument("--nodes", type=_int_list, default=[8], help="comma list (8)")
+    parser.add_argument(
+        "--op",
+        type=comma_list,
+        default=["all_gather"],
+        help="all_gather, reduce_scatter (all_gather)",
+    )
+    parser.add_argument(
+        "--algorithm",
+        type=comma_list,
+        default=["ring"],
+        help="native, ring, ring-hop, backend, alltoall, multicast (ring)",
+    )
+    parser.add_argument("--codec", type=comma_list, default=["none"], help="comma list (none)")
+    parser.add_argument(
+        "--size",
+        type=_size_list,
+        default=[64 << 20],
+        help="bytes as nccl-tests count them, comma list, e.g. 1M,64M (64M)",
+    )
+    parser.add_argument(
+        "--link", type=comma_list, default=["100gbit"], help="host link rates, comma list (100gbit)"
+    )
+    parser.add_argument("--latency-us", type=float, help="per link crossed (1)")
+    parser.add_argument("--message-us", type=float, help="per message (10)")
+    parser.add_argument("--efficiency", type=float, help="fraction of link rate reached (1)")
+    parser.add_argument("--roots", type=positive_int, help="multicast roots at once, K (2)")
+    parser.add_argument(
+        "--shared-cores",
+        type=positive_int,
+        help="every host on one machine of this many cores (the emulated "
+        "cluster): per-message and codec work scale with hosts per core",
+    )
+    parser.add_argument(
+        "--codec-speeds",
+        metavar="CODECS.json",
+        help="encode/decode speeds from `commpress codecs --json`",
+    )
+    parser.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="BENCH.json",
+        help="fit message time and efficiency to `commpress bench --json` rows",
+    )
+    parser.add_argument("--save-fit", metavar="FIT.json", help="where --calibrate saves its fit")
+    parser.add_argument("--fit", metavar="FIT.json", help="use a fit saved by --save-fit")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--markdown", metavar="PATH")
+    parser.add_argument("--plot", metavar="PATH", help="time against nodes (needs matplotlib)")
+    # fmt: skip
+
+
+def main(args) -> int:
+    """Bad values raise ValueError: the command line prints it as a one-line error."""
+    for op in args.op:
+        if op not in OPS or op == "all_reduce":
+            raise ValueError(f"--op {op!r}: choose from all_gather, reduce_scatter")
+    params = _params(args)
+    rows, skipped = [], set()
+    for nodes, link, op, algorithm, codec, size in itertools.product(
+        args.nodes, args.link, args.op, args.algorithm, args.codec, args.size
+    ):
+        if algorithm != NATIVE and not get_algorithm_or_none(algorithm, op):
+            skipped.add(f"{algorithm} has no {op}")
+            continue
+        if algorithm == NATIVE and codec != args.codec[0]:
+            continue  # native ignores the codec: one row
+        topology = parse_topology(args.topology, nodes, parse_rate_bits(link, "--link"))
+        if op == "reduce_scatter":  # whole elements in equal chunks: round down
+            size -= size % (nodes * 4)
+        row = simulate(op, algorithm, codec, size, topology, params).as_dict()
+        row["link"] = link
+        rows.append(row)
+    for reason in sorted(skipped):
+        print(f"skipped: {reason}", file=sys.stderr)
+    print(report.format_table(rows, COLUMNS))
+    if args.json:
+        report.write_json(args.json, rows)
+    if args.markdown:
+        report.write_markdown(args.markdown, f"commpress sim, {args.topology}", rows, COLUMNS)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def _params(args) -> Params:
+    fields = {}
+    if args.fit and args.calibrate:
+        raise ValueError("--fit and --calibrate exclude each other: fit anew or reuse a fit")
+    if args.fit:
+        fields.update(calibrate.load(args.fit))
+    if args.calibrate:
+        fields.update(calibrate.fit(args.calibrate, args.codec_speeds))
+        if args.save_fit:
+            calibrate.save(args.save_fit, fields)
+            print(f"fit saved to {args.save_fit}: {calibrate.describe(fields)}")
+    elif args.save_fit:
+        raise ValueError("--save-fit saves what --calibrate fits: give --calibrate too")
+    if args.codec_speeds:
+        fields["codec_bytes_per_s"] = calibrate.codec_speeds(args.codec_speeds)
+    explicit = {
+        "latency_s": None if args.latency_us is None else args.latency_us * 1e-6,
+        "message_s": None if args.message_us is None else args.message_us * 1e-6,
+        "efficiency": args.efficiency,
+        "concurrent_roots": args.roots,
+        "shared_cores": args.shared_cores,
+    }
+    fields.update({key: value for key, value in explicit.items() if value is not None})
+    return Params(**fields)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'commpress[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    key = lambda r: (r["op"], r["algorithm"], r["codec"], r["size_bytes"], r["link"])  # noqa: E731
+    for (op, algorithm, codec, size, link), group in itertools.groupby(sorted(rows, key=key), key):
+        group = sorted(group, key=lambda r: r["nodes"])
+        label = f"{op} {algorithm} {codec} {size >> 20} MiB {link}"
+        axis.plot([r["nodes"] for r in group], [r["time_us"] / 1e3 for r in group], "o-",
+                  label=label)  # fmt: skip
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("nodes")
+    axis.set_ylabel("time per call (ms)")
+    axis.legend(fontsize=7)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(Path(path))
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(item) for item in comma_list(text)]
+    if any(value < 2 for value in values):
+        raise ValueError(f"every node count must be at least 2, got {text!r}")
+    return values
+
+
+def _size_list(text: str) -> list[int]:
+    return [byte_size(item) for item in comma_list(text)]
+
+
+def get_algorithm_or_none(name: str, op: str):
+    try:
+        return get_algorithm(name, op)
+    except ValueError:
+        if name not in _known():
+            raise ValueError(f"--algorithm {name!r}: choose from {', '.join(_known())}") from None
+        return None
+
+
+def _known() -> tuple[str, ...]:
+    return tuple(sorted(set(algorithms("all_gather")) | set(algorithms("reduce_scatter"))))

@@ -1,0 +1,31 @@
+"""``algorithm="auto"`` and ``codec="auto:..."`` resolved for one call by the tuner
+(:mod:`commpress.sim.tuner`), before the call's other checks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commpress.sim import tuner
+
+AUTO = tuner.AUTO
+
+
+def resolve(
+    op: str, inp: torch.Tensor, group, codec, algorithm: str, error_feedback: bool = False
+) -> tuple[str, object]:
+    """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto."""
+    if algorithm != AUTO and not tuner.is_auto(codec):
+        return algorithm, codec
+    choice = tuner.choose(
+        op,
+        inp.numel(),
+        inp.dtype,
+        dist.get_world_size(group),
+        codec,
+        algorithm,
+        on_cpu=inp.device.type == "cpu",
+        backend=dist.get_backend(group),
+        error_feedback=error_feedback,
+    )
+    return choice.algorithm, choice.codec

@@ -1,0 +1,198 @@
+"""Fit the cost model to our own measurements.
+
+The model's time is, but for the overlap of codec work with transfers, linear in two
+unknowns per algorithm: the time per message ``m`` and the inverse of the link efficiency
+``1/e``: ``T = m * messages + bandwidth_time / e + codec_time``. Where every host of a
+measurement shared one machine (the emulated cluster: the file's provenance names its
+cores), per-message and codec work are scaled by hosts per core. For every measured row
+(``commpress bench --json``) the three terms are read off the model itself (run with
+``m = 0, e = 1``, then with ``m`` and ``e`` moved one at a time), so the fit and the
+predictions use one formula. ``m`` and ``e`` are fitted per op and algorithm by least
+squares on the relative error (a 1 MiB row counts as much as a 64 MiB one); codec speeds
+come from ``commpress codecs --json``.
+
+A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 1, "message_s":
+{"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "codec_bytes_per_s": {codec:
+[enc, dec]}}``; its per-message times are those of a host with a core of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from commpress.sim.model import Params, simulate
+from commpress.sim.topology import Racks, Switch, Topology
+from commpress.units import parse_rate_bits
+
+FORMAT, VERSION = "commpress-sim-fit", 1
+_BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
+_PROBE_S = 1e-3  # the message time used to read a row's message count off the model
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One ``commpress bench`` row, with the topology it ran on."""
+
+    op: str
+    algorithm: str
+    codec: str
+    size_bytes: int
+    time_s: float
+    topology: Topology
+    source: str
+    roots: int = 2  # multicast K, from the command that measured the row
+    shared_cores: int | None = None  # the emulated cluster's: every host on one machine
+
+    @classmethod
+    def of(cls, row: dict, source: str, roots: int = 2, shared_cores=None) -> Measured:
+        missing = [key for key in _BENCH_KEYS if key not in row]
+        if missing:
+            raise ValueError(f"{source}: a row lacks {missing}: not a `commpress bench` row")
+        nodes = int(row["nprocs"])
+        link_bits = parse_rate_bits(str(row["link"]).split(",")[0], f"{source}: link")
+        racks = int(row.get("racks") or 1)
+        if racks > 1:
+            uplink = row.get("uplink")
+            uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "uplink")
+            topology: Topology = Racks(nodes, link_bits, racks, uplink_bits)
+        else:
+            topology = Switch(nodes, link_bits)
+        return cls(row["op"], row["algorithm"], row["codec"], int(row["size_bytes"]),
+                   float(row["time_us"]) * 1e-6, topology, source, roots,
+                   shared_cores)  # fmt: skip
+
+
+def read_bench(paths) -> list[Measured]:
+    """Every all-gather and reduce-scatter row of the given ``commpress bench`` JSON files."""
+    rows = []
+    for path in paths:
+        data = _json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ValueError(f"{path}: not a `commpress bench --json` file (no 'rows' list)")
+        provenance = data.get("provenance") or {}
+        roots = _roots(provenance.get("command", ""))
+        cores = _cores(provenance.get("machine", ""))
+        for row in data["rows"]:
+            if row.get("op") in ("all_gather", "reduce_scatter"):
+                rows.append(Measured.of(row, str(path), roots, cores))
+    if not rows:
+        raise ValueError(f"no all_gather or reduce_scatter rows in {', '.join(map(str, paths))}")
+    return rows
+
+
+def codec_speeds(path) -> dict:
+    """codec -> (encode, decode) bytes of input per second, from ``commpress codecs --json``."""
+    data = _json(path)
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not rows or not all("encode_gbps" in r and "codec" in r for r in rows):
+        raise ValueError(f"{path}: not a `commpress codecs --json` file (rows with encode_gbps)")
+    return {r["codec"]: (r["encode_gbps"] * 1e9, r["decode_gbps"] * 1e9) for r in rows}
+
+
+def terms(row: Measured, params: Params) -> tuple[float, float, float]:
+    """``(messages, bandwidth_s, codec_s)`` of ``row``: its time is about
+    ``m * messages + bandwidth_s / e + codec_s``."""
+    base = dataclasses.replace(
+        params, message_s=0.0, latency_s=0.0, efficiency=1.0, concurrent_roots=row.roots,
+        shared_cores=row.shared_cores,
+    )  # fmt: skip
+
+    def time(p: Params) -> float:
+        return (
+            simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, p).time_us
+            * 1e-6
+        )
+
+    fixed = time(base)
+    messages = (time(dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
+    bandwidth = time(dataclasses.replace(base, efficiency=0.5)) - fixed
+    return messages, bandwidth, fixed - bandwidth
+
+
+def fit(bench_paths, codecs_path=None) -> dict:
+    """Params fields fitted to the rows of ``bench_paths``, per algorithm."""
+    speeds = codec_speeds(codecs_path) if codecs_path else {}
+    params = Params(codec_bytes_per_s=speeds)
+    rows = read_bench(bench_paths)
+    message_s, efficiency = {}, {}
+    for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
+        mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
+        matrix, target = [], []
+        for row in mine:
+            messages, bandwidth, codec = terms(row, params)
+            matrix.append([messages / row.time_s, bandwidth / row.time_s])
+            target.append((row.time_s - codec) / row.time_s)
+        (m, inverse), *_ = np.linalg.lstsq(np.array(matrix), np.array(target), rcond=None)
+        message_s[f"{op}/{algorithm}"] = max(0.0, float(m))
+        efficiency[f"{op}/{algorithm}"] = float(min(1.0, 1 / inverse)) if inverse > 0 else 1.0
+    return {
+        "message_s": message_s,
+        "efficiency": efficiency,
+        "latency_s": 0.0,  # inside the per-message time: one level, hosts one hop apart
+        "codec_bytes_per_s": speeds,
+    }
+
+
+def save(path, fields: dict) -> None:
+    payload = {"format": FORMAT, "version": VERSION, **fields}
+    payload["codec_bytes_per_s"] = {k: list(v) for k, v in fields["codec_bytes_per_s"].items()}
+    Path(path).write_text(json.dumps(payload, indent=2))
+
+
+def load(path) -> dict:
+    data = _json(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a fit saved by `commpress sim --save-fit`")
+    if data.get("version") != VERSION:
+        raise ValueError(
+            f"{path}: fit version {data.get('version')}, this commpress reads {VERSION}"
+        )
+    missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: the fit lacks {missing}")
+    return {
+        "message_s": dict(data["message_s"]),
+        "efficiency": dict(data["efficiency"]),
+        "latency_s": float(data.get("latency_s", 0.0)),
+        "codec_bytes_per_s": {k: tuple(v) for k, v in data["codec_bytes_per_s"].items()},
+    }
+
+
+def describe(fields: dict) -> str:
+    parts = [
+        f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message, "
+        f"efficiency {fields['efficiency'][name]:.2f}"
+        for name in fields["message_s"]
+    ]
+    return "; ".join(parts)
+
+
+def _roots(command: str) -> int:
+    """``--roots K`` of the ``commpress bench`` command line a file records (default 2)."""
+    words = command.split()
+    for flag, value in zip(words, words[1:], strict=False):
+        if flag == "--roots":
+            return int(value)
+    return 2
+
+
+def _cores(machine: str) -> int | None:
+    """The cores of the machine a file was measured on ("AMD EPYC, 2 cores, Linux")."""
+    for part in machine.split(","):
+        words = part.split()
+        if len(words) == 2 and words[1] == "cores" and words[0].isdigit():
+            return int(words[0])
+    return None
+
+
+def _json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not JSON: {error}") from None

@@ -1,0 +1,285 @@
+"""The cost model: the runtime's own schedules, timed on a topology.
+
+For one call, the model reads rank 0's schedule from :func:`commpress.schedules.plan`
+(every registered algorithm is rank-symmetric: rank r's schedule is rank 0's with every
+peer shifted by r, which ``tests/unit/test_sim.py`` checks), places every rank's sends of
+each step on the topology's links, and times the step as
+
+    message overhead + latency x links on the longest path + busiest link's bytes / rate
+
+(the bandwidth-bound step of the alpha-beta model; every rank's step i runs at once).
+Codec work is added where the executor cannot overlap it: the first encodes; each
+received payload's handling overlaps the next step's transfer unless that step forwards
+what the handling rewrites (as the executor does); the last handling ends the call.
+
+* point-to-point schedules (``ring``, ``ring-hop``): as above, step by step.
+* ``backend``'s all-gather: the backend's own collective is taken to be a ring in rank
+  order (NCCL's and gloo's ring): n - 1 steps of one payload each, then every decode.
+* the all-to-all (``alltoall``, ``backend`` reduce-scatter): one step, every pair at once,
+  n - 1 messages per rank, then every decode and sum.
+* ``multicast``: K roots at a time (:class:`~commpress.transport.reliable_broadcast.Options`,
+  whose pacing formula sets each root's rate), each root's payload crossing each link of
+  its tree once; the time is the larger of the paced broadcasts and the busiest link.
+* ``native``: torch's own collective, taken as the codec ``none`` ring (all-gather) and
+  ring reduce-scatter in whole chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from commpress.codecs import get_codec
+from commpress.schedules import Prepare, Schedule, Then, Transport, plan
+from commpress.schedules.registry import NATIVE
+from commpress.sim.topology import Topology
+from commpress.transport.reliable_broadcast import Options
+
+#: Handling a received payload, in codec passes over the chunk piece.
+_PASSES = {
+    Then.DECODE: (1, 0),  # (decodes, encodes)
+    Then.DECODE_REENCODE: (1, 1),
+    Then.ADD_REENCODE: (1, 1),
+    Then.ADD_KEEP: (1, 0),
+    Then.SUM: (1, 0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """What the model assumes about the machines; every field is data a fit can set.
+    ``message_s`` and ``efficiency`` may be one value or one per algorithm (a fit's)."""
+
+    latency_s: float = 1e-6  # per link a message crosses
+    message_s: float | dict = 10e-6  # per message: posting, matching, waking the receiver
+    efficiency: float | dict = 1.0  # the fraction of a link's rate a transfer reaches
+    #: codec -> (encode, decode) throughput in bytes of fp32 input per second; a codec not
+    #: listed costs nothing (a GPU's codec kernels run at memory bandwidth, far above links)
+    codec_bytes_per_s: dict = dataclasses.field(default_factory=dict)
+    concurrent_roots: int = 2  # multicast K
+    #: When every host's processes share this many cores (our emulated cluster: all hosts
+    #: on one 2-core machine), per-message and codec work take ``nodes / shared_cores``
+    #: times longer. ``None``: each host has its own (a real cluster).
+    shared_cores: int | None = None
+
+    def __post_init__(self):
+        for name, low, high in (("latency_s", 0, None), ("message_s", 0, None),
+                                ("efficiency", 0, 1)):  # fmt: skip
+            values = getattr(self, name)
+            for value in values.values() if isinstance(values, dict) else (values,):
+                if value < low or (high is not None and not 0 < value <= high):
+                    raise ValueError(f"{name} out of range: {value}")
+
+    def for_call(self, op: str, algorithm: str, nodes: int) -> Params:
+        """These params for one call: a fit's values for ``op/algorithm`` (or, failing
+        that, ``algorithm``) resolved, and CPU work scaled by the cores hosts share."""
+        resolved = {}
+        for name in ("message_s", "efficiency"):
+            values = getattr(self, name)
+            if isinstance(values, dict):
+                key = next((k for k in (f"{op}/{algorithm}", algorithm) if k in values), None)
+                if key is None:
+                    raise ValueError(
+                        f"the fit has no {name} for {op} {algorithm!r} (it has "
+                        f"{sorted(values)}): calibrate with `commpress bench` rows of it"
+                    )
+                resolved[name] = values[key]
+        if self.shared_cores:
+            slowdown = max(1.0, nodes / self.shared_cores)
+            resolved["message_s"] = resolved.get("message_s", self.message_s) * slowdown
+            resolved["codec_bytes_per_s"] = {
+                codec: (encode / slowdown, decode / slowdown)
+                for codec, (encode, decode) in self.codec_bytes_per_s.items()
+            }
+        return dataclasses.replace(self, **resolved, shared_cores=None)
+
+    def codec_s(self, codec: str, numel: int, encodes: int, decodes: int) -> float:
+        rates = self.codec_bytes_per_s.get(codec)
+        if rates is None or not numel:
+            return 0.0
+        encode, decode = rates
+        return numel * 4 * (encodes / encode + decodes / decode)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    nodes: int
+    op: str
+    algorithm: str
+    codec: str
+    size_bytes: int
+    topology: str
+    link_bits: float
+    time_us: float
+    tx_bytes_per_host: int  # what one host injects
+    fabric_bytes: float  # summed over every link the bytes cross
+    busiest_link_bytes: float
+    bottleneck: str  # the level of the busiest link, relative to its rate
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def simulate(
+    op: str,
+    algorithm: str,
+    codec: str,
+    size_bytes: int,
+    topology: Topology,
+    params: Params | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Row:
+    """One call of ``op`` on ``topology.nodes`` ranks; ``size_bytes`` as nccl-tests count
+    it (an all-gather's output, a reduction's input)."""
+    n = topology.nodes
+    params = (Params() if params is None else params).for_call(op, algorithm, n)
+    if op not in ("all_gather", "reduce_scatter"):
+        raise ValueError(f"op must be all_gather or reduce_scatter, got {op!r}")
+    numel = size_bytes // dtype.itemsize
+    if op == "all_gather":
+        numel //= n
+    if numel < 1 or (op == "reduce_scatter" and numel % n):
+        raise ValueError(f"size {size_bytes} B does not split into {n} equal chunks of {dtype}")
+    if algorithm == NATIVE:
+        codec, ran = "none", "ring" if op == "all_gather" else "ring-hop"
+    else:
+        ran = algorithm
+    codec = str(get_codec(codec))
+    (schedule,) = plan(op, ran, 0, n, numel, dtype, codec)
+    timing = _Timing(topology, params, codec)
+    time_s = timing.run(schedule)
+    levels = {level.name: level for level in topology.levels()}
+    busiest, bottleneck = 0.0, ""
+    relative = 0.0
+    for name, loads in timing.totals.items():
+        per_link = float(loads.max()) / levels[name].width
+        if per_link / levels[name].rate_bits > relative:
+            relative, busiest, bottleneck = per_link / levels[name].rate_bits, per_link, name
+    return Row(
+        nodes=n,
+        op=op,
+        algorithm=algorithm,
+        codec=codec,
+        size_bytes=size_bytes,
+        topology=str(topology),
+        link_bits=topology.link_bits,
+        time_us=time_s * 1e6,
+        tx_bytes_per_host=schedule.sent_bytes,
+        fabric_bytes=float(sum(loads.sum() for loads in timing.totals.values())),
+        busiest_link_bytes=busiest,
+        bottleneck=bottleneck,
+    )
+
+
+class _Timing:
+    """Times a schedule step by step and adds up each level's bytes."""
+
+    def __init__(self, topology: Topology, params: Params, codec: str):
+        self.topology, self.params, self.codec = topology, params, codec
+        self.levels = {level.name: level for level in topology.levels()}
+        self.totals: dict[str, np.ndarray] = {}
+        self._patterns: dict[tuple, tuple[float, dict]] = {}
+
+    def run(self, schedule: Schedule) -> float:
+        if schedule.transport is Transport.P2P:
+            return self._point_to_point(schedule)
+        if schedule.transport is Transport.ALL_GATHER:
+            return self._backend_all_gather(schedule)
+        if schedule.transport is Transport.ALL_TO_ALL:
+            return self._all_to_all(schedule)
+        return self._multicast(schedule)
+
+    # -- the parts ----------------------------------------------------------------------
+
+    def _point_to_point(self, schedule: Schedule) -> float:
+        p = self.params
+        encodes = [s for step in schedule.steps for s in step.sends if s.prepare is Prepare.ENCODE]
+        total = sum(p.codec_s(self.codec, s.numel, 1, 0) for s in encodes)
+        pending = 0.0  # the handling of the last step's receives, not done yet
+        for index, step in enumerate(schedule.steps):
+            wire = self._step_s(tuple((dst, s.wire_bytes) for s in step.sends for dst in s.dsts))
+            forwarded = {(s.chunk, s.piece) for s in step.sends if s.prepare is Prepare.FORWARD}
+            previous = schedule.steps[index - 1].receives if index else ()
+            waits = any(
+                (r.chunk, r.piece) in forwarded and r.then.rewrites_payload for r in previous
+            )
+            total += pending + wire if waits else max(pending, wire)
+            pending = sum(self._handle_s(r) for r in step.receives)
+        return total + pending
+
+    def _backend_all_gather(self, schedule: Schedule) -> float:
+        (step,) = schedule.steps
+        (own,) = step.sends
+        ring = sum(self._step_s(((1, own.wire_bytes),)) for _ in range(schedule.world_size - 1))
+        handling = sum(self._handle_s(r) for r in step.receives)
+        encode = self.params.codec_s(self.codec, own.numel, 1, 0)
+        return encode + ring + handling
+
+    def _all_to_all(self, schedule: Schedule) -> float:
+        (step,) = schedule.steps
+        sends = tuple((dst, s.wire_bytes) for s in step.sends for dst in s.dsts)
+        exchange = self._step_s(sends) + (len(sends) - 1) * self.params.message_s
+        encodes = sum(self.params.codec_s(self.codec, s.numel, 1, 0) for s in step.sends)
+        return encodes + exchange + sum(self._handle_s(r) for r in step.receives)
+
+    def _multicast(self, schedule: Schedule) -> float:
+        n, p = schedule.world_size, self.params
+        wire = next(s.wire_bytes for step in schedule.steps for s in step.sends)
+        loads = self.topology.broadcast_bytes(wire)
+        self._add(loads)
+        racks = getattr(self.topology, "count", 1)
+        uplink = getattr(self.topology, "uplink_bits", None)
+        options = Options(
+            rate_bits=max(1, int(self.topology.link_bits * p.efficiency)),
+            concurrent_roots=p.concurrent_roots,
+            racks=racks,
+            uplink_bits=None if uplink is None else max(1, int(uplink * p.efficiency)),
+        )
+        pace = options.pace_bytes_per_s(n)
+        rounds = math.ceil(n / min(p.concurrent_roots, n))
+        per_round = p.message_s + p.latency_s * self.topology.longest_path() + wire / pace
+        paced = rounds * per_round
+        bound = self._busiest_s(loads)
+        decode = p.codec_s(self.codec, schedule.chunk_numel, 0, 1)
+        receiving = max(paced, bound, (n - 1) * decode)
+        return p.codec_s(self.codec, schedule.chunk_numel, 1, 0) + receiving + decode
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _step_s(self, sends: tuple) -> float:
+        """One step in which every rank r sends ``bytes`` to ``r + dst`` (mod n) for each
+        ``(dst, bytes)`` of rank 0's ``sends``."""
+        found = self._patterns.get(sends)
+        if found is None:
+            n, ranks = self.topology.nodes, self.topology.hosts
+            src = np.concatenate([ranks for _ in sends]) if sends else ranks[:0]
+            dst = np.concatenate([(ranks + d) % n for d, _ in sends]) if sends else ranks[:0]
+            nbytes = np.concatenate([np.full(n, float(b)) for _, b in sends]) if sends else []
+            loads = self.topology.flow_bytes(src, dst, np.asarray(nbytes, dtype=float))
+            path = self.topology.longest_path()
+            seconds = self.params.message_s + self.params.latency_s * path + self._busiest_s(loads)
+            found = self._patterns[sends] = (seconds, loads)
+        seconds, loads = found
+        self._add(loads)
+        return seconds
+
+    def _busiest_s(self, loads: dict) -> float:
+        return max(
+            float(bytes_.max(initial=0.0)) / self.levels[name].width * 8
+            / (self.levels[name].rate_bits * self.params.efficiency)
+            for name, bytes_ in loads.items()
+        )  # fmt: skip
+
+    def _handle_s(self, receive) -> float:
+        decodes, encodes = _PASSES[receive.then]
+        return self.params.codec_s(self.codec, receive.numel, encodes, decodes)
+
+    def _add(self, loads: dict) -> None:
+        for name, bytes_ in loads.items():
+            if name in self.totals:
+                self.totals[name] = self.totals[name] + bytes_
+            else:
+                self.totals[name] = np.asarray(bytes_, dtype=float).copy()

@@ -1,0 +1,210 @@
+"""Networks the cost model places hosts on, and the bytes each link carries.
+
+A topology turns flows (unicast: source, destination, bytes) and broadcasts (a root's
+payload to every other host, copied by the switches) into bytes per link. Links come in
+*levels* (``host up``, ``uplink down``, ...); a level is an array with one entry per
+bundle: the host link of each host, the uplink of each rack, the parallel links from one
+edge switch to its aggregation switches. A bundle of ``width`` parallel links is assumed
+evenly loaded (ECMP), so each of its links carries ``bytes / width``.
+
+* ``switch``: every host on one switch.
+* ``racks:count=R,uplink=RATE``: hosts numbered rack by rack, each rack a switch, racks
+  joined through a spine by one link per rack in each direction (the emulated two-level
+  network of ``commpress cluster up --racks``).
+* ``fattree:radix=K``: the three-level fat tree of K-port switches: K pods of K/2 edge and
+  K/2 aggregation switches, K/2 hosts per edge switch, (K/2)^2 core switches; full
+  bisection, every link at the host link's rate. Hosts fill edge switches in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from commpress.units import parse_rate_bits
+
+WAYS = ("up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    name: str
+    bundles: int  # entries in the level's arrays
+    width: int  # parallel links per bundle
+    rate_bits: float  # of one link
+
+
+class Topology:
+    """Where ``nodes`` hosts sit; subclasses say which links a flow or broadcast crosses."""
+
+    name = ""
+
+    def __init__(self, nodes: int, link_bits: float):
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
+            raise ValueError(f"nodes must be an int of at least 2, got {nodes!r}")
+        self.nodes, self.link_bits = nodes, float(link_bits)
+        self.hosts = np.arange(nodes)
+
+    def levels(self) -> list[Level]:
+        n = self.nodes
+        return [Level("host up", n, 1, self.link_bits), Level("host down", n, 1, self.link_bits)]
+
+    def flow_bytes(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> dict:
+        """Bytes per bundle of every level, for unicast flows ``src -> dst``."""
+        n = self.nodes
+        return {
+            "host up": np.bincount(src, nbytes, n),
+            "host down": np.bincount(dst, nbytes, n),
+        }
+
+    def broadcast_bytes(self, nbytes: float) -> dict:
+        """Bytes per bundle of every level when every host broadcasts ``nbytes`` to all
+        the others once (a multicast all-gather): each tree link carries each root's
+        payload once."""
+        n = self.nodes
+        return {"host up": np.full(n, nbytes), "host down": np.full(n, (n - 1) * nbytes)}
+
+    def longest_path(self) -> int:
+        """Links on the longest path between two of the hosts."""
+        return 2
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Switch(Topology):
+    name = "switch"
+
+
+class Racks(Topology):
+    def __init__(self, nodes: int, link_bits: float, count: int, uplink_bits: float):
+        super().__init__(nodes, link_bits)
+        if count < 2 or count > nodes:
+            raise ValueError(f"racks: count must be in [2, nodes={nodes}], got {count}")
+        self.count, self.uplink_bits = count, float(uplink_bits)
+        self.rack = self.hosts * count // nodes  # rack by rack, as the emulated cluster
+        self.name = f"racks:count={count},uplink={_rate_text(uplink_bits)}"
+
+    def levels(self) -> list[Level]:
+        uplinks = [
+            Level(f"uplink {way}", self.count, 1, self.uplink_bits) for way in ("up", "down")
+        ]
+        return super().levels() + uplinks
+
+    def flow_bytes(self, src, dst, nbytes) -> dict:
+        loads = super().flow_bytes(src, dst, nbytes)
+        across = self.rack[src] != self.rack[dst]
+        loads["uplink up"] = np.bincount(self.rack[src][across], nbytes[across], self.count)
+        loads["uplink down"] = np.bincount(self.rack[dst][across], nbytes[across], self.count)
+        return loads
+
+    def broadcast_bytes(self, nbytes: float) -> dict:
+        loads = super().broadcast_bytes(nbytes)
+        roots_per_rack = np.bincount(self.rack, minlength=self.count)
+        loads["uplink up"] = roots_per_rack * nbytes  # each root's payload leaves its rack once
+        loads["uplink down"] = (self.nodes - roots_per_rack) * nbytes  # enters each other rack
+        return loads
+
+    def longest_path(self) -> int:
+        return 4
+
+
+class FatTree(Topology):
+    def __init__(self, nodes: int, link_bits: float, radix: int):
+        super().__init__(nodes, link_bits)
+        if radix < 4 or radix % 2:
+            raise ValueError(f"fattree: radix must be an even number of at least 4, got {radix}")
+        capacity = radix**3 // 4
+        if nodes > capacity:
+            raise ValueError(f"fattree:radix={radix} holds {capacity} hosts, asked for {nodes}")
+        self.radix, half = radix, radix // 2
+        self.edge = self.hosts // half
+        self.pod = self.hosts // (half * half)
+        self.edges, self.pods = int(self.edge[-1]) + 1, int(self.pod[-1]) + 1
+        self.name = f"fattree:radix={radix}"
+
+    def levels(self) -> list[Level]:
+        half, rate = self.radix // 2, self.link_bits
+        return super().levels() + [
+            Level("edge up", self.edges, half, rate),
+            Level("edge down", self.edges, half, rate),
+            Level("core up", self.pods, half * half, rate),
+            Level("core down", self.pods, half * half, rate),
+        ]
+
+    def flow_bytes(self, src, dst, nbytes) -> dict:
+        loads = super().flow_bytes(src, dst, nbytes)
+        leaves = self.edge[src] != self.edge[dst]
+        crosses = self.pod[src] != self.pod[dst]
+        loads["edge up"] = np.bincount(self.edge[src][leaves], nbytes[leaves], self.edges)
+        loads["edge down"] = np.bincount(self.edge[dst][leaves], nbytes[leaves], self.edges)
+        loads["core up"] = np.bincount(self.pod[src][crosses], nbytes[crosses], self.pods)
+        loads["core down"] = np.bincount(self.pod[dst][crosses], nbytes[crosses], self.pods)
+        return loads
+
+    def broadcast_bytes(self, nbytes: float) -> dict:
+        loads = super().broadcast_bytes(nbytes)
+        per_edge = np.bincount(self.edge, minlength=self.edges)
+        per_pod = np.bincount(self.pod, minlength=self.pods)
+        if self.edges > 1:  # each root's payload leaves its edge once, enters every other
+            loads["edge up"] = per_edge * nbytes
+            loads["edge down"] = (self.nodes - per_edge) * nbytes
+        else:
+            loads["edge up"] = loads["edge down"] = np.zeros(1)
+        if self.pods > 1:
+            loads["core up"] = per_pod * nbytes
+            loads["core down"] = (self.nodes - per_pod) * nbytes
+        else:
+            loads["core up"] = loads["core down"] = np.zeros(1)
+        return loads
+
+    def longest_path(self) -> int:
+        return 6 if self.pods > 1 else 4 if self.edges > 1 else 2
+
+
+def parse_topology(text: str, nodes: int, link_bits: float) -> Topology:
+    """``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``."""
+    if not isinstance(text, str):
+        raise TypeError(f"topology must be a string, got {text!r}")
+    kind, _, rest = text.strip().partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"topology {text!r}: expected key=value, got {item!r}")
+        options[key.strip()] = value.strip()
+    known = {"switch": set(), "racks": {"count", "uplink"}, "fattree": {"radix"}}
+    if kind not in known:
+        raise ValueError(f"unknown topology {kind!r}; known: switch, racks:count=R,uplink=RATE, "
+                         "fattree:radix=K")  # fmt: skip
+    unknown = set(options) - known[kind]
+    if unknown:
+        raise ValueError(f"topology {kind}: unknown option(s) {sorted(unknown)}; "
+                         f"known: {sorted(known[kind]) or 'none'}")  # fmt: skip
+    if kind == "switch":
+        return Switch(nodes, link_bits)
+    if kind == "racks":
+        count = _int_option(options, "count", 2, text)
+        uplink = options.get("uplink")
+        uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "racks uplink")
+        return Racks(nodes, link_bits, count, uplink_bits)
+    return FatTree(nodes, link_bits, _int_option(options, "radix", None, text))
+
+
+def _int_option(options: dict, key: str, default, text: str) -> int:
+    if key not in options:
+        if default is None:
+            raise ValueError(f"topology {text!r} needs {key}=")
+        return default
+    try:
+        return int(options[key])
+    except ValueError:
+        raise ValueError(f"topology {text!r}: {key} must be an integer") from None
+
+
+def _rate_text(bits: float) -> str:
+    for unit, size in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= size and bits % size == 0:
+            return f"{int(bits // size)}{unit}"
+    return f"{int(bits)}bit"

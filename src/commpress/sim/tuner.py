@@ -1,0 +1,259 @@
+"""``algorithm="auto"`` and ``codec="auto:max_rel_err=E"``: the cost model chooses per call.
+
+For a call (op, elements, dtype, ranks), the tuner times every candidate pair of algorithm
+and codec with :func:`~commpress.sim.model.simulate` on the network it was told about and
+takes the fastest. With ``codec="auto:max_rel_err=E"`` the candidate codecs are those
+whose measured relative error (``||x - decode(encode(x))|| / ||x||`` on a fixed,
+seeded Gaussian sample, measured once per process) is at most ``E``; ``none`` always
+qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the list. Every rank
+computes the same choice from the same settings; the argument check of the collective
+would catch ranks that did not. Choices are cached per (op, elements, dtype, ranks,
+backend, request) and each is logged once (logger ``commpress.tuner``, level INFO).
+
+The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TOPOLOGY``
+(``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``; default ``switch``),
+``COMMPRESS_TUNE_LINK`` (``100gbit``), ``COMMPRESS_TUNE_FIT`` (a fit saved by
+``commpress sim --calibrate ... --save-fit``; default: the model's defaults),
+``COMMPRESS_TUNE_SHARED_CORES`` (all hosts on one machine of that many cores: the emulated
+cluster) and ``COMMPRESS_TUNE_ALGORITHMS`` (candidates, comma-separated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+
+import torch
+
+from commpress.codecs import get_codec
+from commpress.schedules.registry import NATIVE, algorithms, get_algorithm
+from commpress.sim import calibrate
+from commpress.sim.model import Params, simulate
+from commpress.sim.topology import parse_topology
+from commpress.units import parse_rate_bits
+
+AUTO = "auto"
+#: The error budget of ``codec="auto"`` without one, and of ``fsdp.compress(..., "auto")``.
+DEFAULT_MAX_REL_ERR = 1e-2
+CANDIDATE_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8")
+#: ring-hop is the baseline a ring beats; multicast needs a network that routes it.
+DEFAULT_ALGORITHMS = (NATIVE, "ring", "backend", "alltoall")
+_SAMPLE_NUMEL, _SAMPLE_SEED = 1 << 16, 1234
+
+logger = logging.getLogger("commpress.tuner")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """What the tuner assumes the ranks are connected by."""
+
+    topology: str = "switch"
+    link: str = "100gbit"
+    fit: str | None = None
+    shared_cores: int | None = None
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+
+    def __post_init__(self):
+        parse_topology(self.topology, 2, parse_rate_bits(self.link, "tuner link"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    algorithm: str
+    codec: str
+    predicted_us: float
+
+    def __str__(self) -> str:
+        return f"{self.codec}@{self.algorithm}"
+
+
+_lock = threading.Lock()
+_network: Network | None = None
+_choices: dict = {}
+_errors: dict[str, float] = {}
+
+
+def configure(**fields) -> Network:
+    """Set the network the tuner plans for (fields of :class:`Network`); forgets every
+    cached choice. Call it with the same values on every rank."""
+    global _network
+    network = Network(**fields)
+    with _lock:
+        _network = network
+        _choices.clear()
+    return network
+
+
+def network() -> Network:
+    """The configured network, or the one the environment describes."""
+    global _network
+    with _lock:
+        if _network is None:
+            _network = _from_environment()
+        return _network
+
+
+def is_auto(codec) -> bool:
+    return isinstance(codec, str) and codec.strip().partition(":")[0] == AUTO
+
+
+def choose(
+    op: str,
+    numel: int,
+    dtype: torch.dtype,
+    world_size: int,
+    codec="none",
+    algorithm: str = AUTO,
+    *,
+    on_cpu: bool = True,
+    backend: str = "gloo",
+    error_feedback: bool = False,
+) -> Choice:
+    """The fastest (algorithm, codec) for one call; ``numel`` is the rank's input (an
+    all-gather's shard, a reduce-scatter's whole tensor). ``codec`` and ``algorithm`` may
+    each be fixed or ``auto``. ``error_feedback``: only algorithms that round every
+    contribution on its owner (``alltoall``, ``backend``) qualify."""
+    if op not in ("all_gather", "reduce_scatter"):
+        raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
+    request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
+    key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, request)
+    with _lock:
+        found = _choices.get(key)
+    if found is not None:
+        return found
+    setting = network()
+    pairs = _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend)
+    if error_feedback:
+        pairs = [(name, spec) for name, spec in pairs if name in ("alltoall", "backend")]
+        if not pairs:
+            raise ValueError(
+                "error feedback needs algorithm 'alltoall' or 'backend' among the tuner's "
+                f"candidates, which are {list(setting.algorithms)}"
+            )
+    size = numel * dtype.itemsize * (world_size if op == "all_gather" else 1)
+    params = _params(setting)
+    topology = lambda: parse_topology(  # noqa: E731
+        setting.topology, world_size, parse_rate_bits(setting.link, "tuner link")
+    )
+    timed = [
+        (simulate(op, name, spec, size, topology(), params, dtype).time_us, name, spec)
+        for name, spec in pairs
+    ]
+    time_us, name, spec = min(timed, key=lambda t: (t[0], t[1], t[2]))
+    choice = Choice(name, spec, time_us)
+    with _lock:
+        _choices[key] = choice
+    logger.info(
+        "%s of %d %s elements on %d ranks (%s, %s): %s, %.0f us predicted",
+        op, numel, str(dtype).removeprefix("torch."), world_size, setting.topology,
+        setting.link, choice, time_us,
+    )  # fmt: skip
+    return choice
+
+
+def measured_rel_err(codec) -> float:
+    """``codec``'s relative error on a fixed Gaussian sample (fp32), measured once."""
+    spec = str(get_codec(codec))
+    with _lock:
+        found = _errors.get(spec)
+    if found is None:
+        generator = torch.Generator().manual_seed(_SAMPLE_SEED)
+        sample = torch.randn(_SAMPLE_NUMEL, generator=generator)
+        chosen = get_codec(spec)
+        decoded = chosen.decode(chosen.encode(sample), sample.numel(), torch.float32)
+        found = ((decoded.double() - sample).norm() / sample.norm()).item()
+        with _lock:
+            _errors[spec] = found
+    return found
+
+
+def budget(codec: str) -> tuple[float, tuple[str, ...]]:
+    """``(max_rel_err, candidate codecs)`` of an ``auto[:max_rel_err=E][,codecs=a+b]`` spec."""
+    _, _, options = codec.strip().partition(":")
+    limit, names = DEFAULT_MAX_REL_ERR, CANDIDATE_CODECS
+    for item in filter(None, options.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or key.strip() not in ("max_rel_err", "codecs"):
+            raise ValueError(
+                f"codec {codec!r}: options are max_rel_err=E and codecs=a+b, got {item!r}"
+            )
+        if key.strip() == "max_rel_err":
+            try:
+                limit = float(value)
+            except ValueError:
+                raise ValueError(f"codec {codec!r}: max_rel_err must be a number") from None
+            if not limit >= 0:  # NaN too
+                raise ValueError(f"codec {codec!r}: max_rel_err must be at least 0")
+        else:
+            names = tuple(filter(None, (name.strip() for name in value.split("+"))))
+            for name in names:
+                get_codec(name)  # an unknown codec is named here
+    return limit, names
+
+
+def _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend) -> list[tuple[str, str]]:
+    if algorithm == AUTO:
+        names = [a for a in setting.algorithms if a in algorithms(op)]
+    else:
+        names = [algorithm]
+    if is_auto(codec):
+        limit, specs = budget(codec)
+        fitting = [s for s in specs if _usable(s, dtype) and measured_rel_err(s) <= limit]
+        if not fitting:
+            best = min(specs, key=lambda s: measured_rel_err(s) if _usable(s, dtype) else 1e9)
+            raise ValueError(
+                f"codec {codec!r}: no codec of {list(specs)} is within max_rel_err={limit} "
+                f"for {dtype} (the closest, {best}, errs {measured_rel_err(best):.3g})"
+            )
+    else:
+        fitting = [str(get_codec(codec))]
+    pairs = []
+    for name in names:
+        moves_host_memory = name != NATIVE and get_algorithm(name, op).cpu_only
+        if moves_host_memory and (not on_cpu or backend == "nccl"):
+            continue
+        for spec in ["none"] if name == NATIVE else fitting:
+            if name != NATIVE and op == "all_gather" and not _same_on_every_rank(spec, name):
+                continue
+            pairs.append((name, spec))
+    if not pairs:
+        raise ValueError(
+            f"no algorithm of {names} runs {op} with codec {codec!r} on this group "
+            f"({'CPU' if on_cpu else 'GPU'} tensors, {backend})"
+        )
+    return pairs
+
+
+def _usable(spec: str, dtype: torch.dtype) -> bool:
+    try:
+        get_codec(spec).check_dtype(dtype, "dtype")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _same_on_every_rank(spec: str, algorithm: str) -> bool:
+    """What ``check_same_result_on_every_rank`` asks of an all-gather."""
+    return algorithm != "ring-hop" or get_codec(spec).idempotent
+
+
+def _params(setting: Network) -> Params:
+    fields = calibrate.load(setting.fit) if setting.fit else {}
+    return Params(**fields, shared_cores=setting.shared_cores)
+
+
+def _from_environment() -> Network:
+    fields = {}
+    for key, name in (("topology", "TOPOLOGY"), ("link", "LINK"), ("fit", "FIT")):
+        value = os.environ.get(f"COMMPRESS_TUNE_{name}")
+        if value:
+            fields[key] = value
+    cores = os.environ.get("COMMPRESS_TUNE_SHARED_CORES")
+    if cores:
+        fields["shared_cores"] = int(cores)
+    chosen = os.environ.get("COMMPRESS_TUNE_ALGORITHMS")
+    if chosen:
+        fields["algorithms"] = tuple(a.strip() for a in chosen.split(",") if a.strip())
+    return Network(**fields)

@@ -1,0 +1,41 @@
+"""``algorithm="auto"`` runs what the tuner chose, on every rank alike."""
+
+from __future__ import annotations
+
+import torch
+
+import commpress as cp
+from commpress.cluster.local import run_distributed
+from commpress.sim import tuner
+
+
+def _auto_against_the_choice(rank, world_size):
+    tuner.configure(link="1gbit")
+    results = []
+    for numel in (96, 1 << 16):
+        generator = torch.Generator().manual_seed(rank)
+        shard = torch.randn(numel, generator=generator)
+        whole = torch.randn(numel * world_size, generator=generator)
+        gathered, expected = torch.empty(numel * world_size), torch.empty(numel * world_size)
+        cp.all_gather_into_tensor(gathered, shard, codec="int8", algorithm="auto")
+        chosen = tuner.choose("all_gather", numel, torch.float32, world_size, "int8")
+        cp.all_gather_into_tensor(expected, shard, codec=chosen.codec, algorithm=chosen.algorithm)
+        reduced, reference = torch.empty(numel), torch.empty(numel)
+        cp.reduce_scatter_tensor(reduced, whole, codec="auto:max_rel_err=1e-2", algorithm="auto")
+        picked = tuner.choose("reduce_scatter", whole.numel(), torch.float32, world_size,
+                              "auto:max_rel_err=1e-2")  # fmt: skip
+        cp.reduce_scatter_tensor(reference, whole, codec=picked.codec, algorithm=picked.algorithm)
+        results.append((torch.equal(gathered, expected), torch.equal(reduced, reference),
+                        str(chosen), str(picked), gathered))  # fmt: skip
+    return results
+
+
+def test_auto_runs_the_tuners_choice_and_every_rank_agrees():
+    by_rank = run_distributed(_auto_against_the_choice, 3, timeout=120)
+    for size in range(2):
+        choices = {(r[size][2], r[size][3]) for r in by_rank}
+        assert len(choices) == 1, choices
+        for rank_results in by_rank:
+            same_gather, same_reduce, _, _, gathered = rank_results[size]
+            assert same_gather and same_reduce
+            assert torch.equal(gathered, by_rank[0][size][4])

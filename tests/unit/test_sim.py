@@ -1,0 +1,187 @@
+"""The cost model against cases computed by hand, and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from commpress.cli import main
+from commpress.schedules import Transport, plan
+from commpress.schedules.registry import algorithms
+from commpress.sim import FatTree, Params, Racks, Switch, calibrate, parse_topology, simulate
+
+GBIT = 1e9
+NO_OVERHEAD = Params(latency_s=0.0, message_s=0.0)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
+def test_every_schedule_is_rank_symmetric_as_the_model_assumes(op, n):
+    """The model places rank 0's sends shifted by r for every rank r."""
+    for algorithm in algorithms(op)[1:]:
+        numel = 96 * (n if op == "reduce_scatter" else 1)
+        (zero,) = plan(op, algorithm, 0, n, numel, torch.float32, "int8")
+        if zero.transport is Transport.MULTICAST:
+            continue  # one broadcast per root: the model counts each root's once
+        for rank in range(1, n):
+            (mine,) = plan(op, algorithm, rank, n, numel, torch.float32, "int8")
+            assert len(mine.steps) == len(zero.steps)
+            for ours, theirs in zip(mine.steps, zero.steps, strict=True):
+                shifted = sorted(((d - rank) % n, s.wire_bytes) for s in ours.sends for d in s.dsts)
+                assert shifted == sorted((d, s.wire_bytes) for s in theirs.sends for d in s.dsts)
+
+
+def test_a_ring_all_gather_on_one_switch_by_hand():
+    n, size, rate = 4, 4 << 20, 10 * GBIT
+    params = Params(latency_s=2e-6, message_s=5e-6)
+    row = simulate("all_gather", "ring", "none", size, Switch(n, rate), params)
+    shard = size // n
+    step = 5e-6 + 2 * 2e-6 + shard * 8 / rate  # message + 2 links + one shard on a link
+    assert row.time_us == pytest.approx((n - 1) * step * 1e6)
+    assert row.tx_bytes_per_host == (n - 1) * shard
+    assert row.fabric_bytes == 2 * n * (n - 1) * shard  # each shard up and down, n - 1 times
+    assert row.busiest_link_bytes == (n - 1) * shard
+
+
+def test_native_is_the_uncompressed_ring():
+    topology = Switch(8, GBIT)
+    native = simulate("all_gather", "native", "int8", 1 << 20, topology, NO_OVERHEAD)
+    ring = simulate("all_gather", "ring", "none", 1 << 20, topology, NO_OVERHEAD)
+    assert native.time_us == ring.time_us and native.codec == "none"
+
+
+def test_racks_carry_what_the_issue_computes_on_each_uplink():
+    """A rack-ordered ring carries (N-1)s over each uplink direction, multicast (N/2)s."""
+    n, size = 8, 8 << 20
+    shard = size // n
+    topology = Racks(n, GBIT, 2, GBIT / 2)
+    ring = simulate("all_gather", "ring", "none", size, topology, NO_OVERHEAD)
+    topology = Racks(n, GBIT, 2, GBIT / 2)
+    multicast = simulate("all_gather", "multicast", "none", size, topology, NO_OVERHEAD)
+    assert ring.bottleneck.startswith("uplink") and ring.busiest_link_bytes == (n - 1) * shard
+    assert multicast.tx_bytes_per_host == shard
+    # the ring's time: its uplink moves (N-1)s at half the host rate
+    assert ring.time_us == pytest.approx((n - 1) * shard * 8 / (GBIT / 2) * 1e6)
+    # multicast: K = 2 roots, one per rack, each paced to 95% of the uplink
+    paced = (n // 2) * shard / (0.95 * GBIT / 2 / 8)
+    assert multicast.time_us == pytest.approx(paced * 1e6)
+    assert ring.time_us / multicast.time_us == pytest.approx(2 * (n - 1) / n * 0.95)
+
+
+@pytest.mark.parametrize(
+    "nodes, expected",
+    [
+        (16, 2 * 15 / 16),  # one edge switch: 2(N-1)/N
+        (128, 127 * (120 * 2 + 8 * 4) / (128 * 136)),  # 8 edges of 16 in one pod
+        (1024, 1023 * (960 * 2 + 60 * 4 + 4 * 6) / (1024 * 1092)),  # 4 pods of 256
+    ],
+)
+def test_fat_tree_fabric_bytes_ring_over_multicast_by_hand(nodes, expected):
+    """Per ring step: 2 links for a flow inside an edge switch, 4 across edges of a pod,
+    6 across pods. Per broadcast: the root's link, every other host's, one edge uplink,
+    a downlink into every other edge, one core uplink, a downlink into every other pod."""
+    topology = FatTree(nodes, 100 * GBIT, 32)
+    ring = simulate("all_gather", "ring", "none", nodes * 4096, topology)
+    multicast = simulate("all_gather", "multicast", "none", nodes * 4096, topology)
+    assert ring.fabric_bytes / multicast.fabric_bytes == pytest.approx(expected)
+
+
+def test_codec_work_overlaps_forwarding_but_not_re_encoding():
+    """All-gather ring forwards payloads as they came: decodes hide behind transfers. A
+    ring-hop reduce-scatter must decode, add and re-encode before it can send."""
+    n, size = 4, 16 << 20
+    slow = Params(latency_s=0.0, message_s=0.0, codec_bytes_per_s={"int8": (1e9, 1e9)})
+    topology = Switch(n, 100 * GBIT)  # links so fast that the codec is the bottleneck
+    gather = simulate("all_gather", "ring", "int8", size, topology, slow)
+    shard_s = size / n / 1e9  # one encode or decode of a shard
+    step_s = gather.tx_bytes_per_host / (n - 1) * 8 / (100 * GBIT)
+    # encode own; step 0's transfer; each later step hides the transfer behind the previous
+    # decode; the last decode
+    expected = shard_s + step_s + (n - 2) * shard_s + shard_s
+    assert gather.time_us == pytest.approx(expected * 1e6)
+    hop = simulate("reduce_scatter", "ring-hop", "int8", size, topology, slow)
+    chunk_s = size / n / 1e9
+    transfer = hop.busiest_link_bytes / (n - 1) * 8 / (100 * GBIT)
+    # encode, then n-1 transfers; the n-2 hops in between decode + re-encode serially
+    expected = chunk_s + (n - 1) * transfer + (n - 2) * 2 * chunk_s + chunk_s
+    assert hop.time_us == pytest.approx(expected * 1e6)
+
+
+def test_bad_topologies_and_sizes_are_named():
+    with pytest.raises(ValueError, match="unknown topology 'torus'"):
+        parse_topology("torus", 8, GBIT)
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_topology("fattree:32", 8, GBIT)
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_topology("racks:count=2,speed=1gbit", 8, GBIT)
+    with pytest.raises(ValueError, match="holds 16 hosts"):
+        parse_topology("fattree:radix=4", 17, GBIT)
+    with pytest.raises(ValueError, match="radix must be an even"):
+        parse_topology("fattree:radix=5", 8, GBIT)
+    with pytest.raises(ValueError, match="racks uplink"):
+        parse_topology("racks:count=2,uplink=fast", 8, GBIT)
+    with pytest.raises(ValueError, match="does not split"):
+        simulate("reduce_scatter", "ring", "none", 12, Switch(8, GBIT))
+    with pytest.raises(ValueError, match="nodes must be"):
+        Switch(1, GBIT)
+
+
+def _bench_file(path, rows):
+    path.write_text(json.dumps({"provenance": {}, "rows": rows}))
+    return str(path)
+
+
+def test_calibration_recovers_the_parameters_it_was_given(tmp_path):
+    """Rows made by the model itself with known per-message time and efficiency: the fit
+    must find them again, per algorithm."""
+    truth = {"ring": (300e-6, 0.8), "native": (100e-6, 0.9)}
+    rows = []
+    for algorithm, (message_s, efficiency) in truth.items():
+        params = Params(latency_s=0.0, message_s=message_s, efficiency=efficiency)
+        for n in (4, 8):
+            for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+                row = simulate("all_gather", algorithm, "int8", size, Switch(n, GBIT), params)
+                rows.append({"op": "all_gather", "algorithm": algorithm, "codec": "int8",
+                             "size_bytes": size, "time_us": row.time_us, "nprocs": n,
+                             "link": "1gbit, mtu 1500"})  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "bench.json", rows)])
+    for algorithm, (message_s, efficiency) in truth.items():
+        assert fit["message_s"][f"all_gather/{algorithm}"] == pytest.approx(message_s, rel=1e-6)
+        assert fit["efficiency"][f"all_gather/{algorithm}"] == pytest.approx(efficiency, rel=1e-6)
+    saved = tmp_path / "fit.json"
+    calibrate.save(saved, fit)
+    assert calibrate.load(saved)["message_s"] == fit["message_s"]
+
+
+def test_calibration_files_of_another_format_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="not a `commpress bench --json` file"):
+        calibrate.fit([_bench_file(tmp_path / "a.json", None)])
+    with pytest.raises(ValueError, match="lacks"):
+        calibrate.fit([_bench_file(tmp_path / "b.json", [{"op": "all_gather"}])])
+    with pytest.raises(ValueError, match="no all_gather or reduce_scatter rows"):
+        calibrate.fit([_bench_file(tmp_path / "c.json", [{"op": "all_reduce"}])])
+    with pytest.raises(ValueError, match="is not JSON"):
+        (tmp_path / "d.json").write_text("{")
+        calibrate.fit([str(tmp_path / "d.json")])
+    with pytest.raises(ValueError, match="not a fit saved"):
+        calibrate.load(_bench_file(tmp_path / "e.json", []))
+    fitted = Params(message_s={"ring": 1e-5}, efficiency={"ring": 0.9})
+    with pytest.raises(ValueError, match="no message_s for all_gather 'multicast'"):
+        simulate("all_gather", "multicast", "none", 1 << 20, Switch(4, GBIT), fitted)
+
+
+def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["sim", "--topology", "fattree:radix=32", "--nodes", "16,128", "--op", "all_gather",
+            "--algorithm", "ring,multicast", "--codec", "none,int8", "--size", "64M",
+            "--link", "100gbit", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 8
+    for key in ("nodes", "op", "algorithm", "codec", "size_bytes", "time_us",
+                "tx_bytes_per_host", "fabric_bytes"):  # fmt: skip
+        assert all(key in row for row in rows)
+    assert main(["sim", "--topology", "mesh"]) == 2
+    assert "unknown topology 'mesh'" in capsys.readouterr().err
