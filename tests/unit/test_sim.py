@@ -185,3 +185,16 @@ def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
         assert all(key in row for row in rows)
     assert main(["sim", "--topology", "mesh"]) == 2
     assert "unknown topology 'mesh'" in capsys.readouterr().err
+
+
+def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
+    """The emulated cluster: 8 hosts on 2 cores do each host's CPU work 4 times slower."""
+    speeds = {"int8": (1e9, 2e9)}
+    own = Params(latency_s=0.0, message_s=1e-4, codec_bytes_per_s=speeds)
+    shared = Params(latency_s=0.0, message_s=1e-4, codec_bytes_per_s=speeds, shared_cores=2)
+    wire = simulate("all_gather", "ring", "int8", 8 << 20, Switch(8, GBIT), NO_OVERHEAD).time_us
+    alone = simulate("all_gather", "ring", "int8", 8 << 20, Switch(8, GBIT), own).time_us
+    crowded = simulate("all_gather", "ring", "int8", 8 << 20, Switch(8, GBIT), shared).time_us
+    assert crowded - wire == pytest.approx(4 * (alone - wire), rel=0.05)
+    two = simulate("all_gather", "ring", "int8", 8 << 20, Switch(2, GBIT), shared).time_us
+    assert two == simulate("all_gather", "ring", "int8", 8 << 20, Switch(2, GBIT), own).time_us

@@ -299,14 +299,7 @@ def _link_columns(link_bits, busiest, seconds, tx) -> dict:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'commpress[plot]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for algorithm, codec in dict.fromkeys((r["algorithm"], r["codec"]) for r in rows):
         series = [r for r in rows if (r["algorithm"], r["codec"]) == (algorithm, codec)]

@@ -61,6 +61,18 @@ def provenance() -> dict[str, str]:
     }
 
 
+def pyplot():
+    """matplotlib's pyplot drawing to files (Agg), or an ImportError saying what to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'commpress[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def write_json(path: str | Path, rows: Sequence[dict]) -> None:
     Path(path).write_text(json.dumps({"provenance": provenance(), "rows": list(rows)}, indent=2))
 

@@ -157,13 +157,7 @@ def _params(args) -> Params:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'commpress[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     figure, axis = plt.subplots(figsize=(8, 5))
     key = lambda r: (r["op"], r["algorithm"], r["codec"], r["size_bytes"], r["link"])  # noqa: E731
     for (op, algorithm, codec, size, link), group in itertools.groupby(sorted(rows, key=key), key):
