@@ -2,8 +2,9 @@
 
     python benchmarks/sim_2026-11-25/validate.py > benchmarks/sim_2026-11-25/validation.md
 
-Fits the model (``commpress.sim.calibrate``) twice: on every row (in sample), and on the
-4-host rows only, to predict the 8-host rows it has not seen (held out). Prints, per row,
+Per machine (the VM a file's provenance names: they differ from session to session), fits
+the model (``commpress.sim.calibrate``) on every row (in sample), and on the rows of fewer
+than 8 hosts only, to predict the 8-host rows it has not seen (held out). Prints, per row,
 measured and predicted time and the error, then the share of rows within 10% by algorithm
 at 4 MiB and above. Codec speeds: ``benchmarks/codecs_cpu-2core_2026-11-22.json``.
 """
@@ -22,6 +23,8 @@ FILES = sorted(
     glob.glob("benchmarks/*_emulated-*x1gbit_2026-11-2*.json")
     + glob.glob("benchmarks/multicast_2026-11-25/racks_*.json")
     + glob.glob("benchmarks/multicast_2026-11-25/switch*.json")
+    + glob.glob("benchmarks/sim_2026-11-25/bench_*.json")
+    + glob.glob("benchmarks/sim_2026-11-25/auto_*.json")
 )
 
 
@@ -64,16 +67,22 @@ def table(predictions, title: str) -> None:
 
 def main() -> None:
     rows = calibrate.read_bench(FILES)
-    fields = calibrate.fit(FILES, CODECS)
+    speeds = calibrate.codec_speeds(CODECS)
     print("# The cost model against our measurements\n")
     print("Files: " + ", ".join(f"`{f}`" for f in FILES))
-    print(f"\nFit on every row: {calibrate.describe(fields)}")
-    table(predict(rows, fields), "in sample: fitted on every row")
-    four = [f for f in FILES if "-4x" in f or "switch4" in f]
-    eight_rows = [r for r in rows if r.topology.nodes == 8]
-    held = calibrate.fit(four, CODECS)
-    print(f"\nFit on the 4-host files only: {calibrate.describe(held)}")
-    table(predict(eight_rows, held), "held out: fitted on 4 hosts, predicting 8")
+    print("\nEach machine (the VM a file's provenance names) is fitted on its own rows.")
+    for machine in sorted({row.machine for row in rows}):
+        mine = [row for row in rows if row.machine == machine]
+        fields = calibrate.fit_rows(mine, speeds)
+        print(f"\n# {machine}\n\nFit on its {len(mine)} rows: {calibrate.describe(fields)}")
+        table(predict(mine, fields), f"{machine}, in sample")
+        smaller = [r for r in mine if r.topology.nodes < 8]
+        eight = [r for r in mine if r.topology.nodes == 8]
+        if not smaller or not eight:
+            continue
+        held = calibrate.fit_rows(smaller, speeds)
+        print(f"\nFit on its rows of fewer than 8 hosts: {calibrate.describe(held)}")
+        table(predict(eight, held), f"{machine}, held out: fitted below 8 hosts, predicting 8")
 
 
 if __name__ == "__main__":

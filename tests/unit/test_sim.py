@@ -45,6 +45,52 @@ def test_a_ring_all_gather_on_one_switch_by_hand():
     assert row.busiest_link_bytes == (n - 1) * shard
 
 
+SLOW_INT8 = {"int8": (1e9, 1e9)}  # bytes of fp32 input per second, encode and decode
+
+
+def test_backend_and_all_to_all_by_hand():
+    """backend all-gather: the backend's ring of n - 1 steps, then every decode (they cannot
+    overlap a collective). All-to-all reduce-scatter: one step in which each host sends
+    n - 1 slices, n - 2 more message overheads, then n - 1 decodes."""
+    n, size, rate = 4, 8 << 20, 10 * GBIT
+    params = Params(latency_s=2e-6, message_s=5e-6, codec_bytes_per_s=SLOW_INT8)
+    gather = simulate("all_gather", "backend", "int8", size, Switch(n, rate), params)
+    wire = gather.tx_bytes_per_host / (n - 1)
+    shard_s = size / n / 1e9
+    step = 5e-6 + 2 * 2e-6 + wire * 8 / rate
+    assert gather.time_us == pytest.approx((shard_s + (n - 1) * step + (n - 1) * shard_s) * 1e6)
+    assert gather.fabric_bytes == 2 * n * (n - 1) * wire
+    scatter = simulate("reduce_scatter", "alltoall", "int8", size, Switch(n, rate), params)
+    slice_s = size / n / 1e9  # each destination's slice is one chunk
+    exchange = 5e-6 + 2 * 2e-6 + (n - 1) * wire * 8 / rate + (n - 2) * 5e-6
+    expected = (n - 1) * slice_s + exchange + (n - 1) * slice_s
+    assert scatter.time_us == pytest.approx(expected * 1e6)
+
+
+def test_multicast_rounds_by_hand():
+    """ceil(n / K) rounds, each a message, the path's latency and one payload at the pace
+    of the runtime's formula (95% of the link shared by K roots)."""
+    n, size, rate = 6, 6 << 20, GBIT
+    params = Params(latency_s=3e-6, message_s=7e-6, concurrent_roots=4)
+    row = simulate("all_gather", "multicast", "none", size, Switch(n, rate), params)
+    shard = size // n
+    per_round = 7e-6 + 2 * 3e-6 + shard / (0.95 * rate / 4 / 8)
+    assert row.time_us == pytest.approx(2 * per_round * 1e6)
+    assert row.tx_bytes_per_host == shard and row.bottleneck == "host down"
+
+
+def test_fat_tree_latency_counts_the_links_of_the_longest_path():
+    """Links so fast that only latency counts: a ring step crosses 2 links inside an edge
+    switch, 4 across edges of a pod, 6 across pods; every step waits for the longest."""
+    params = Params(latency_s=1e-6, message_s=0.0)
+    fast = 1e15
+    for nodes, links in ((16, 2), (128, 4), (1024, 6)):
+        row = simulate("all_gather", "ring", "none", nodes * 4, FatTree(nodes, fast, 32), params)
+        assert row.time_us == pytest.approx((nodes - 1) * links * 1e-6 * 1e6, rel=1e-3)
+    slow_core = simulate("all_gather", "ring", "none", 1024 << 12, FatTree(1024, GBIT, 32))
+    assert slow_core.bottleneck == "host up"  # full bisection: the host links bind
+
+
 def test_native_is_the_uncompressed_ring():
     topology = Switch(8, GBIT)
     native = simulate("all_gather", "native", "int8", 1 << 20, topology, NO_OVERHEAD)
@@ -167,6 +213,18 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         calibrate.fit([str(tmp_path / "d.json")])
     with pytest.raises(ValueError, match="not a fit saved"):
         calibrate.load(_bench_file(tmp_path / "e.json", []))
+    row = {"op": "all_gather", "algorithm": "ring", "codec": "int8", "size_bytes": 1 << 20,
+           "time_us": 0, "nprocs": 4, "link": "1gbit"}  # fmt: skip
+    with pytest.raises(ValueError, match="row 0: time_us must be positive"):
+        calibrate.fit([_bench_file(tmp_path / "f.json", [row])])
+    with pytest.raises(ValueError, match="row 0: unknown codec 'int3'"):
+        calibrate.fit([_bench_file(tmp_path / "g.json", [{**row, "time_us": 5, "codec": "int3"}])])
+    with pytest.warns(UserWarning, match="left out of the fit"):
+        calibrate.fit([_bench_file(tmp_path / "h.json", [{**row, "time_us": 5}])])
+    (tmp_path / "i.json").write_text(json.dumps({"format": "commpress-sim-fit", "version": 1,
+        "message_s": {"ring": "fast"}, "efficiency": {}, "codec_bytes_per_s": {}}))  # fmt: skip
+    with pytest.raises(ValueError, match="a malformed fit"):
+        calibrate.load(tmp_path / "i.json")
     fitted = Params(message_s={"ring": 1e-5}, efficiency={"ring": 0.9})
     with pytest.raises(ValueError, match="no message_s for all_gather 'multicast'"):
         simulate("all_gather", "multicast", "none", 1 << 20, Switch(4, GBIT), fitted)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commpress.integrations.spec import CollectiveSpec
-from commpress.sim import Params, Switch, simulate, tuner
+from commpress.sim import calibrate, tuner
 
 
 @pytest.fixture(autouse=True)
@@ -18,18 +18,45 @@ def network():
     tuner.configure()  # back to the defaults for the next test
 
 
-def _fastest(op, numel, n, pairs):
-    size = numel * 4 * (n if op == "all_gather" else 1)
-    timed = [(simulate(op, a, c, size, Switch(n, 1e9), Params()).time_us, a, c) for a, c in pairs]
-    return min(timed)[1:]
+def _fit(tmp_path, native, others):
+    """A fit where torch's own collective costs ``native`` (s per message, efficiency)
+    and every commpress algorithm ``others``."""
+    keys = [f"{op}/{a}" for op in ("all_gather", "reduce_scatter")
+            for a in ("native", "ring", "backend", "alltoall")]  # fmt: skip
+    fit = {
+        "message_s": {k: (native if "native" in k else others)[0] for k in keys},
+        "efficiency": {k: (native if "native" in k else others)[1] for k in keys},
+        "latency_s": 0.0,
+        "codec_bytes_per_s": {},
+    }
+    path = tmp_path / "fit.json"
+    calibrate.save(path, fit)
+    return str(path)
 
 
-def test_the_choice_is_the_models_fastest_candidate():
-    for numel in (256, 1 << 16, 1 << 22):
-        choice = tuner.choose("all_gather", numel, torch.float32, 4, "int8")
-        pairs = [("native", "none"), ("ring", "int8"), ("backend", "int8")]
-        expected = _fastest("all_gather", numel, 4, pairs)
-        assert (choice.algorithm, choice.codec) == expected
+def test_the_choice_follows_what_each_algorithm_costs(tmp_path):
+    """Cheap messages but a slow link for torch's own collective: a compressed algorithm
+    wins large calls. The same link for all but 1 s per commpress message: native wins."""
+    tuner.configure(link="1gbit", fit=_fit(tmp_path, (1e-6, 0.5), (1e-6, 1.0)))
+    assert tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8").algorithm != "native"
+    tuner.configure(link="1gbit", fit=_fit(tmp_path, (1e-6, 1.0), (1.0, 1.0)))
+    for op, numel in (("all_gather", 1 << 20), ("reduce_scatter", 4 << 20)):
+        assert tuner.choose(op, numel, torch.float32, 4, "int8").algorithm == "native"
+
+
+def test_ties_go_to_the_exact_choice():
+    """The model ties native with the uncompressed ring, and bf16 with fp16 on fp16 input:
+    the tuner must not pay an argument check or an error for nothing."""
+    exact = tuner.choose("all_gather", 1 << 20, torch.float32, 4, "auto:max_rel_err=0")
+    assert (exact.algorithm, exact.codec) == ("native", "none")
+    half = tuner.choose(
+        "all_gather", 1 << 20, torch.float16, 4, "auto:max_rel_err=3e-3,codecs=bf16+fp16+none"
+    )
+    assert half.codec == "none"
+
+
+def test_a_world_of_one_needs_no_model():
+    assert tuner.choose("all_gather", 10, torch.float32, 1, "auto").algorithm == "native"
 
 
 def test_the_error_budget_admits_only_codecs_that_measure_within_it():
@@ -67,6 +94,11 @@ def test_bad_requests_are_named():
         tuner.choose("all_reduce", 1024, torch.float32, 4, "int8")
     with pytest.raises(ValueError, match="unknown topology"):
         tuner.configure(topology="torus")
+    tuner.configure(topology="racks:count=4,uplink=1gbit")  # valid for 4 ranks or more
+    with pytest.raises(ValueError, match="shared_cores must be a positive int"):
+        tuner.configure(shared_cores=0)
+    with pytest.raises(ValueError, match="unknown \\['mesh'\\]"):
+        tuner.configure(algorithms=("ring", "mesh"))
 
 
 def test_error_feedback_and_gpu_tensors_narrow_the_candidates():

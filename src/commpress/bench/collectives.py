@@ -67,7 +67,7 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.schedules import busbw_factor, busiest_link_bytes, wire_bytes
-from commpress.sim import tuner
+from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -360,15 +360,20 @@ def main(args) -> int:
         "dtype": args.dtype,
         "multicast": {"concurrent_roots": args.roots, "loss": args.loss, "seed": args.seed},
     }
+    tuned = "auto" in args.algorithm or any(map(tuner.is_auto, args.codec))
+    if args.tune_fit:
+        calibrate.load(args.tune_fit)  # a bad file is named before any process starts
     columns, link, racks, uplink = COLUMNS, None, 1, None
     if not wants_cluster(args):
+        if tuned:  # local processes share this machine; the link is the model's default
+            config["tune"] = {"fit": args.tune_fit, "shared_cores": os.cpu_count()}
         rows = run_distributed(_worker, args.nprocs or 4, config, timeout=args.timeout)[0]
     else:
         if args.nprocs is not None:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
-            if "auto" in args.algorithm or any(map(tuner.is_auto, args.codec)):
+            if tuned:
                 config["tune"] = _tune(args, cluster)
             config["multicast"].update(multicast_options(cluster))
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]

@@ -12,6 +12,7 @@ fit with ``--save-fit``; ``--fit FILE`` reuses one.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -176,14 +177,22 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def _int_list(text: str) -> list[int]:
-    values = [int(item) for item in comma_list(text)]
+    try:
+        values = [int(item) for item in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: node counts are integers") from None
     if any(value < 2 for value in values):
-        raise ValueError(f"every node count must be at least 2, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{text!r}: every node count must be at least 2")
     return values
 
 
 def _size_list(text: str) -> list[int]:
-    return [byte_size(item) for item in comma_list(text)]
+    try:
+        return [byte_size(item) for item in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: sizes are bytes such as 1048576, 64K, 1M"
+        ) from None
 
 
 def get_algorithm_or_none(name: str, op: str):

@@ -30,6 +30,7 @@ from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
+from commpress.sim import tuner
 
 try:
     AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
@@ -148,8 +149,9 @@ def _check_dtypes(name, module, gather, scatter) -> None:
             original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
-        if gather is not None and gather.tuned or scatter is not None and scatter.tuned:
-            continue  # the tuner takes only codecs that encode the dtype it is handed
+        # a tuned spec takes only codecs that encode the dtype it is handed: nothing to check
+        gather = None if gather is not None and tuner.is_auto(gather.codec) else gather
+        scatter = None if scatter is not None and tuner.is_auto(scatter.codec) else scatter
         if gather is not None and not gather.codec.lossless and len(dtypes) > 1:
             raise TypeError(
                 f"module {name!r}: parameters of several dtypes {sorted(map(str, dtypes))} are "

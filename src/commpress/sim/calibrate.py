@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 
+from commpress.codecs import get_codec
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import parse_rate_bits
@@ -31,6 +33,7 @@ from commpress.units import parse_rate_bits
 FORMAT, VERSION = "commpress-sim-fit", 1
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
+MIN_ROWS = 3  # per op and algorithm: two unknowns, and at least one row to spare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +49,14 @@ class Measured:
     source: str
     roots: int = 2  # multicast K, from the command that measured the row
     shared_cores: int | None = None  # the emulated cluster's: every host on one machine
+    machine: str = ""  # as the file's provenance names it: fit one machine at a time
 
     @classmethod
-    def of(cls, row: dict, source: str, roots: int = 2, shared_cores=None) -> Measured:
+    def of(cls, row: dict, source: str, roots=2, shared_cores=None, machine="") -> Measured:
         missing = [key for key in _BENCH_KEYS if key not in row]
         if missing:
             raise ValueError(f"{source}: a row lacks {missing}: not a `commpress bench` row")
+        get_codec(row["codec"])  # an unknown codec is named with its file and row
         nodes = int(row["nprocs"])
         link_bits = parse_rate_bits(str(row["link"]).split(",")[0], f"{source}: link")
         racks = int(row.get("racks") or 1)
@@ -63,7 +68,7 @@ class Measured:
             topology = Switch(nodes, link_bits)
         return cls(row["op"], row["algorithm"], row["codec"], int(row["size_bytes"]),
                    float(row["time_us"]) * 1e-6, topology, source, roots,
-                   shared_cores)  # fmt: skip
+                   shared_cores, machine)  # fmt: skip
 
 
 def read_bench(paths) -> list[Measured]:
@@ -75,10 +80,20 @@ def read_bench(paths) -> list[Measured]:
             raise ValueError(f"{path}: not a `commpress bench --json` file (no 'rows' list)")
         provenance = data.get("provenance") or {}
         roots = _roots(provenance.get("command", ""))
-        cores = _cores(provenance.get("machine", ""))
-        for row in data["rows"]:
-            if row.get("op") in ("all_gather", "reduce_scatter"):
-                rows.append(Measured.of(row, str(path), roots, cores))
+        machine = provenance.get("machine", "")
+        cores = _cores(machine)
+        for index, row in enumerate(data["rows"]):
+            if not isinstance(row, dict) or row.get("op") not in ("all_gather", "reduce_scatter"):
+                continue
+            if row.get("algorithm") == "auto":  # the tuner's pick: measured in its own row
+                continue
+            try:
+                measured = Measured.of(row, str(path), roots, cores, machine)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{path}: row {index}: {error}") from None
+            if not measured.time_s > 0:
+                raise ValueError(f"{path}: row {index}: time_us must be positive")
+            rows.append(measured)
     if not rows:
         raise ValueError(f"no all_gather or reduce_scatter rows in {', '.join(map(str, paths))}")
     return rows
@@ -116,11 +131,30 @@ def terms(row: Measured, params: Params) -> tuple[float, float, float]:
 def fit(bench_paths, codecs_path=None) -> dict:
     """Params fields fitted to the rows of ``bench_paths``, per algorithm."""
     speeds = codec_speeds(codecs_path) if codecs_path else {}
+    return fit_rows(read_bench(bench_paths), speeds)
+
+
+def fit_rows(rows: list[Measured], speeds: dict) -> dict:
+    """:func:`fit` on rows already read (codec speeds as :func:`codec_speeds` gives)."""
     params = Params(codec_bytes_per_s=speeds)
-    rows = read_bench(bench_paths)
+    machines = sorted({row.machine for row in rows})
+    if len(machines) > 1:
+        warnings.warn(
+            f"commpress sim: fitting rows of {len(machines)} machines ({'; '.join(machines)}) "
+            "together: links and CPUs differ between them, fit one at a time",
+            stacklevel=2,
+        )
     message_s, efficiency = {}, {}
     for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
         mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
+        if len(mine) < MIN_ROWS or len({row.size_bytes for row in mine}) < 2:
+            warnings.warn(
+                f"commpress sim: {op} {algorithm} has {len(mine)} row(s) of "
+                f"{len({r.size_bytes for r in mine})} size(s); a fit needs {MIN_ROWS} of two "
+                "sizes or more: left out of the fit",
+                stacklevel=2,
+            )
+            continue
         matrix, target = [], []
         for row in mine:
             messages, bandwidth, codec = terms(row, params)
@@ -154,12 +188,20 @@ def load(path) -> dict:
     missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
     if missing:
         raise ValueError(f"{path}: the fit lacks {missing}")
-    return {
-        "message_s": dict(data["message_s"]),
-        "efficiency": dict(data["efficiency"]),
-        "latency_s": float(data.get("latency_s", 0.0)),
-        "codec_bytes_per_s": {k: tuple(v) for k, v in data["codec_bytes_per_s"].items()},
-    }
+    try:
+        fields = {
+            "message_s": {k: float(v) for k, v in data["message_s"].items()},
+            "efficiency": {k: float(v) for k, v in data["efficiency"].items()},
+            "latency_s": float(data.get("latency_s", 0.0)),
+            "codec_bytes_per_s": {
+                k: (float(encode), float(decode))
+                for k, (encode, decode) in data["codec_bytes_per_s"].items()
+            },
+        }
+        Params(**fields)  # ranges
+    except (AttributeError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: a malformed fit ({error})") from None
+    return fields
 
 
 def describe(fields: dict) -> str:

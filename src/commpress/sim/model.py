@@ -70,7 +70,7 @@ class Params:
                                 ("efficiency", 0, 1)):  # fmt: skip
             values = getattr(self, name)
             for value in values.values() if isinstance(values, dict) else (values,):
-                if value < low or (high is not None and not 0 < value <= high):
+                if not value >= low or (high is not None and not 0 < value <= high):  # NaN too
                     raise ValueError(f"{name} out of range: {value}")
 
     def for_call(self, op: str, algorithm: str, nodes: int) -> Params:

@@ -165,6 +165,19 @@ class FatTree(Topology):
 
 def parse_topology(text: str, nodes: int, link_bits: float) -> Topology:
     """``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``."""
+    kind, options = check_topology(text)
+    if kind == "switch":
+        return Switch(nodes, link_bits)
+    if kind == "racks":
+        uplink = options.get("uplink")
+        uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "racks uplink")
+        return Racks(nodes, link_bits, options["count"], uplink_bits)
+    return FatTree(nodes, link_bits, options["radix"])
+
+
+def check_topology(text: str) -> tuple[str, dict]:
+    """``(kind, options)`` of a topology spec, whatever the node count; ValueError naming
+    what is wrong."""
     if not isinstance(text, str):
         raise TypeError(f"topology must be a string, got {text!r}")
     kind, _, rest = text.strip().partition(":")
@@ -182,14 +195,15 @@ def parse_topology(text: str, nodes: int, link_bits: float) -> Topology:
     if unknown:
         raise ValueError(f"topology {kind}: unknown option(s) {sorted(unknown)}; "
                          f"known: {sorted(known[kind]) or 'none'}")  # fmt: skip
-    if kind == "switch":
-        return Switch(nodes, link_bits)
     if kind == "racks":
-        count = _int_option(options, "count", 2, text)
-        uplink = options.get("uplink")
-        uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "racks uplink")
-        return Racks(nodes, link_bits, count, uplink_bits)
-    return FatTree(nodes, link_bits, _int_option(options, "radix", None, text))
+        options["count"] = _int_option(options, "count", 2, text)
+        if "uplink" in options:
+            parse_rate_bits(options["uplink"], "racks uplink")
+    elif kind == "fattree":
+        options["radix"] = _int_option(options, "radix", None, text)
+        if options["radix"] < 4 or options["radix"] % 2:
+            raise ValueError(f"{text!r}: radix must be an even number of at least 4")
+    return kind, options
 
 
 def _int_option(options: dict, key: str, default, text: str) -> int:

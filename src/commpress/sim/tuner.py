@@ -6,9 +6,11 @@ takes the fastest. With ``codec="auto:max_rel_err=E"`` the candidate codecs are 
 whose measured relative error (``||x - decode(encode(x))|| / ||x||`` on a fixed,
 seeded Gaussian sample, measured once per process) is at most ``E``; ``none`` always
 qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the list. Every rank
-computes the same choice from the same settings; the argument check of the collective
-would catch ranks that did not. Choices are cached per (op, elements, dtype, ranks,
+computes the same choice from the same settings. Choices are cached per (op, elements, dtype, ranks,
 backend, request) and each is logged once (logger ``commpress.tuner``, level INFO).
+Every rank must be given the same settings: a rank that chose differently would run a
+different collective, and where one of them is ``native`` (which has no argument check)
+the ranks can hang as with torch's own collectives called out of order.
 
 The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TOPOLOGY``
 (``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``; default ``switch``),
@@ -31,7 +33,7 @@ from commpress.codecs import get_codec
 from commpress.schedules.registry import NATIVE, algorithms, get_algorithm
 from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
-from commpress.sim.topology import parse_topology
+from commpress.sim.topology import check_topology, parse_topology
 from commpress.units import parse_rate_bits
 
 AUTO = "auto"
@@ -56,7 +58,23 @@ class Network:
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
 
     def __post_init__(self):
-        parse_topology(self.topology, 2, parse_rate_bits(self.link, "tuner link"))
+        check_topology(self.topology)
+        parse_rate_bits(self.link, "tuner link")
+        if self.shared_cores is not None and (
+            isinstance(self.shared_cores, bool)
+            or not isinstance(self.shared_cores, int)
+            or self.shared_cores < 1
+        ):
+            raise ValueError(f"shared_cores must be a positive int, got {self.shared_cores!r}")
+        everything = set(algorithms("all_gather")) | set(algorithms("reduce_scatter"))
+        unknown = [name for name in self.algorithms if name not in everything]
+        if unknown or not self.algorithms:
+            raise ValueError(
+                f"tuner algorithms {list(self.algorithms)}: unknown {unknown}; choose from "
+                f"{sorted(everything)}"
+            )
+        if self.fit is not None:
+            calibrate.load(self.fit)  # a bad file is named here, not in the first collective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +142,8 @@ def choose(
     if found is not None:
         return found
     setting = network()
+    if world_size == 1:  # nothing moves: torch's own collective copies, exactly
+        return Choice(NATIVE, "none", 0.0)
     pairs = _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend)
     if error_feedback:
         pairs = [(name, spec) for name, spec in pairs if name in ("alltoall", "backend")]
@@ -137,11 +157,23 @@ def choose(
     topology = lambda: parse_topology(  # noqa: E731
         setting.topology, world_size, parse_rate_bits(setting.link, "tuner link")
     )
-    timed = [
-        (simulate(op, name, spec, size, topology(), params, dtype).time_us, name, spec)
-        for name, spec in pairs
-    ]
-    time_us, name, spec = min(timed, key=lambda t: (t[0], t[1], t[2]))
+    timed = []
+    for name, spec in pairs:
+        try:
+            row = simulate(op, name, spec, size, topology(), params, dtype)
+        except ValueError:  # a fit without this algorithm: not a candidate
+            continue
+        # ties (the model has exact ones: native is the uncompressed ring) go to the more
+        # accurate codec, then to torch's own collective, then to the order of the list
+        preference = (measured_rel_err(spec), name != NATIVE, setting.algorithms.index(name)
+                      if name in setting.algorithms else len(setting.algorithms))  # fmt: skip
+        timed.append((row.time_us, preference, name, spec))
+    if not timed:
+        raise ValueError(
+            f"the tuner's fit ({setting.fit}) times none of {[n for n, _ in pairs]} for {op}: "
+            "calibrate it with `commpress bench` rows of them"
+        )
+    time_us, _, name, spec = min(timed)
     choice = Choice(name, spec, time_us)
     with _lock:
         _choices[key] = choice
@@ -252,8 +284,13 @@ def _from_environment() -> Network:
             fields[key] = value
     cores = os.environ.get("COMMPRESS_TUNE_SHARED_CORES")
     if cores:
+        if not cores.strip().isdigit():
+            raise ValueError(f"COMMPRESS_TUNE_SHARED_CORES={cores!r}: a positive integer")
         fields["shared_cores"] = int(cores)
     chosen = os.environ.get("COMMPRESS_TUNE_ALGORITHMS")
     if chosen:
         fields["algorithms"] = tuple(a.strip() for a in chosen.split(",") if a.strip())
-    return Network(**fields)
+    try:
+        return Network(**fields)
+    except ValueError as error:
+        raise ValueError(f"the COMMPRESS_TUNE_* environment: {error}") from None
