@@ -388,13 +388,7 @@ def main(args) -> int:
             row.setdefault("chosen", "")
     heading = title(args.op, rows[0]["nprocs"], link, racks, uplink)
     print(f"# {heading}, median of {args.iters}")
-    print(report.format_table(rows, columns))
-    if args.json:
-        report.write_json(args.json, rows)
-    if args.markdown:
-        report.write_markdown(args.markdown, f"{heading}: compressed vs native", rows, columns)
-    if args.plot:
-        plot(rows, args.plot)
+    report.publish(rows, columns, f"{heading}: compressed vs native", args, plot)
     return 0
 
 

@@ -61,6 +61,18 @@ def provenance() -> dict[str, str]:
     }
 
 
+def publish(rows: Sequence[dict], columns, title: str, args, plot) -> None:
+    """Print the table, then write what ``--json``, ``--markdown`` and ``--plot`` ask for
+    (``plot(rows, path)`` draws)."""
+    print(format_table(rows, columns))
+    if args.json:
+        write_json(args.json, rows)
+    if args.markdown:
+        write_markdown(args.markdown, title, rows, columns)
+    if args.plot:
+        plot(rows, args.plot)
+
+
 def pyplot():
     """matplotlib's pyplot drawing to files (Agg), or an ImportError saying what to install."""
     try:

@@ -121,13 +121,7 @@ def main(args) -> int:
         rows.append(row)
     for reason in sorted(skipped):
         print(f"skipped: {reason}", file=sys.stderr)
-    print(report.format_table(rows, COLUMNS))
-    if args.json:
-        report.write_json(args.json, rows)
-    if args.markdown:
-        report.write_markdown(args.markdown, f"commpress sim, {args.topology}", rows, COLUMNS)
-    if args.plot:
-        plot(rows, args.plot)
+    report.publish(rows, COLUMNS, f"commpress sim, {args.topology}", args, plot)
     return 0
 
 
