@@ -19,7 +19,7 @@ from pathlib import Path
 
 from commpress.bench import report
 from commpress.bench.arguments import byte_size, comma_list, positive_int
-from commpress.schedules.registry import NATIVE, OPS, algorithms, get_algorithm
+from commpress.schedules.registry import NATIVE, OPS, every_algorithm, get_algorithm
 from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import parse_topology
@@ -193,10 +193,7 @@ def get_algorithm_or_none(name: str, op: str):
     try:
         return get_algorithm(name, op)
     except ValueError:
-        if name not in _known():
-            raise ValueError(f"--algorithm {name!r}: choose from {', '.join(_known())}") from None
+        if name not in every_algorithm():
+            known = ", ".join(every_algorithm())
+            raise ValueError(f"--algorithm {name!r}: choose from {known}") from None
         return None
-
-
-def _known() -> tuple[str, ...]:
-    return tuple(sorted(set(algorithms("all_gather")) | set(algorithms("reduce_scatter"))))

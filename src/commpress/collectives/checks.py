@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.schedules import NATIVE, get_algorithm
+from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_on_every_rank
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 #: What a compressed reduction can sum exactly: it accumulates in fp32.
@@ -75,7 +76,7 @@ def check_reduction_dtype(dtype: torch.dtype, argument: str) -> None:
 def check_same_result_on_every_rank(codec, algorithm: str) -> None:
     """An all-gather must leave every rank with the same bits: ``ring-hop`` re-encodes at
     every hop, which only a codec whose decoded values encode to themselves survives."""
-    if algorithm == "ring-hop" and not codec.idempotent:
+    if not same_result_on_every_rank(codec, algorithm):
         raise ValueError(
             f"ring-hop re-encodes at every hop and {codec} is not idempotent, so ranks would "
             "end with different values; use algorithm 'ring' (encode once) for this codec"
@@ -91,7 +92,7 @@ def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
     """Error feedback needs every rounding done on the rank that owns the data."""
     if residual is None:
         return
-    if algorithm not in ("alltoall", "backend"):
+    if algorithm not in ERROR_FEEDBACK_ALGORITHMS:
         raise ValueError(
             f"residual (error feedback) needs algorithm='alltoall', got {algorithm!r}: "
             "only there is every rounding done on the rank that owns the data"

@@ -200,20 +200,12 @@ def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
     return [(payloads.receive_buffer(r), r.src) for r in step.receives]
 
 
-class _Collective:
-    def __init__(self, work):
-        self._work = work
-
-    def wait(self, timeout: timedelta | None) -> None:
-        p2p.wait(self._work, timeout)
-
-
 def _start(transport: Transport, step: Step, payloads: Payloads, group):
     if transport is Transport.P2P:
         return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
     if transport is Transport.ALL_GATHER:
         (own,) = step.sends
         work = collective.all_gather(payloads.gathered(), payloads.send_buffer(own), group)
-        return _Collective(work)
+        return p2p.Pending(work)
     sent, received = payloads.exchanged()
-    return _Collective(collective.all_to_all(received, sent, group))
+    return p2p.Pending(collective.all_to_all(received, sent, group))

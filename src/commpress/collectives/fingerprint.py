@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.transport import collective
-from commpress.transport.p2p import Batch, wait
+from commpress.transport.p2p import Batch, Pending, wait
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
@@ -190,14 +190,14 @@ class Agreement:
         self._world_size = dist.get_world_size(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
-        self._batch: _Reduced | None = None
+        self._batch: Pending | None = None
         self._early: Batch | None = None
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(sequence, early)
         self._device = _fingerprint_device(group, device)
         self._digests = _digests(self._row).to(self._device)
-        self._batch = _Reduced(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
+        self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
 
     def check(self) -> None:
         """Block until every rank's fingerprint is here; raise if any differs from ours.
@@ -251,16 +251,6 @@ class Agreement:
             if self._early is not None:  # its buffer is the workspace's: let it leave first
                 self._early.wait(self._timeout)
         return readable
-
-
-class _Reduced:
-    """The digests' all-reduce in flight."""
-
-    def __init__(self, work):
-        self._work = work
-
-    def wait(self, timeout: timedelta | None) -> None:
-        wait(self._work, timeout)
 
 
 def _digests(row: bytes) -> torch.Tensor:

@@ -30,6 +30,7 @@ from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
+from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.sim import tuner
 
 try:
@@ -83,7 +84,7 @@ def compress(
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
-    feeds_back = ("alltoall", "backend", AUTO)
+    feeds_back = (*ERROR_FEEDBACK_ALGORITHMS, AUTO)
     if error_feedback and (scatter is None or scatter.algorithm not in feeds_back):
         raise ValueError(
             "error_feedback needs reduce_scatter='CODEC@alltoall': only there does every "

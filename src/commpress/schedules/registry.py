@@ -57,6 +57,22 @@ def algorithms(op: str) -> tuple[str, ...]:
     return (NATIVE,) + tuple(name for name, a in _ALGORITHMS.items() if a.supports(op))
 
 
+def every_algorithm() -> tuple[str, ...]:
+    """Every algorithm of any op, ``native`` first."""
+    return tuple(dict.fromkeys(name for op in OPS for name in algorithms(op)))
+
+
+#: The algorithms that round every contribution on the rank that owns it: the only ones
+#: where error feedback (a residual kept by the sender) is exact.
+ERROR_FEEDBACK_ALGORITHMS = ("alltoall", "backend")
+
+
+def same_result_on_every_rank(codec, algorithm: str) -> bool:
+    """Whether an all-gather by ``algorithm`` leaves every rank with the same bits:
+    ``ring-hop`` re-encodes at every hop, which only an idempotent codec survives."""
+    return algorithm != "ring-hop" or codec.idempotent
+
+
 def get_algorithm(name: str, op: str) -> Algorithm:
     """The registered algorithm ``name``; ValueError naming those known for ``op``."""
     _check_op(op)

@@ -151,13 +151,13 @@ def simulate(
     (schedule,) = plan(op, ran, 0, n, numel, dtype, codec)
     timing = _Timing(topology, params, codec)
     time_s = timing.run(schedule)
-    levels = {level.name: level for level in topology.levels()}
     busiest, bottleneck = 0.0, ""
     relative = 0.0
     for name, loads in timing.totals.items():
-        per_link = float(loads.max()) / levels[name].width
-        if per_link / levels[name].rate_bits > relative:
-            relative, busiest, bottleneck = per_link / levels[name].rate_bits, per_link, name
+        level = timing.levels[name]
+        per_link = float(loads.max()) / level.width
+        if per_link / level.rate_bits > relative:
+            relative, busiest, bottleneck = per_link / level.rate_bits, per_link, name
     return Row(
         nodes=n,
         op=op,
@@ -254,11 +254,12 @@ class _Timing:
         ``(dst, bytes)`` of rank 0's ``sends``."""
         found = self._patterns.get(sends)
         if found is None:
-            n, ranks = self.topology.nodes, self.topology.hosts
-            src = np.concatenate([ranks for _ in sends]) if sends else ranks[:0]
-            dst = np.concatenate([(ranks + d) % n for d, _ in sends]) if sends else ranks[:0]
-            nbytes = np.concatenate([np.full(n, float(b)) for _, b in sends]) if sends else []
-            loads = self.topology.flow_bytes(src, dst, np.asarray(nbytes, dtype=float))
+            n = self.topology.nodes
+            offsets = np.array([d for d, _ in sends], dtype=np.int64)
+            sizes = np.array([b for _, b in sends], dtype=float)
+            src = np.tile(self.topology.hosts, len(sends))
+            dst = (src + np.repeat(offsets, n)) % n
+            loads = self.topology.flow_bytes(src, dst, np.repeat(sizes, n))
             path = self.topology.longest_path()
             seconds = self.params.message_s + self.params.latency_s * path + self._busiest_s(loads)
             found = self._patterns[sends] = (seconds, loads)

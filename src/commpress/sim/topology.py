@@ -94,16 +94,12 @@ class Racks(Topology):
 
     def flow_bytes(self, src, dst, nbytes) -> dict:
         loads = super().flow_bytes(src, dst, nbytes)
-        across = self.rack[src] != self.rack[dst]
-        loads["uplink up"] = np.bincount(self.rack[src][across], nbytes[across], self.count)
-        loads["uplink down"] = np.bincount(self.rack[dst][across], nbytes[across], self.count)
+        loads["uplink up"], loads["uplink down"] = _leaving(self.rack, self.count, src, dst, nbytes)
         return loads
 
     def broadcast_bytes(self, nbytes: float) -> dict:
         loads = super().broadcast_bytes(nbytes)
-        roots_per_rack = np.bincount(self.rack, minlength=self.count)
-        loads["uplink up"] = roots_per_rack * nbytes  # each root's payload leaves its rack once
-        loads["uplink down"] = (self.nodes - roots_per_rack) * nbytes  # enters each other rack
+        loads["uplink up"], loads["uplink down"] = _tree(self.rack, self.count, nbytes)
         return loads
 
     def longest_path(self) -> int:
@@ -135,32 +131,35 @@ class FatTree(Topology):
 
     def flow_bytes(self, src, dst, nbytes) -> dict:
         loads = super().flow_bytes(src, dst, nbytes)
-        leaves = self.edge[src] != self.edge[dst]
-        crosses = self.pod[src] != self.pod[dst]
-        loads["edge up"] = np.bincount(self.edge[src][leaves], nbytes[leaves], self.edges)
-        loads["edge down"] = np.bincount(self.edge[dst][leaves], nbytes[leaves], self.edges)
-        loads["core up"] = np.bincount(self.pod[src][crosses], nbytes[crosses], self.pods)
-        loads["core down"] = np.bincount(self.pod[dst][crosses], nbytes[crosses], self.pods)
+        loads["edge up"], loads["edge down"] = _leaving(self.edge, self.edges, src, dst, nbytes)
+        loads["core up"], loads["core down"] = _leaving(self.pod, self.pods, src, dst, nbytes)
         return loads
 
     def broadcast_bytes(self, nbytes: float) -> dict:
         loads = super().broadcast_bytes(nbytes)
-        per_edge = np.bincount(self.edge, minlength=self.edges)
-        per_pod = np.bincount(self.pod, minlength=self.pods)
-        if self.edges > 1:  # each root's payload leaves its edge once, enters every other
-            loads["edge up"] = per_edge * nbytes
-            loads["edge down"] = (self.nodes - per_edge) * nbytes
-        else:
-            loads["edge up"] = loads["edge down"] = np.zeros(1)
-        if self.pods > 1:
-            loads["core up"] = per_pod * nbytes
-            loads["core down"] = (self.nodes - per_pod) * nbytes
-        else:
-            loads["core up"] = loads["core down"] = np.zeros(1)
+        loads["edge up"], loads["edge down"] = _tree(self.edge, self.edges, nbytes)
+        loads["core up"], loads["core down"] = _tree(self.pod, self.pods, nbytes)
         return loads
 
     def longest_path(self) -> int:
         return 6 if self.pods > 1 else 4 if self.edges > 1 else 2
+
+
+def _leaving(group: np.ndarray, count: int, src, dst, nbytes) -> tuple[np.ndarray, ...]:
+    """Bytes out of and into each of ``count`` groups (racks, edge switches, pods) of
+    the flows whose ends are in different groups (``group[host]``)."""
+    across = group[src] != group[dst]
+    up = np.bincount(group[src][across], nbytes[across], count)
+    return up, np.bincount(group[dst][across], nbytes[across], count)
+
+
+def _tree(group: np.ndarray, count: int, nbytes: float) -> tuple[np.ndarray, ...]:
+    """Bytes out of and into each group when every host broadcasts ``nbytes``: each root's
+    payload leaves its group once and enters every other group once."""
+    if count == 1:
+        return np.zeros(1), np.zeros(1)
+    roots = np.bincount(group, minlength=count)
+    return roots * nbytes, (len(group) - roots) * nbytes
 
 
 def parse_topology(text: str, nodes: int, link_bits: float) -> Topology:

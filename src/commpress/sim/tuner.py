@@ -23,6 +23,7 @@ cluster) and ``COMMPRESS_TUNE_ALGORITHMS`` (candidates, comma-separated).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -30,7 +31,14 @@ import threading
 import torch
 
 from commpress.codecs import get_codec
-from commpress.schedules.registry import NATIVE, algorithms, get_algorithm
+from commpress.schedules.registry import (
+    ERROR_FEEDBACK_ALGORITHMS,
+    NATIVE,
+    algorithms,
+    every_algorithm,
+    get_algorithm,
+    same_result_on_every_rank,
+)
 from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import check_topology, parse_topology
@@ -66,12 +74,11 @@ class Network:
             or self.shared_cores < 1
         ):
             raise ValueError(f"shared_cores must be a positive int, got {self.shared_cores!r}")
-        everything = set(algorithms("all_gather")) | set(algorithms("reduce_scatter"))
-        unknown = [name for name in self.algorithms if name not in everything]
+        unknown = [name for name in self.algorithms if name not in every_algorithm()]
         if unknown or not self.algorithms:
             raise ValueError(
                 f"tuner algorithms {list(self.algorithms)}: unknown {unknown}; choose from "
-                f"{sorted(everything)}"
+                f"{list(every_algorithm())}"
             )
         if self.fit is not None:
             calibrate.load(self.fit)  # a bad file is named here, not in the first collective
@@ -95,12 +102,13 @@ _errors: dict[str, float] = {}
 
 def configure(**fields) -> Network:
     """Set the network the tuner plans for (fields of :class:`Network`); forgets every
-    cached choice. Call it with the same values on every rank."""
+    cached choice and rereads the fit. Call it with the same values on every rank."""
     global _network
     network = Network(**fields)
     with _lock:
         _network = network
         _choices.clear()
+        _params.cache_clear()  # the fit file may have been rewritten since
     return network
 
 
@@ -146,21 +154,19 @@ def choose(
         return Choice(NATIVE, "none", 0.0)
     pairs = _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend)
     if error_feedback:
-        pairs = [(name, spec) for name, spec in pairs if name in ("alltoall", "backend")]
+        pairs = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
         if not pairs:
             raise ValueError(
-                "error feedback needs algorithm 'alltoall' or 'backend' among the tuner's "
+                f"error feedback needs one of {ERROR_FEEDBACK_ALGORITHMS} among the tuner's "
                 f"candidates, which are {list(setting.algorithms)}"
             )
     size = numel * dtype.itemsize * (world_size if op == "all_gather" else 1)
     params = _params(setting)
-    topology = lambda: parse_topology(  # noqa: E731
-        setting.topology, world_size, parse_rate_bits(setting.link, "tuner link")
-    )
+    topology = parse_topology(setting.topology, world_size, parse_rate_bits(setting.link, "link"))
     timed = []
     for name, spec in pairs:
         try:
-            row = simulate(op, name, spec, size, topology(), params, dtype)
+            row = simulate(op, name, spec, size, topology, params, dtype)
         except ValueError:  # a fit without this algorithm: not a candidate
             continue
         # ties (the model has exact ones: native is the uncompressed ring) go to the more
@@ -247,7 +253,7 @@ def _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend) -> list[t
         if moves_host_memory and (not on_cpu or backend == "nccl"):
             continue
         for spec in ["none"] if name == NATIVE else fitting:
-            if name != NATIVE and op == "all_gather" and not _same_on_every_rank(spec, name):
+            if op == "all_gather" and not same_result_on_every_rank(get_codec(spec), name):
                 continue
             pairs.append((name, spec))
     if not pairs:
@@ -266,11 +272,7 @@ def _usable(spec: str, dtype: torch.dtype) -> bool:
     return True
 
 
-def _same_on_every_rank(spec: str, algorithm: str) -> bool:
-    """What ``check_same_result_on_every_rank`` asks of an all-gather."""
-    return algorithm != "ring-hop" or get_codec(spec).idempotent
-
-
+@functools.lru_cache(maxsize=8)  # a fit file is read once per network, not per call shape
 def _params(setting: Network) -> Params:
     fields = calibrate.load(setting.fit) if setting.fit else {}
     return Params(**fields, shared_cores=setting.shared_cores)

@@ -47,6 +47,16 @@ def exchange(
     return Batch(group, [(send, right)], [(recv, left)])
 
 
+class Pending:
+    """Any torch.distributed ``Work`` in flight, waited on as a :class:`Batch` is."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, timeout: timedelta | None = None) -> None:
+        wait(self._work, timeout)
+
+
 def wait(work, timeout: timedelta | None) -> None:
     """``work.wait`` with an optional timeout, for any torch.distributed Work."""
     if timeout is None:
