@@ -2,10 +2,12 @@
 
 Like torch.distributed: a collective is ordered after the work already queued on the
 caller's current stream, and after ``wait()`` (or the future handed to FSDP2/DDP) its
-output is safe to use on the caller's current stream. Each test queues a long kernel
-(``torch.cuda._sleep``) before the producer writes the input, and reads the output on
-the caller's stream right after ``wait()`` without any synchronisation: a collective that
-read its input early, or a consumer that was not made to wait, sees stale data.
+output is safe to use on the caller's current stream. Each check keeps one side busy
+with a long kernel (``torch.cuda._sleep``): the producer, before it writes the input (a
+collective that read its input early sees zeros), or the communication stream, before
+it encodes (a consumer that was not made to wait reads the output before it is written).
+The collective runs once before, so that no compilation on the communication thread
+outlasts the sleep and hides a missing hand-over.
 
 One GPU allows a one-rank NCCL job. It runs every stream hand-over (the communication
 thread encodes, decodes and copies on its own stream) but no hop: NCCL point-to-point
@@ -14,6 +16,8 @@ need two GPUs and are not covered here.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -37,73 +41,116 @@ def _values() -> torch.Tensor:
     return torch.randn(NUMEL, generator=torch.Generator().manual_seed(0)).cuda()
 
 
-def _ordered(rank, world_size, op, spec, algorithm, side_stream):
+def _slow_communication_stream() -> None:
+    """From now on, the communication stream sleeps before each collective's work."""
+    from commpress.collectives import work
+
+    original = work.StreamOrder.on_comm_stream
+
+    @contextlib.contextmanager
+    def slowed(self):
+        with original(self):
+            cuda_sleep(SLEEP_CYCLES)  # on the communication stream
+            yield
+
+    work.StreamOrder.on_comm_stream = slowed
+
+
+def _produce_collect_consume(issue, slow: str) -> torch.Tensor:
+    """Fill the input (after a sleep if the producer is slow), run ``issue(inp, out)`` to its
+    ``wait()``, and read the output on the same stream at once; the copy it read."""
+    values = _values()  # before the sleep: a copy from host memory would wait it out
+    inp = torch.zeros(NUMEL, device="cuda")
+    out = torch.full((NUMEL,), -1.0, device="cuda")
+    if slow == "producer":
+        cuda_sleep(SLEEP_CYCLES)  # the producer is still busy when the collective is issued
+    inp.copy_(values)
+    out = issue(inp, out)
+    seen = out.clone()  # the consumer, on the caller's stream, without synchronising
+    torch.cuda.synchronize()
+    return seen.cpu()
+
+
+def _verdict(seen: torch.Tensor, expected: torch.Tensor) -> tuple[bool, str]:
+    """Whether ``seen`` is right, and what it holds where it is not (for the failure)."""
+    expected = expected.cpu()
+    wrong = seen != expected
+    unwritten = int((seen[wrong] == -1.0).sum())
+    return not bool(wrong.any()), f"{int(wrong.sum())} wrong, {unwritten} of them unwritten"
+
+
+def _collective(op, spec, algorithm):
+    def issue(inp, out):
+        if op == "all_gather":
+            cp.all_gather_into_tensor(
+                out, inp, codec=spec, algorithm=algorithm, async_op=True
+            ).wait()
+        elif op == "reduce_scatter":
+            cp.reduce_scatter_tensor(
+                out, inp, codec=spec, algorithm=algorithm, async_op=True
+            ).wait()
+        else:
+            cp.all_reduce(inp, codec=spec, algorithm=algorithm, async_op=True).wait()
+            return inp
+        return out
+
+    return issue
+
+
+def _ordered(rank, world_size, op, spec, algorithm, side_stream, slow):
     torch.cuda.set_device(0)
     codec = cp.get_codec(spec)
     values = _values()
     expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
-    torch.cuda.synchronize()
-    caller = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
-    with torch.cuda.stream(caller):
-        inp = torch.zeros(NUMEL, device="cuda")
-        out = torch.full((NUMEL,), -1.0, device="cuda")
-        cuda_sleep(SLEEP_CYCLES)  # the producer is still busy when the collective is issued
-        inp.copy_(values)
-        if op == "all_gather":
-            work = cp.all_gather_into_tensor(
-                out, inp, codec=spec, algorithm=algorithm, async_op=True
-            )
-        elif op == "reduce_scatter":
-            work = cp.reduce_scatter_tensor(
-                out, inp, codec=spec, algorithm=algorithm, async_op=True
-            )
-        else:
-            out = inp
-            work = cp.all_reduce(out, codec=spec, algorithm=algorithm, async_op=True)
-        work.wait()
-        seen = out.clone()  # the consumer, on the caller's stream, without synchronising
-    torch.cuda.synchronize()
     if op == "reduce_scatter" and not codec.lossless:
         expected = values  # one rank: nothing is encoded, its own chunk is added exactly
-    if op == "all_reduce" and not codec.lossless:
-        expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
-    return torch.equal(seen.cpu(), expected.cpu())
+    issue = _collective(op, spec, algorithm)
+    caller = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    with torch.cuda.stream(caller):
+        warm = _verdict(_produce_collect_consume(issue, "none"), expected)
+        if slow == "communication":
+            _slow_communication_stream()
+        return warm, _verdict(_produce_collect_consume(issue, slow), expected)
 
 
-@pytest.mark.parametrize("side_stream", [False, True])
+def _check(results) -> None:
+    (warm_ok, warm_detail), (ok, detail) = results[0]
+    assert warm_ok, f"unhurried run: {warm_detail}"
+    assert ok, detail
+
+
+@pytest.mark.parametrize(
+    ("side_stream", "slow"),
+    [(False, "producer"), (True, "producer"), (False, "communication")],
+)
 @pytest.mark.parametrize(("spec", "algorithm"), SPECS)
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
 def test_collective_waits_for_the_producer_and_the_consumer_waits_for_it(
-    op, spec, algorithm, side_stream
+    op, spec, algorithm, side_stream, slow
 ):
-    args = (op, spec, algorithm, side_stream)
-    assert run_distributed(_ordered, 1, *args, backend="nccl", timeout=180)[0]
+    args = (op, spec, algorithm, side_stream, slow)
+    _check(run_distributed(_ordered, 1, *args, backend="nccl", timeout=180))
 
 
-def _adapters(rank, world_size, which):
+def _adapter(which):
     """FSDP2's custom collectives and the DDP hook, called as FSDP2 and DDP call them (FSDP2
     itself skips its collectives at world size 1, so a one-rank FSDP2 run would test
-    nothing): the producer still busy at the call, the consumer right after the wait."""
+    nothing); ``issue(inp, out)`` returns what the consumer reads."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations import ddp, fsdp
     from commpress.integrations.groups import OwnGroups
     from commpress.integrations.spec import CollectiveSpec
     from commpress.integrations.stats import CommStats
 
-    torch.cuda.set_device(0)
     world = dist.group.WORLD
-    codec = cp.get_codec("int8")
-    values = _values()
-    expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
-    torch.cuda.synchronize()
-    inp = torch.zeros(NUMEL, device="cuda")
-    out = torch.full((NUMEL,), -1.0, device="cuda")
-    cuda_sleep(SLEEP_CYCLES)
-    inp.copy_(values)
     if which == "fsdp_all_gather":
         spec = CollectiveSpec.parse("int8", ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
         gather = fsdp.CompressedAllGather(spec, CommStats(), None, "m", OwnGroups([world]))
-        gather(out, inp, world, async_op=True).wait()
+
+        def issue(inp, out):
+            gather(out, inp, world, async_op=True).wait()
+            return out
+
     elif which == "fsdp_reduce_scatter":
         spec = CollectiveSpec.parse(
             "int8", REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False
@@ -111,31 +158,50 @@ def _adapters(rank, world_size, which):
         scatter = fsdp.CompressedReduceScatter(
             spec, CommStats(), None, "m", False, OwnGroups([world])
         )
-        scatter(out, inp, world, dist.ReduceOp.AVG, async_op=True).wait()
-        expected = values  # one rank: its own contribution is never encoded
+
+        def issue(inp, out):
+            scatter(out, inp, world, dist.ReduceOp.AVG, async_op=True).wait()
+            return out
+
     else:
         state, hook = ddp.hook("int8", group=world)
 
-        class Bucket:
-            def buffer(self):
-                return inp
+        def issue(inp, out):
+            class Bucket:
+                def buffer(self):
+                    return inp
 
-        out = hook(state, Bucket()).wait()  # DDP's stream waits on the future like this
-    seen = out.clone()
-    torch.cuda.synchronize()
-    return torch.equal(seen.cpu(), expected.cpu())
+            return hook(state, Bucket()).wait()  # DDP's stream waits on the future like this
+
+    return issue
 
 
+def _adapters(rank, world_size, which, slow):
+    torch.cuda.set_device(0)
+    codec = cp.get_codec("int8")
+    values = _values()
+    expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
+    if which == "fsdp_reduce_scatter":
+        expected = values  # one rank: its own contribution is never encoded
+    issue = _adapter(which)
+    warm = _verdict(_produce_collect_consume(issue, "none"), expected)
+    if slow == "communication":
+        _slow_communication_stream()
+    return warm, _verdict(_produce_collect_consume(issue, slow), expected)
+
+
+@pytest.mark.parametrize("slow", ["producer", "communication"])
 @pytest.mark.parametrize("which", ["fsdp_all_gather", "fsdp_reduce_scatter", "ddp_hook"])
-def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which):
-    assert run_distributed(_adapters, 1, which, backend="nccl", timeout=180)[0]
+def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which, slow):
+    _check(run_distributed(_adapters, 1, which, slow, backend="nccl", timeout=180))
 
 
 @pytest.mark.parametrize("broken", ["producer", "consumer"])
 def test_a_deliberately_unordered_collective_is_caught(broken):
     """The check above can fail: with either half of the hand-over removed, the collective
     reads the input too early or the consumer reads the output too early."""
-    assert not run_distributed(_unordered, 1, broken, backend="nccl", timeout=180)[0]
+    _, (ok, detail) = run_distributed(_unordered, 1, broken, backend="nccl", timeout=180)[0]
+    assert not ok, f"the {broken} half removed, yet the check passed ({detail})"
 
 
 def _unordered(rank, world_size, broken):
@@ -143,6 +209,7 @@ def _unordered(rank, world_size, broken):
 
     if broken == "consumer":
         work.StreamOrder.make_current_stream_wait = lambda self: None
+        slow = "communication"
     else:
         original = work.StreamOrder.on_comm_stream
 
@@ -152,4 +219,5 @@ def _unordered(rank, world_size, broken):
             return original(self)
 
         work.StreamOrder.on_comm_stream = no_wait
-    return _ordered(rank, world_size, "all_gather", "int8", "ring", False)
+        slow = "producer"
+    return _ordered(rank, world_size, "all_gather", "int8", "ring", False, slow)

@@ -90,8 +90,17 @@ class CollectiveWork:
         """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
         collective finishes; completing it never blocks a thread. ``before`` runs first, so
         whoever waits on the future sees its effects. On CUDA the future carries its device,
-        and is completed on the comm stream: a waiter's current stream waits for it."""
+        and is completed on the comm stream: a waiter's current stream waits for it. torch
+        records that completion event only on the devices of the tensors in ``value``, so on
+        CUDA ``value`` must be a tensor on the collective's device (the output)."""
         order = self._order
+        if order is not None and not (
+            isinstance(value, torch.Tensor) and value.device == order.device
+        ):
+            raise ValueError(
+                f"value must be a tensor on {order.device} (the collective's output): a CUDA "
+                "future completed without one orders no stream after the collective"
+            )
         future = torch.futures.Future(devices=[order.device]) if order else torch.futures.Future()
 
         def complete(done: concurrent.futures.Future) -> None:

@@ -170,7 +170,8 @@ def _check_dtypes(name, module, gather, scatter) -> None:
 def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
     """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on.
 
-    Waiting on either makes the waiter's current CUDA stream wait for the collective.
+    Waiting on either makes the waiter's current CUDA stream wait for the collective
+    (``tensor``, the output, is the future's value: on CUDA its device is what is waited for).
     """
     if not isinstance(work, CollectiveWork):  # torch's own ("native")
         if tensor.is_cuda:  # NCCL's Work keeps the stream contract itself
@@ -180,7 +181,7 @@ def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
             work.wait()
             return None
         work = launch(work.wait, async_op=True)  # gloo's Work has no future to chain on
-    future = work.torch_future(before=watch.stop)
+    future = work.torch_future(tensor, before=watch.stop)
     if not async_op:
         future.wait()
         return None
@@ -210,7 +211,7 @@ class CompressedAllGather(AllGather):
             async_op=True,
             timeout=self.timeout,
         )
-        return _finish(work, watch, async_op, input_tensor)
+        return _finish(work, watch, async_op, output_tensor)
 
     def __repr__(self) -> str:
         return f"CompressedAllGather({self.spec.text!r}, module={self.module_name!r})"
@@ -245,7 +246,7 @@ class CompressedReduceScatter(ReduceScatter):
             timeout=self.timeout,
             residual=self._residual(input_tensor),
         )
-        return _finish(work, watch, async_op, input_tensor)
+        return _finish(work, watch, async_op, output_tensor)
 
     def _residual(self, input_tensor: torch.Tensor) -> torch.Tensor | None:
         if not self.error_feedback:
