@@ -6,10 +6,12 @@ import os
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
+from commpress.testing.stall import report, stall
 
 
 def _async_equals_sync(rank, world_size):
@@ -49,13 +51,13 @@ def test_async_handles_give_the_same_results_as_synchronous_calls():
         assert flags == [True, True, True]
 
 
-STALL_SECONDS = 15.0
+STALL_SECONDS = 15.0  # the longest the stalled peer stays away
 TIMEOUT = timedelta(seconds=3)
 
 
-def _one_rank_stalls(rank, world_size, algorithm, op):
-    if rank == 1:
-        time.sleep(STALL_SECONDS)  # never joins the collective
+def _one_rank_stalls(rank, world_size, algorithm, op, directory):
+    if rank == 1:  # never joins the collective, until the others have given up on it
+        stall(directory, (0, 2), STALL_SECONDS)
         return None
     inp = torch.randn(4096)
     start = time.monotonic()
@@ -67,20 +69,21 @@ def _one_rank_stalls(rank, world_size, algorithm, op):
             cp.reduce_scatter_tensor(torch.empty(1024), inp, algorithm=algorithm, timeout=TIMEOUT)
     except Exception as error:
         return type(error).__name__, str(error)[:200], time.monotonic() - start
+    finally:
+        report(directory, rank)
     return "no error", "", time.monotonic() - start
 
 
-def test_a_stalled_peer_raises_within_the_timeout_on_every_other_rank():
-    for algorithm, op in (
-        ("ring", "all_gather"),
-        ("ring", "reduce_scatter"),
-        ("alltoall", "reduce_scatter"),
-    ):
-        results = run_distributed(_one_rank_stalls, 3, algorithm, op, timeout=90)
-        for rank in (0, 2):
-            kind, message, elapsed = results[rank]
-            assert kind != "no error", (algorithm, op, rank)
-            assert elapsed < STALL_SECONDS - 2, (algorithm, op, rank, elapsed, message)
+@pytest.mark.parametrize(
+    ("algorithm", "op"),
+    [("ring", "all_gather"), ("ring", "reduce_scatter"), ("alltoall", "reduce_scatter")],
+)
+def test_a_stalled_peer_raises_within_the_timeout_on_every_other_rank(algorithm, op, tmp_path):
+    results = run_distributed(_one_rank_stalls, 3, algorithm, op, str(tmp_path), timeout=90)
+    for rank in (0, 2):
+        kind, message, elapsed = results[rank]
+        assert kind != "no error", (algorithm, op, rank)
+        assert elapsed < STALL_SECONDS - 2, (algorithm, op, rank, elapsed, message)
 
 
 def _one_rank_dies(rank, world_size):

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.lowrank import ACPSGD, PowerSGD, Reducer
+from commpress.testing.stall import report, stall
 from commpress.testing.training import sgd_steps
 
 SHAPES = {"a": (40, 30), "b": (40, 30), "c": (16, 3, 3, 3), "bias": (30,), "thin": (40, 2)}
@@ -289,10 +290,10 @@ def test_the_learning_check_fails_for_broken_gradients(corruption):
     assert _learnt_fraction("acpsgd:rank=2,start_iter=2", corruption) < LEARNS
 
 
-STALL_SECONDS = 15.0
+STALL_SECONDS = 15.0  # the longest the stalled peer stays away
 
 
-def _peer_fails(rank, world_size, scheduler, failure):
+def _peer_fails(rank, world_size, scheduler, failure, directory):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.015)
@@ -305,21 +306,23 @@ def _peer_fails(rank, world_size, scheduler, failure):
     if rank == 1:
         if failure == "dies":
             os._exit(3)  # like a crashed process
-        time.sleep(STALL_SECONDS)  # never joins the next step
+        stall(directory, (0, 2), STALL_SECONDS)  # never joins the next step
         return None
     start = time.monotonic()
     try:
         sgd_steps(ddp, 1, rank, features=64, batch=8, seed_stride=10)
     except Exception as error:
         return type(error).__name__, str(error)[:300], time.monotonic() - start
+    finally:
+        report(directory, rank)
     return "no error", "", time.monotonic() - start
 
 
 @pytest.mark.parametrize("failure", ["stalls", "dies"])
 @pytest.mark.parametrize("scheduler", [True, False], ids=["scheduler", "serial"])
-def test_a_peer_that_stalls_or_dies_makes_every_other_rank_raise(scheduler, failure):
+def test_a_peer_that_stalls_or_dies_makes_every_other_rank_raise(scheduler, failure, tmp_path):
     results = run_distributed(
-        _peer_fails, 3, scheduler, failure, timeout=90, allow_dead=failure == "dies"
+        _peer_fails, 3, scheduler, failure, str(tmp_path), timeout=90, allow_dead=failure == "dies"
     )
     assert results[1] is None
     for rank in (0, 2):

@@ -84,15 +84,41 @@ def test_compile_failure_warns_once_and_falls_back(monkeypatch):
     assert not kernels.fused_available()
 
 
-def test_native_kernels_are_used_for_fp32_bf16_and_fp16_on_cpu():
-    codec = cp.get_codec("int8")
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8"])
+def test_native_kernels_are_used_for_fp32_bf16_and_fp16_on_cpu(spec):
+    codec = cp.get_codec(spec)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert codec._native(codec.native_encode, torch.zeros(1, dtype=dtype)) is not None
     assert codec._native(codec.native_encode, torch.zeros(1, dtype=torch.float64)) is None
     assert with_impl("int8", "compiled")._native("encode_int8", torch.zeros(1)) is None
 
 
-@pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true"])
+def test_native_fp8_rounds_every_grid_point_and_tie_as_torch_casts():
+    """Every finite e4m3 value, the midpoints between neighbours (ties go to the even
+    code) and a hair either side of them, with both signs: the C rounding against
+    torch's cast to float8_e4m3fn (the reference path)."""
+    grid = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid)]  # 0 .. 448, subnormals included
+    ties = (grid[:-1] + grid[1:]) / 2
+    hair = ties * 2.0**-20
+    values = torch.cat([grid, ties, ties - hair, ties + hair])
+    values = torch.cat([values, -values])
+    block = 255  # each block of the codec: 448 first, so that v = x exactly
+    rows = -(-values.numel() // block)
+    padded = torch.zeros(rows * block)
+    padded[: values.numel()] = values
+    x = torch.cat([torch.full((rows, 1), 448.0), padded.view(rows, block)], 1).reshape(-1)
+    fused, reference = with_impl("fp8", "fused"), with_impl("fp8", "reference")
+    assert fused._native(fused.native_encode, x) is not None
+    payload = fused.encode(x)
+    assert torch.equal(payload, reference.encode(x))
+    assert_same_bits(
+        fused.decode(payload, x.numel(), torch.float32),
+        reference.decode(payload, x.numel(), torch.float32),
+    )
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_input_on_cpu_never_waits_for_torch_compile(spec, dtype, monkeypatch):
     """The first bf16 step of an FSDP2 user must not stall on compilation (5.5 s measured)."""
@@ -115,7 +141,7 @@ def test_16_bit_input_on_cpu_never_waits_for_torch_compile(spec, dtype, monkeypa
         )
 
 
-@pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "int4:block=6"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "int4:block=6", "fp8"])
 def test_portable_native_build_equals_reference(spec, monkeypatch, tmp_path):
     """The kernels without AVX-512 (what other CPUs run) are bit-identical too."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -1,5 +1,5 @@
 /*
- * Native CPU kernels for block-wise absmax integer quantization (int8, int4).
+ * Native CPU kernels for block-wise absmax quantization (int8, int4, fp8).
  *
  * They compute exactly what the plain-torch reference in blockwise.py computes,
  * bit for bit, so they must be built without value-changing optimizations:
@@ -11,7 +11,8 @@
  *   x_hat  = (q / qmax) * absmax
  *
  * int8 codes are the two's-complement bytes of q; int4 codes are the nibbles
- * q + 8, element 2i in the low nibble of byte i.
+ * q + 8, element 2i in the low nibble of byte i. fp8 codes are v rounded to
+ * float8 e4m3fn (ties to even), as torch's cast to torch.float8_e4m3fn does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -144,6 +145,65 @@ int commpress_decode_int4(const float *scales, const uint8_t *codes, int64_t row
             o[2 * i] = ((float)((int32_t)(c[i] & 0xf) - 8) / qmax) * absmax;
             o[2 * i + 1] = ((float)((int32_t)(c[i] >> 4) - 8) / qmax) * absmax;
         }
+    }
+    return 0;
+}
+
+/* float8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities, and
+ * S.1111.111 is NaN. Here |v| <= 448, the largest finite value (v = x / absmax * 448
+ * with |x| <= absmax), so no code saturates. */
+static inline uint8_t e4m3_code(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    const uint32_t sign = (bits >> 24) & 0x80, magnitude = bits & 0x7fffffffu;
+    float a;
+    memcpy(&a, &magnitude, sizeof a);
+    /* Subnormal codes are the multiples of 2^-9 (8 * 2^-9 is the smallest normal). */
+    const uint32_t small = (uint32_t)nearbyintf(a * 0x1p9f);
+    /* Normal codes: keep 3 of the 23 mantissa bits, ties to even (a carry into the
+     * exponent is the next power of two), and rebias the exponent from 127 to 7. */
+    const uint32_t kept = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
+    const uint32_t normal = (kept >> 20) - ((127u - 7u) << 3);
+    return (uint8_t)(sign | (a < 0x1p-6f ? small : normal));
+}
+
+static float e4m3_value(uint8_t code) {
+    const int exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
+    float a;
+    if (exponent == 0xf && mantissa == 0x7)
+        a = NAN;
+    else if (exponent == 0)
+        a = ldexpf((float)mantissa, -9);
+    else
+        a = ldexpf((float)(8 + mantissa), exponent - 10);
+    return (code & 0x80) ? -a : a;
+}
+
+int commpress_encode_fp8(const float *x, const float *noise, int64_t rows, int64_t block,
+                         float qmax, float *scales, uint8_t *codes) {
+    if (noise != NULL) return -1; /* fp8 rounds to nearest only */
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * block;
+        uint8_t *out = codes + r * block;
+        const float a = scales[r] = block_absmax(xr, block);
+        if (!usable(a)) {
+            memset(out, 0, (size_t)block);
+            continue;
+        }
+        for (int64_t i = 0; i < block; i++) out[i] = e4m3_code((xr[i] / a) * qmax);
+    }
+    return 0;
+}
+
+int commpress_decode_fp8(const float *scales, const uint8_t *codes, int64_t rows, int64_t block,
+                         float qmax, float *out) {
+    float value[256];
+    for (int c = 0; c < 256; c++) value[c] = e4m3_value((uint8_t)c);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *c = codes + r * block;
+        float *o = out + r * block;
+        const float absmax = scales[r];
+        for (int64_t i = 0; i < block; i++) o[i] = (value[c[i]] / qmax) * absmax;
     }
     return 0;
 }

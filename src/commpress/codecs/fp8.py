@@ -45,6 +45,8 @@ class Fp8Codec(blockwise.BlockScaledCodec):
     relative_error = 2.0**-4
     encode_kernel = encode_fp8
     decode_kernel = decode_fp8
+    native_encode = "encode_fp8"
+    native_decode = "decode_fp8"
 
     @property
     def grid_error(self) -> float:
