@@ -54,14 +54,18 @@ def test_bench_refuses_nprocs_with_hosts(prefix, capsys):
     assert "--nprocs is for local processes" in capsys.readouterr().err
 
 
-def _bench_rows(prefix, tmp_path, op: str, dtype: str) -> dict:
-    path = tmp_path / f"{op}-{dtype}.json"
+def _bench_rows(prefix, tmp_path, op: str) -> dict:
+    """Rows by dtype, then by (algorithm, codec): every dtype in one run of the bench."""
+    path = tmp_path / f"{op}.json"
     argv = ["bench", "--hosts", str(HOSTS), "--link", "1gbit", "--prefix", prefix,
             "-b", str(SIZE), "-e", str(SIZE), "-n", "2", "-w", "1", "--op", op,
-            "--algorithm", ",".join(algorithms(op)), "--codec", "none,int8", "--dtype", dtype,
-            "--json", str(path)]  # fmt: skip
+            "--algorithm", ",".join(algorithms(op)), "--codec", "none,int8",
+            "--dtype", "float,bfloat16", "--json", str(path)]  # fmt: skip
     assert main(argv) == 0
-    return {(r["algorithm"], r["codec"]): r for r in json.loads(path.read_text())["rows"]}
+    rows: dict = {"float": {}, "bfloat16": {}}
+    for row in json.loads(path.read_text())["rows"]:
+        rows[row["type"]][row["algorithm"], row["codec"]] = row
+    return rows
 
 
 def _slack(row: dict, host: int) -> float:
@@ -84,7 +88,8 @@ def _assert_sends(row: dict, payload: int) -> None:
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
 def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
     """For every registered algorithm, the bytes its schedules say each rank sends."""
-    rows = {dtype: _bench_rows(prefix, tmp_path, op, dtype) for dtype in ("float", "bfloat16")}
+    rows = _bench_rows(prefix, tmp_path, op)
+    assert rows["float"] and rows["float"].keys() == rows["bfloat16"].keys()
     for dtype, by_variant in rows.items():
         for (algorithm, codec), row in by_variant.items():
             assert row["wrong"] == 0, (algorithm, codec, dtype)

@@ -61,7 +61,7 @@ def test_bench_rejects_a_first_size_above_the_last(capsys):
     assert "must not exceed" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("dtype", ["double", "bf16", "FLOAT", ""])
+@pytest.mark.parametrize("dtype", ["double", "bf16", "FLOAT", "", "float,double", "float,"])
 def test_bench_rejects_an_unknown_dtype(dtype, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--dtype", dtype])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -54,3 +56,13 @@ def comma_list(text: str) -> list[str]:
     if not items:
         raise ValueError("must name at least one item")
     return items
+
+
+def dtype_list(text: str) -> list[str]:
+    """Comma-separated ``--dtype`` names, each one of :data:`DTYPES`."""
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if name not in DTYPES:  # argparse shows this message, unlike a ValueError's
+            choices = ", ".join(map(repr, DTYPES))
+            raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {choices})")
+    return names

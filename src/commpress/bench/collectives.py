@@ -37,6 +37,7 @@ plans for its links, every host sharing this machine's cores, with ``--tune-fit`
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import sys
@@ -52,6 +53,7 @@ from commpress.bench.arguments import (
     DTYPES,
     byte_size,
     comma_list,
+    dtype_list,
     non_negative_int,
     positive_int,
     probability,
@@ -203,10 +205,11 @@ def _worker(rank, world_size, config):
         tuner.configure(**config["tune"])
     if "multicast" in config["algorithms"]:
         multicast.configure(None, multicast.Options(**config["multicast"]))
-    dtype_name = config["dtype"]
-    dtype = DTYPES[dtype_name]
     rows = []
-    for size_bytes in sizes(config["begin"], config["end"], config["factor"]):
+    for dtype_name, size_bytes in itertools.product(
+        config["dtypes"], sizes(config["begin"], config["end"], config["factor"])
+    ):
+        dtype = DTYPES[dtype_name]
         numel = _input_numel(op, size_bytes, world_size, dtype)
         inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
         inp = inputs[rank]
@@ -346,8 +349,9 @@ def main(args) -> int:
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
         if tuner.is_auto(codec):
             tuner.budget(codec)
-        else:
-            cp.get_codec(codec).check_dtype(DTYPES[args.dtype], "--dtype")
+            continue
+        for dtype in args.dtype:
+            cp.get_codec(codec).check_dtype(DTYPES[dtype], "--dtype")
     config = {
         "op": args.op,
         "algorithms": args.algorithm,
@@ -357,7 +361,7 @@ def main(args) -> int:
         "factor": args.stepfactor,
         "iters": args.iters,
         "warmup": args.warmup,
-        "dtype": args.dtype,
+        "dtypes": args.dtype,
         "multicast": {"concurrent_roots": args.roots, "loss": args.loss, "seed": args.seed},
     }
     tuned = "auto" in args.algorithm or any(map(tuner.is_auto, args.codec))
@@ -417,9 +421,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--op", choices=OPS, default="all_gather")
     parser.add_argument(
         "--dtype",
-        choices=tuple(DTYPES),
-        default="float",
-        help="element type, named as nccl-tests does (float)",
+        type=dtype_list,
+        default=["float"],
+        help=f"comma-separated element types of {{{','.join(DTYPES)}}}, named as nccl-tests "
+        "names them (float)",
     )
     parser.add_argument(
         "--algorithm",
