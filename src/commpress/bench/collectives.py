@@ -304,9 +304,12 @@ def _link_columns(link_bits, busiest, seconds, tx) -> dict:
 def plot(rows: list[dict], path: str) -> None:
     plt = report.pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    for algorithm, codec in dict.fromkeys((r["algorithm"], r["codec"]) for r in rows):
-        series = [r for r in rows if (r["algorithm"], r["codec"]) == (algorithm, codec)]
+    several_dtypes = len({r["type"] for r in rows}) > 1
+    for variant in dict.fromkeys((r["algorithm"], r["codec"], r["type"]) for r in rows):
+        series = [r for r in rows if (r["algorithm"], r["codec"], r["type"]) == variant]
+        algorithm, codec, dtype = variant
         label = "native" if algorithm == "native" else f"{algorithm} {codec}"
+        label += f" {dtype}" if several_dtypes else ""
         axes.plot(
             [r["size_bytes"] for r in series],
             [r["busbw_gbps"] for r in series],
