@@ -1,5 +1,7 @@
 """commpress: cheaper communication for distributed PyTorch training."""
 
+import importlib
+
 from commpress import lowrank
 from commpress.codecs import Codec, get_codec, list_codecs
 from commpress.collectives import (
@@ -10,9 +12,17 @@ from commpress.collectives import (
     reduce_scatter_tensor,
     release_workspace,
 )
-from commpress.integrations import ddp, fsdp
+from commpress.integrations import ddp
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # cp.fsdp imports torch's FSDP2 and DTensor (about 0.9 s): only for those who use it.
+    if name == "fsdp":
+        return importlib.import_module("commpress.integrations.fsdp")
+    raise AttributeError(f"module 'commpress' has no attribute {name!r}")
+
 
 __all__ = [
     "Codec",
