@@ -24,6 +24,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'commpress' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), "fsdp"})
+
+
 __all__ = [
     "Codec",
     "__version__",

@@ -128,6 +128,10 @@ def _check(results) -> None:
 def test_collective_waits_for_the_producer_and_the_consumer_waits_for_it(
     op, spec, algorithm, side_stream, slow
 ):
+    if (op, spec) == ("all_reduce", "none"):
+        # In place at one rank, `none` leaves the tensor as it found it: an early read or
+        # an early consumer would see the right values, so this case could not fail.
+        pytest.skip("cannot fail: a one-rank all-reduce with `none` changes nothing")
     args = (op, spec, algorithm, side_stream, slow)
     _check(run_distributed(_ordered, 1, *args, backend="nccl", timeout=180))
 

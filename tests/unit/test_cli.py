@@ -71,6 +71,13 @@ def test_bench_rejects_an_unknown_dtype(dtype, capsys):
     assert all(name in err.split("choose from")[1] for name in ("float", "bfloat16", "half"))
 
 
+def test_bench_rejects_a_dtype_named_twice(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dtype", "float,bfloat16,float"])
+    assert exit_info.value.code == 2
+    assert "argument --dtype: a dtype named twice" in capsys.readouterr().err
+
+
 def test_bench_counts_elements_of_the_dtype(tmp_path):
     """Sizes stay bytes: 64 KiB of bf16 is 32K elements, and `none` sends 2 bytes each."""
     path = tmp_path / "rows.json"

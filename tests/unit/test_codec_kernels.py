@@ -93,21 +93,41 @@ def test_native_kernels_are_used_for_fp32_bf16_and_fp16_on_cpu(spec):
     assert with_impl("int8", "compiled")._native("encode_int8", torch.zeros(1)) is None
 
 
-def test_native_fp8_rounds_every_grid_point_and_tie_as_torch_casts():
+def _fp8_grid_ties_and_neighbours() -> torch.Tensor:
     """Every finite e4m3 value, the midpoints between neighbours (ties go to the even
-    code) and a hair either side of them, with both signs: the C rounding against
-    torch's cast to float8_e4m3fn (the reference path)."""
+    code) and a hair either side of them, with both signs."""
     grid = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     grid = grid[torch.isfinite(grid)]  # 0 .. 448, subnormals included
     ties = (grid[:-1] + grid[1:]) / 2
     hair = ties * 2.0**-20
     values = torch.cat([grid, ties, ties - hair, ties + hair])
-    values = torch.cat([values, -values])
-    block = 255  # each block of the codec: 448 first, so that v = x exactly
-    rows = -(-values.numel() // block)
-    padded = torch.zeros(rows * block)
+    return torch.cat([values, -values])
+
+
+def _in_blocks_led_by(values: torch.Tensor, lead: float, block: int) -> torch.Tensor:
+    """``values`` in rows of ``block``, each row starting with ``lead`` (its absmax)."""
+    rows = -(-values.numel() // (block - 1))
+    padded = torch.zeros(rows * (block - 1))
     padded[: values.numel()] = values
-    x = torch.cat([torch.full((rows, 1), 448.0), padded.view(rows, block)], 1).reshape(-1)
+    return torch.cat([torch.full((rows, 1), lead), padded.view(rows, block - 1)], 1)
+
+
+def test_native_fp8_rounds_every_grid_point_and_tie_as_torch_casts():
+    """The C rounding itself, against torch's cast to float8_e4m3fn: with an absmax and a
+    qmax of 512 the kernel sees v = (x / 512) * 512 = x exactly, so every value above is
+    rounded as it stands (the leading 512, outside e4m3's range, is not compared)."""
+    blocks = _in_blocks_led_by(_fp8_grid_ties_and_neighbours(), 512.0, 256)
+    rows = blocks.shape[0]
+    scales, codes = torch.empty(rows), torch.empty(rows, 256, dtype=torch.uint8)
+    assert native.kernel("encode_fp8")(blocks, None, rows, 256, 512.0, scales, codes)
+    expected = blocks.to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(codes[:, 1:], expected[:, 1:])
+
+
+def test_fp8_fused_and_reference_agree_around_every_grid_point_and_tie():
+    """The whole codec, native against the reference, with absmax 448: most of these values
+    reach the rounding as they are, the others a few ulps off."""
+    x = _in_blocks_led_by(_fp8_grid_ties_and_neighbours(), 448.0, 256).reshape(-1)
     fused, reference = with_impl("fp8", "fused"), with_impl("fp8", "reference")
     assert fused._native(fused.native_encode, x) is not None
     payload = fused.encode(x)

@@ -65,4 +65,6 @@ def dtype_list(text: str) -> list[str]:
         if name not in DTYPES:  # argparse shows this message, unlike a ValueError's
             choices = ", ".join(map(repr, DTYPES))
             raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {choices})")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"a dtype named twice in {text!r}")
     return names

@@ -218,7 +218,11 @@ def _worker(rank, world_size, config):
         native_time = None
         for algorithm, codec in pairs:
             if rank == 0:
-                print(f"[{op}] {size_bytes} B {algorithm} {codec}", file=sys.stderr, flush=True)
+                print(
+                    f"[{op}] {size_bytes} B {dtype_name} {algorithm} {codec}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             repaired = _repairs() if algorithm == "multicast" else None
             seconds, cpu_us, tx = _time(
                 op,

@@ -84,9 +84,7 @@ class CollectiveWork:
     def is_completed(self) -> bool:
         return self._future.done()
 
-    def torch_future(
-        self, value=None, before: Callable[[], None] | None = None
-    ) -> torch.futures.Future:
+    def torch_future(self, value, before: Callable[[], None] | None = None) -> torch.futures.Future:
         """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
         collective finishes; completing it never blocks a thread. ``before`` runs first, so
         whoever waits on the future sees its effects. On CUDA the future carries its device,
