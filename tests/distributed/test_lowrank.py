@@ -198,14 +198,24 @@ def _ddp(rank, world_size, spec, scheduler):
     return losses, params, checkpoint, len(buckets), waited
 
 
+DDP_RUNS = [
+    (None, True),
+    ("powersgd:rank=2,start_iter=2", True),
+    ("powersgd:rank=2,start_iter=2", False),
+    ("acpsgd:rank=2,start_iter=2", True),
+]
+
+
+def _ddp_runs(rank, world_size):
+    """Every run of DDP_RUNS, one after the other in the same processes (each starts from
+    the same seed and builds its own model, hook and state)."""
+    return [_ddp(rank, world_size, spec, scheduler) for spec, scheduler in DDP_RUNS]
+
+
 @pytest.fixture(scope="module")
 def ddp_runs():
-    return {
-        (spec, scheduler): run_distributed(_ddp, 2, spec, scheduler, timeout=120)
-        for spec, scheduler in [(None, True), ("powersgd:rank=2,start_iter=2", True),
-                                ("powersgd:rank=2,start_iter=2", False),
-                                ("acpsgd:rank=2,start_iter=2", True)]
-    }  # fmt: skip
+    by_rank = run_distributed(_ddp_runs, 2, timeout=240)
+    return {run: [runs[i] for runs in by_rank] for i, run in enumerate(DDP_RUNS)}
 
 
 def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
