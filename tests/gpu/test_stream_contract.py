@@ -200,15 +200,18 @@ def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which, slow):
     _check(run_distributed(_adapters, 1, which, slow, backend="nccl", timeout=180))
 
 
+@pytest.mark.parametrize("side_stream", [False, True])
 @pytest.mark.parametrize("broken", ["producer", "consumer"])
-def test_a_deliberately_unordered_collective_is_caught(broken):
+def test_a_deliberately_unordered_collective_is_caught(broken, side_stream):
     """The check above can fail: with either half of the hand-over removed, the collective
-    reads the input too early or the consumer reads the output too early."""
-    _, (ok, detail) = run_distributed(_unordered, 1, broken, backend="nccl", timeout=180)[0]
+    reads the input too early or the consumer reads the output too early. (The side-stream
+    cases were added after the one GPU session and have not run yet.)"""
+    args = (broken, side_stream)
+    _, (ok, detail) = run_distributed(_unordered, 1, *args, backend="nccl", timeout=180)[0]
     assert not ok, f"the {broken} half removed, yet the check passed ({detail})"
 
 
-def _unordered(rank, world_size, broken):
+def _unordered(rank, world_size, broken, side_stream):
     from commpress.collectives import work
 
     if broken == "consumer":
@@ -224,4 +227,32 @@ def _unordered(rank, world_size, broken):
 
         work.StreamOrder.on_comm_stream = no_wait
         slow = "producer"
-    return _ordered(rank, world_size, "all_gather", "int8", "ring", False, slow)
+    return _ordered(rank, world_size, "all_gather", "int8", "ring", side_stream, slow)
+
+
+@pytest.mark.parametrize("which", ["fsdp_all_gather", "ddp_hook"])
+def test_a_future_that_orders_no_stream_is_caught(which):
+    """The adapters' check can fail too: with the future FSDP2 and DDP wait on completed
+    as a plain CPU future (what the FSDP2 adapter amounted to before the GPU session), the
+    consumer reads the output before the slow communication stream has written it.
+    (Added after the one GPU session; not run yet.)"""
+    _, (ok, detail) = run_distributed(_futures_unordered, 1, which, backend="nccl", timeout=180)[0]
+    assert not ok, f"a future without CUDA events, yet the check passed ({detail})"
+
+
+def _futures_unordered(rank, world_size, which):
+    from commpress.collectives import work
+
+    def cpu_future(self, value, before=None):
+        future = torch.futures.Future()  # no devices: waiting orders no stream
+
+        def complete(done):
+            if before is not None:
+                before()
+            future.set_result(value)
+
+        self._future.add_done_callback(complete)
+        return future
+
+    work.CollectiveWork.torch_future = cpu_future
+    return _adapters(rank, world_size, which, "communication")
