@@ -97,20 +97,29 @@ def _collective(op, spec, algorithm):
     return issue
 
 
+def _round_trip(spec: str) -> torch.Tensor:
+    """What a rank that gathers the values through ``spec`` ends with."""
+    codec, values = cp.get_codec(spec), _values()
+    return codec.decode(codec.encode(values), NUMEL, values.dtype)
+
+
+def _unhurried_then_hurried(issue, expected: torch.Tensor, slow: str):
+    """The verdicts of a first run with nobody slow (no compilation is left for the second
+    to wait on) and of a second with ``slow`` ("producer" or "communication") slow."""
+    unhurried = _verdict(_produce_collect_consume(issue, "none"), expected)
+    if slow == "communication":
+        _slow_communication_stream()
+    return unhurried, _verdict(_produce_collect_consume(issue, slow), expected)
+
+
 def _ordered(rank, world_size, op, spec, algorithm, side_stream, slow):
     torch.cuda.set_device(0)
-    codec = cp.get_codec(spec)
-    values = _values()
-    expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
-    if op == "reduce_scatter" and not codec.lossless:
-        expected = values  # one rank: nothing is encoded, its own chunk is added exactly
+    # One rank: a reduce-scatter encodes nothing, its own chunk is added exactly.
+    expected = _values() if op == "reduce_scatter" else _round_trip(spec)
     issue = _collective(op, spec, algorithm)
     caller = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     with torch.cuda.stream(caller):
-        warm = _verdict(_produce_collect_consume(issue, "none"), expected)
-        if slow == "communication":
-            _slow_communication_stream()
-        return warm, _verdict(_produce_collect_consume(issue, slow), expected)
+        return _unhurried_then_hurried(issue, expected, slow)
 
 
 def _check(results) -> None:
@@ -182,16 +191,9 @@ def _adapter(which):
 
 def _adapters(rank, world_size, which, slow):
     torch.cuda.set_device(0)
-    codec = cp.get_codec("int8")
-    values = _values()
-    expected = codec.decode(codec.encode(values), NUMEL, values.dtype)
-    if which == "fsdp_reduce_scatter":
-        expected = values  # one rank: its own contribution is never encoded
-    issue = _adapter(which)
-    warm = _verdict(_produce_collect_consume(issue, "none"), expected)
-    if slow == "communication":
-        _slow_communication_stream()
-    return warm, _verdict(_produce_collect_consume(issue, slow), expected)
+    # One rank: its own contribution to a reduce-scatter is never encoded.
+    expected = _values() if which == "fsdp_reduce_scatter" else _round_trip("int8")
+    return _unhurried_then_hurried(_adapter(which), expected, slow)
 
 
 @pytest.mark.parametrize("slow", ["producer", "communication"])
