@@ -1,0 +1,120 @@
+"""What the argument check costs a compressed collective, on the emulated cluster.
+
+``python benchmarks/check_overlap_2026-11-25/check_cost.py HOSTS ITERS SIZE...`` (root;
+builds HOSTS hosts at 1 Gbit/s, prefix ``cpck``). For each size (bytes of the all-gather
+output and of the reduce-scatter input, fp32, as nccl-tests), the int8 ``ring`` all-gather
+and reduce-scatter run in four variants, interleaved call by call in the same processes:
+
+* ``check``: as shipped on gloo: the digests reduced by dissemination (ceil(log2 n)
+  rounds of one message per rank, the first carrying whole fingerprints to the right
+  neighbour), the first ring step on the wire once the left neighbour's fingerprint
+  matches;
+* ``allreduce-check``: the check as NCCL runs it (and as gloo ran it before): one
+  all-reduce of the digests, awaited before the first transfer;
+* ``nocheck``: no fingerprint at all;
+* ``one-message``: no check, but one 128-byte message to the right neighbour per call,
+  posted first and awaited last: what any check that sends a message costs at least.
+
+Prints, per op and size, the median over calls of the slowest rank's time per variant.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.cluster import cluster_for
+from commpress.collectives import all_gather, fingerprint, reduce_scatter
+from commpress.transport import p2p
+
+VARIANTS = ("check", "allreduce-check", "nocheck", "one-message")
+WARMUP = 3
+
+
+def _variant(name: str):
+    """Patch the library into variant ``name``; returns the undo."""
+    executes = {module: module.execute for module in (all_gather, reduce_scatter)}
+    sends_may_go_alone = p2p.sends_may_go_alone
+
+    def without_check(real, message: bool):
+        def execute(schedule, payloads, group, timeout, fingerprint=None, window=None):
+            rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+            row, received = torch.zeros(128, dtype=torch.uint8), torch.empty(128, dtype=torch.uint8)
+            right, left = (rank + 1) % world_size, (rank - 1) % world_size
+            one = p2p.Batch(group, [(row, right)], [(received, left)]) if message else None
+            real(schedule, payloads, group, timeout, None, window)
+            if one is not None:
+                one.wait()
+
+        return execute
+
+    def never(group=None):
+        return False
+
+    if name in ("nocheck", "one-message"):
+        for module, real in executes.items():
+            module.execute = without_check(real, name == "one-message")
+    elif name == "allreduce-check":
+        fingerprint.sends_may_go_alone = p2p.sends_may_go_alone = never
+
+    def undo():
+        for module, real in executes.items():
+            module.execute = real
+        fingerprint.sends_may_go_alone = p2p.sends_may_go_alone = sends_may_go_alone
+
+    return undo
+
+
+def _call(op: str, size: int, world_size: int):
+    if op == "all_gather":
+        inp, out = torch.randn(size // 4 // world_size), torch.empty(size // 4)
+        return lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="ring")
+    inp, out = torch.randn(size // 4), torch.empty(size // 4 // world_size)
+    return lambda: cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="ring")
+
+
+def worker(rank, world_size, sizes, iterations):
+    results = {}
+    for size in sizes:
+        for op in ("all_gather", "reduce_scatter"):
+            call = _call(op, size, world_size)
+            times = {v: [] for v in VARIANTS}
+            for index in range(WARMUP + iterations):
+                for variant in VARIANTS:
+                    undo = _variant(variant)
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call()
+                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                    undo()
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                    if index >= WARMUP:
+                        times[variant].append(elapsed.item())
+            results[(op, size)] = {v: statistics.median(t) for v, t in times.items()}
+    return results
+
+
+def main() -> None:
+    hosts, iterations = int(sys.argv[1]), int(sys.argv[2])
+    sizes = [int(s) for s in sys.argv[3:]]
+    with cluster_for(hosts, "1gbit", prefix="cpck") as cluster:
+        results = cluster.run(worker, sizes, iterations, timeout=1800)[0]
+    print(f"{hosts} hosts at 1 Gbit/s, int8 ring, median of {iterations} interleaved calls (ms)")
+    print("| op | size (B) | " + " | ".join(VARIANTS) + " | check vs nocheck |")
+    print("|---|---:|" + "---:|" * len(VARIANTS) + "---:|")
+    for (op, size), row in results.items():
+        cost = row["check"] / row["nocheck"] - 1
+        cells = " | ".join(f"{row[v] * 1e3:.2f}" for v in VARIANTS)
+        print(f"| {op} | {size} | {cells} | {cost:+.1%} |")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    import check_cost
+
+    check_cost.main()
