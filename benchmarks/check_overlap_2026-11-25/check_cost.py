@@ -3,14 +3,10 @@
 ``python benchmarks/check_overlap_2026-11-25/check_cost.py HOSTS ITERS SIZE...`` (root;
 builds HOSTS hosts at 1 Gbit/s, prefix ``cpck``). For each size (bytes of the all-gather
 output and of the reduce-scatter input, fp32, as nccl-tests), the int8 ``ring`` all-gather
-and reduce-scatter run in four variants, interleaved call by call in the same processes:
+and reduce-scatter run in three variants, interleaved call by call in the same processes:
 
-* ``check``: as shipped on gloo: the digests reduced by dissemination (ceil(log2 n)
-  rounds of one message per rank, the first carrying whole fingerprints to the right
-  neighbour), the first ring step on the wire once the left neighbour's fingerprint
-  matches;
-* ``allreduce-check``: the check as NCCL runs it (and as gloo ran it before): one
-  all-reduce of the digests, awaited before the first transfer;
+* ``check``: as shipped: one all-reduce of the fingerprints' digests, started before the
+  encode; the first ring send leaves before its verdict, the first receive after it;
 * ``nocheck``: no fingerprint at all;
 * ``one-message``: no check, but one 128-byte message to the right neighbour per call,
   posted first and awaited last: what any check that sends a message costs at least.
@@ -29,17 +25,16 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster import cluster_for
-from commpress.collectives import all_gather, fingerprint, reduce_scatter
+from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
 
-VARIANTS = ("check", "allreduce-check", "nocheck", "one-message")
+VARIANTS = ("check", "nocheck", "one-message")
 WARMUP = 3
 
 
 def _variant(name: str):
     """Patch the library into variant ``name``; returns the undo."""
     executes = {module: module.execute for module in (all_gather, reduce_scatter)}
-    sends_may_go_alone = p2p.sends_may_go_alone
 
     def without_check(real, message: bool):
         def execute(schedule, payloads, group, timeout, fingerprint=None, window=None):
@@ -53,19 +48,13 @@ def _variant(name: str):
 
         return execute
 
-    def never(group=None):
-        return False
-
     if name in ("nocheck", "one-message"):
         for module, real in executes.items():
             module.execute = without_check(real, name == "one-message")
-    elif name == "allreduce-check":
-        fingerprint.sends_may_go_alone = p2p.sends_may_go_alone = never
 
     def undo():
         for module, real in executes.items():
             module.execute = real
-        fingerprint.sends_may_go_alone = p2p.sends_may_go_alone = sends_may_go_alone
 
     return undo
 

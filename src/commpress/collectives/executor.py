@@ -5,11 +5,10 @@ What each action of a schedule does to tensors is the business of a :class:`Payl
 (:mod:`commpress.collectives.payloads`); what moves the bytes is the transport the
 schedule names. The executor only orders them:
 
-1. every ``ENCODE`` send is encoded up front while the argument check
-   (:class:`~commpress.collectives.fingerprint.Agreement`) is in flight; on gloo, a
-   ring-shaped first step (:func:`early_step`) goes on the wire once the left
-   neighbour's header matches, and the check's verdict is awaited with it in flight;
-   nothing is written to the output, and no other step posted, before it has passed;
+1. every ``ENCODE`` send is encoded up front, and a point-to-point schedule's first
+   send leaves (:func:`first_send`), while the argument check
+   (:class:`~commpress.collectives.fingerprint.Agreement`) is in flight; nothing is
+   received or written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces
    (:attr:`~commpress.schedules.Then.rewrites_payload`).
@@ -26,7 +25,6 @@ import torch.distributed as dist
 
 from commpress.collectives.fingerprint import Agreement, EarlySend, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
-from commpress.schedules.ring import neighbours
 from commpress.transport import collective, multicast, p2p
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
@@ -76,11 +74,10 @@ def execute(
     window = WINDOW if window is None else window
     if schedule.transport is Transport.MULTICAST:
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
-    agreement, early = None, None
+    agreement, announced = None, None
     if fingerprint is not None:
-        if not payloads.encodes_change_state and p2p.sends_may_go_alone(group):
-            early = early_step(schedule)
-        announced = None if early is None else EarlySend(right_of(early), early.sent_bytes)
+        if not payloads.encodes_change_state:
+            announced = first_send(schedule, group)
         agreement = Agreement(group, fingerprint, timeout, payloads.device, announced)
         if payloads.encodes_change_state:
             agreement.check()
@@ -88,16 +85,12 @@ def execute(
         for send in step.sends:
             if send.prepare is Prepare.ENCODE:
                 payloads.encode_own(send)
-    first = None  # the first step's transfer, posted with the argument check in flight
-    if early is not None:
-        first = _post_early(early, payloads, group, agreement)
+    early = None  # the first step's send, posted with the argument check in flight
     if agreement is not None:
+        if announced is not None:
+            early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
+            agreement.sent_early(early)
         agreement.check()
-        if early is not None and first is None:
-            raise RuntimeError(
-                "the left neighbour's arguments differ but every rank's digest agreed "
-                "(a 63-bit collision): report this"
-            )
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     if multicasts:  # the channel is set up (once) before anything touches the output
         broadcasts = multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout)
@@ -108,9 +101,9 @@ def execute(
         return
 
     def start(step: Step) -> _Transfer:
-        nonlocal first
-        if first is not None:
-            transfer, first = first, None
+        nonlocal early
+        if early is not None:  # the first step: its send is on its way, post its receives
+            transfer, early = _Both(early, p2p.Batch(group, [], _receives(step, payloads))), None
             return transfer
         return _start(schedule.transport, step, payloads, group)
 
@@ -153,36 +146,16 @@ def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, sta
             payloads.handle(arrived.popleft())
 
 
-def early_step(schedule: Schedule) -> Step | None:
-    """The first step, if it may go on the wire before the argument check has passed: a
-    point-to-point schedule's one send to the right neighbour and one receive from the left
-    (the neighbours whose headers :class:`Agreement` exchanges)."""
+def first_send(schedule: Schedule, group) -> EarlySend | None:
+    """The payload this rank may send before the argument check has passed: the first step's
+    one send of a point-to-point schedule, to one peer (announced in the fingerprint, so that
+    a mismatched peer can drain it)."""
     if schedule.transport is not Transport.P2P or not schedule.steps:
         return None
-    step = schedule.steps[0]
-    left, right = neighbours(schedule.rank, schedule.world_size)
-    if len(step.sends) != 1 or step.sends[0].dsts != (right,):
+    sends = schedule.steps[0].sends
+    if len(sends) != 1 or len(sends[0].dsts) != 1 or not p2p.sends_may_go_alone(group):
         return None
-    if len(step.receives) != 1 or step.receives[0].src != left:
-        return None
-    return step
-
-
-def right_of(step: Step) -> int:
-    (send,) = step.sends
-    return send.dsts[0]
-
-
-def _post_early(step: Step, payloads: Payloads, group, agreement: Agreement) -> _Transfer | None:
-    """Send the first step's payload; receive the left neighbour's once its header says it
-    is the size this rank expects. ``None`` when it is not (the check will raise)."""
-    sends = p2p.Batch(group, _sends(step, payloads), [])
-    agreement.sent_early(sends)
-    if not agreement.left_agrees(step.receives[0].wire_bytes):
-        return None
-    receives = p2p.Batch(group, [], _receives(step, payloads))
-    agreement.received_early(receives)
-    return _Both(sends, receives)
+    return EarlySend(sends[0].dsts[0], sends[0].wire_bytes)
 
 
 def _root(step: Step) -> int:

@@ -1,36 +1,29 @@
-"""Ranks agree on a collective's arguments before any output is written.
+"""Ranks agree on a collective's arguments before any payload moves.
 
 Every compressed collective starts with an :class:`Agreement` on a fixed-size fingerprint
 of its arguments (operation, reduction, algorithm, element count, dtype, codec spec,
 pipeline piece size, and the call's sequence number on the group). If any
 rank's fingerprint differs, every rank raises :class:`CollectiveMismatchError` naming
-both sides' arguments, before it writes its output or receives a payload it cannot fit; the process
+both sides' arguments, before it sends a payload or writes its output; the process
 and the group stay usable, so the next collective with matching arguments works.
 
-How: a global check off the critical path, and a neighbour's header on it.
+How: a fast check, and the full exchange only when it fails. Every rank reduces a 63-bit
+digest of its fingerprint with one all-reduce (MAX of ``digest`` and of ``-digest``: the
+ranks agree exactly when the two maxima are each other's negation). That is one small
+collective per call, in ``log n`` steps on NCCL's trees, with no connection to every peer.
+On the emulated cluster (8 hosts, 1 MiB int8 ring all-gather) it costs 6.2 ms per call
+where a point-to-point round with every peer cost 10.4 ms; on 4 hosts the two are within
+the spread (``benchmarks/fingerprint_cost_cpu-2core_2026-11-25.md``). Only when the
+digests differ do the ranks all-gather their whole 128-byte fingerprints, to name both
+sides' arguments.
 
-* Every rank reduces a 63-bit digest of its fingerprint with one all-reduce (MAX of
-  ``digest`` and of ``-digest``: the ranks agree exactly when the two maxima are each
-  other's negation). Only when they differ do the ranks all-gather their whole 128-byte
-  fingerprints, to name both sides' arguments. That all-reduce takes ``2(n - 1)`` message
-  latencies on gloo's ring (5.2 ms on 8 emulated hosts), as long as a whole 1 MiB
-  all-gather step, so nothing waits for it that need not.
-* On gloo, every rank also sends its whole fingerprint to its right neighbour in the ring
-  and receives its left neighbour's (:meth:`Agreement.left_agrees`): one message latency.
-  A ring schedule's first step (one payload to the right, one from the left) goes on the
-  wire as soon as that header says the left neighbour's payload is the size this rank
-  expects; the digest's verdict is awaited only after, with the first transfer in flight,
-  and before anything is written to the output or a second step is posted.
-
-Why a header of its own and not one inside each payload: gloo ends the process when a
+Why fixed-size messages and not a header on each payload: gloo ends the process when a
 message's size differs from the receive posted for it, and payload sizes depend on the
-very arguments being checked, so a receive is posted only once its size is known to
-match. The header exchange runs on every checked collective of a gloo group, whatever
-its arguments (a rank cannot know whether its neighbour will send one otherwise). Each
-fingerprint names its early payload (destination and size), so on a mismatch every rank
-receives and drops what was sent to it early but not received, no message stays in
-flight, and the group stays usable. NCCL sends no early payload and no header: there,
-ops run in issue order on one stream, and the check is one small all-reduce.
+very arguments being checked. A point-to-point schedule does not wait for the check
+before its first send: it leaves with the check in flight (:meth:`Agreement.sent_early`),
+and only the first receives wait for it. Each fingerprint names that early payload
+(destination and size), so on a mismatch every rank receives and drops what was sent to
+it early, no message stays in flight, and the group stays usable.
 
 The sequence number counts this process's checked collectives per group: a rank
 that skipped or added one is named ("rank 1 called ... as its collective #8 on this
@@ -49,9 +42,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from commpress.schedules.ring import neighbours
 from commpress.transport import collective
-from commpress.transport.p2p import Batch, Pending, sends_may_go_alone, wait
+from commpress.transport.p2p import Batch, Pending, wait
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
@@ -66,9 +58,6 @@ _EARLY = slice(struct.calcsize("<4sBBBBQQQ8s"), _HEAD.size)  # differs from rank
 _TEXT_BYTES = FINGERPRINT_BYTES - _HEAD.size
 _TRUNCATED = "…"
 _MAX_U64 = 2**64 - 1
-
-#: The tag of the check's own messages, so that they never match a payload's receive.
-_TAG = 0x63706670
 
 _sequences: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -182,9 +171,8 @@ def _parse(row: bytes) -> _Received | None:
 class Agreement:
     """A fingerprint exchange in flight: :meth:`check` waits for it and raises on mismatch.
 
-    Started before a collective encodes its first payload and checked before the first
-    write to the output, so the exchange overlaps the encoding (and, on gloo, the first
-    transfer of a ring).
+    Started before a collective encodes its first payload and checked just before the
+    first send or write to the output, so the exchange overlaps the encoding.
     """
 
     def __init__(
@@ -196,91 +184,35 @@ class Agreement:
         early: EarlySend | None = None,
     ):
         """``early``: the payload the caller will send before :meth:`check` (announced in
-        this rank's fingerprint, posted with :meth:`sent_early`); on gloo only, to the right
-        neighbour."""
+        this rank's fingerprint), posted with :meth:`sent_early`."""
         group = dist.group.WORLD if group is None else group
         self._group, self._timeout = group, timeout
         self._world_size = dist.get_world_size(group)
-        self._rank = dist.get_rank(group)
         sequence = _sequences.get(group, 0)
         _sequences[group] = sequence + 1
-        self._pending = self._world_size > 1
+        self._batch: Pending | None = None
         self._early: Batch | None = None
-        self._received_early: Batch | None = None
-        self._first_round: Batch | None = None
-        self._left_row: torch.Tensor | None = None
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(sequence, early)
         self._device = _fingerprint_device(group, device)
         self._digests = _digests(self._row).to(self._device)
-        self._left, right = neighbours(self._rank, self._world_size)
-        if sends_may_go_alone(group):  # rounds of messages; the first carries whole rows
-            own = torch.frombuffer(bytearray(self._row), dtype=torch.uint8)
-            self._left_row = torch.empty(FINGERPRINT_BYTES, dtype=torch.uint8)
-            self._first_round = Batch(group, [(own, right)], [(self._left_row, self._left)], _TAG)
-        elif early is None:
-            self._reduced = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
-        else:
-            raise ValueError("an early payload needs the neighbours' headers, which NCCL lacks")
-
-    def left_agrees(self, nbytes: int) -> bool:
-        """Wait for the left neighbour's fingerprint (the first round): whether it called
-        with this rank's arguments and sent this rank, early, a payload of ``nbytes`` (so
-        that a receive of that size may be posted before :meth:`check`)."""
-        if self._left_row is None:
-            return False
-        self._wait_for_first_round()
-        theirs = self._left_row.numpy().tobytes()
-        received = _parse(theirs)
-        return (
-            received is not None
-            and _arguments(theirs) == _arguments(self._row)
-            and received.early == EarlySend(self._rank, nbytes)
-        )
-
-    def _wait_for_first_round(self) -> None:
-        """Once only: a gloo send waited twice waits for a second send."""
-        first, self._first_round = self._first_round, None
-        if first is not None:
-            first.wait(self._timeout)
-            left = _digests(self._left_row.numpy().tobytes())
-            torch.maximum(self._digests, left, out=self._digests)
-
-    def _reduce_digests(self) -> None:
-        """``self._digests`` becomes their MAX over the group. On NCCL one all-reduce; on
-        gloo, dissemination: in round k every rank sends what it has to the rank 2**k to
-        its right and takes the MAX with what comes from 2**k to its left, so after
-        ceil(log2 n) rounds each rank has seen every rank (MAX forgives seeing one twice).
-        That is one message per rank and round where gloo's all-reduce sends 2(n - 1)."""
-        if self._left_row is None:
-            self._reduced.wait(self._timeout)
-            return
-        self._wait_for_first_round()
-        received = torch.empty_like(self._digests)
-        distance = 2
-        while distance < self._world_size:
-            to, source = (self._rank + distance) % self._world_size, (self._rank - distance)
-            sent = self._digests.clone()
-            Batch(self._group, [(sent, to)], [(received, source % self._world_size)], _TAG).wait(
-                self._timeout
-            )
-            torch.maximum(self._digests, received, out=self._digests)
-            distance *= 2
+        self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
 
     def check(self) -> None:
         """Block until every rank's fingerprint is here; raise if any differs from ours.
         Later calls return at once."""
-        if not self._pending:
+        batch, self._batch = self._batch, None
+        if batch is None:
             return
-        self._pending = False
-        self._reduce_digests()
+        batch.wait(self._timeout)
         largest, negated_smallest = self._digests.tolist()
         if largest == -negated_smallest:
             return
         rows = self._every_fingerprint()
-        message = _mismatch_message(rows, self._rank, self._world_size)
-        if not self._drain(rows):
+        rank = dist.get_rank(self._group)
+        message = _mismatch_message(rows, rank, self._world_size)
+        if not self._drain(rows, rank):
             message += "; a peer's messages could not be drained, so this group may be unusable"
         raise CollectiveMismatchError(message)
 
@@ -300,31 +232,21 @@ class Agreement:
         """``sends``: the payload announced as ``early``, on its way before :meth:`check`."""
         self._early = sends
 
-    def received_early(self, receives: Batch) -> None:
-        """``receives``: the left neighbour's early payload, posted before :meth:`check`
-        once :meth:`left_agrees` said its size fits."""
-        self._received_early = receives
-
-    def _drain(self, rows: list[bytes]) -> bool:
-        """Receive and drop each early payload sent to this rank that no receive was posted
-        for; let the posted ones arrive, and this rank's own early send leave. False when a
-        peer's fingerprint cannot be read (another version, or not a commpress
-        collective)."""
+    def _drain(self, rows: list[bytes], rank: int) -> bool:
+        """Receive and drop the payload each peer's fingerprint says it sent this rank before
+        the check; then let this rank's own early send finish. False when a peer's
+        fingerprint cannot be read (another version, or not a commpress collective)."""
         device = self._device  # NCCL moves CUDA tensors only
         drains, readable = [], True
         for peer, row in enumerate(rows):
-            received = None if peer == self._rank else _parse(row)
-            if peer != self._rank and received is None:
+            received = None if peer == rank else _parse(row)
+            if peer != rank and received is None:
                 readable = False
-            elif received is not None and received.early and received.early.to == self._rank:
-                if peer == self._left and self._received_early is not None:
-                    continue  # its receive is posted
+            elif received is not None and received.early and received.early.to == rank:
                 payload = torch.empty(received.early.nbytes, dtype=torch.uint8, device=device)
                 drains.append((payload, peer))
         try:
             Batch(self._group, [], drains).wait(self._timeout)
-            if self._received_early is not None:
-                self._received_early.wait(self._timeout)
         finally:
             if self._early is not None:  # its buffer is the workspace's: let it leave first
                 self._early.wait(self._timeout)

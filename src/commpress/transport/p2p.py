@@ -18,16 +18,12 @@ class Batch:
         group: dist.ProcessGroup | None,
         sends: Sequence[tuple[torch.Tensor, int]],
         receives: Sequence[tuple[torch.Tensor, int]],
-        tag: int = 0,
     ):
-        """``tag``: messages with another tag never match these, whatever their order."""
         group_ = _group(group)
-
-        def op(kind, tensor, peer):
-            return dist.P2POp(kind, tensor, dist.get_global_rank(group_, peer), group, tag)
-
-        sent = [op(dist.isend, t, p) for t, p in sends]
-        received = [op(dist.irecv, t, p) for t, p in receives]
+        sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
+        received = [
+            dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
+        ]
         ops = [op for pair in itertools.zip_longest(sent, received) for op in pair if op]
         self._works = dist.batch_isend_irecv(ops) if ops else []
 
