@@ -167,9 +167,8 @@ def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
 
 
 def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
-    """What each rank all-reduces: ``[d, -d]``; the elementwise maximum over ranks holds
-    ``[max d, -min d]``, so the ranks agree exactly when the two are negations. Rows that
-    differ only in the early send (which differs from rank to rank) still agree."""
+    """What each rank all-reduces on NCCL: ``[d, -d]``; the elementwise maximum over ranks
+    holds ``[max d, -min d]``, so the ranks agree exactly when the two are negations."""
     from commpress.collectives import fingerprint
 
     def reduced(rows):
@@ -181,8 +180,78 @@ def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
 
     same = Fingerprint("all_gather", "ring", 10, "float32", "int8")
     other = Fingerprint("all_gather", "ring", 12, "float32", "int8")
-    early = [fingerprint.EarlySend(to, 40) for to in (1, 2, 0)]
-    assert agree([same.to_bytes(5, e) for e in early])
+    assert agree([same.to_bytes(5)] * 3)
     assert not agree([same.to_bytes(5), same.to_bytes(5), other.to_bytes(5)])
     assert not agree([same.to_bytes(5), same.to_bytes(6)])  # a skipped call
     assert all(fingerprint._digests(same.to_bytes(s))[0].item() >= 0 for s in range(100))
+
+
+def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False):
+    """Rank 2 alone calls with more elements. Only ranks 2 and 3 see a neighbour that
+    differs (each rank reads its left neighbour's header); ranks 0 and 1 learn of it from
+    the poison the ring carries. ``first_bytes`` cuts the first message small, so that its
+    rest travels as a second message; ``ignore_poison`` is the deliberately broken variant."""
+    from commpress.collectives import inband
+
+    if first_bytes is not None:
+        inband.FIRST_MESSAGE_BYTES = first_bytes
+    if ignore_poison:
+        inband.Check.note = lambda self, message: None
+    numel = 1200 if rank == 2 else 1000
+    out = torch.full((numel * world_size,), SENTINEL)
+    try:
+        cp.all_gather_into_tensor(
+            out, torch.ones(numel), codec="int8", timeout=timedelta(seconds=5)
+        )
+    except CollectiveMismatchError as error:
+        outcome = str(error)
+    except RuntimeError as error:  # the broken variant: a peer never joins the naming
+        outcome = f"other: {error}"
+    else:
+        outcome = None
+    untouched = bool(torch.all(out == SENTINEL))
+    if ignore_poison:
+        return outcome, untouched, None
+    inp = torch.full((8,), float(rank))
+    gathered = torch.empty(8 * world_size)
+    cp.all_gather_into_tensor(gathered, inp, codec="none", timeout=TIMEOUT)
+    recovered = torch.equal(gathered, torch.arange(world_size).float().repeat_interleave(8))
+    return outcome, untouched, recovered
+
+
+@pytest.mark.parametrize("first_bytes", [None, 300], ids=["whole", "first-message-cut"])
+def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes):
+    results = run_distributed(_one_rank_of_four, 4, first_bytes, timeout=90)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and not error.startswith("other"), f"rank {rank}: {error}"
+        assert untouched and recovered, f"rank {rank}: out written or group broken"
+        if rank != 2:
+            assert "rank 2 called all_gather (ring) with 1200 float32 elements" in error
+    assert "ranks 0, 1, 3 called all_gather (ring) with 1000 float32 elements" in results[2][0]
+
+
+def test_without_the_poison_the_ranks_beside_the_mismatch_would_not_know():
+    """The broken variant: a rank that ignores poisoned headers returns as if all agreed."""
+    results = run_distributed(_one_rank_of_four, 4, None, True, timeout=90)
+    assert any(error is None for error, _, _ in results), results
+    assert not all(untouched for _, untouched, _ in results)
+
+
+def _first_message_cut(rank, world_size):
+    """Agreeing ranks whose first message is cut in two give the bits of torch's own."""
+    from commpress.collectives import inband
+
+    inband.FIRST_MESSAGE_BYTES = 100
+    inp = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+    out, expected = torch.empty(1000 * world_size), torch.empty(1000 * world_size)
+    cp.all_gather_into_tensor(out, inp, codec="none", timeout=TIMEOUT)
+    torch.distributed.all_gather_into_tensor(expected, inp)
+    total = torch.empty(1000)  # every rank adds the same gathered values, in pieces
+    cp.reduce_scatter_tensor(total, out, codec="none", chunk_bytes=512, timeout=TIMEOUT)
+    own = out.view(world_size, -1)[rank]
+    return torch.equal(out, expected), torch.equal(total, own * 3)  # (x + x) + x == 3x
+
+
+def test_a_first_message_cut_in_two_changes_no_bit():
+    results = run_distributed(_first_message_cut, 3, timeout=60)
+    assert all(gathered and reduced for gathered, reduced in results), results

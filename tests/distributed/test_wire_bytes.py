@@ -68,7 +68,9 @@ def _recorded(rank, world_size, cases):
                 )
             else:
                 cp.all_reduce(inp, codec=codec, algorithm=algorithm)
-            reported = wire_bytes(op, algorithm, codec, inp.numel(), world_size, dtype)
+            reported = wire_bytes(
+                op, algorithm, codec, inp.numel(), world_size, dtype, in_band_check=True
+            )
             results[op, algorithm, codec, dtype_name] = (sum(sent), reported)
     finally:
         p2p.Batch, collective.all_gather = real_batch, real_all_gather
@@ -91,7 +93,11 @@ def test_the_bytes_sent_are_the_bytes_reported(recorded, case):
 def test_none_on_bf16_sends_two_bytes_per_element_as_native(recorded):
     """The ring reduce-scatter once sent bf16 partial sums as fp32: twice native's bytes."""
     for op in ("reduce_scatter", "all_reduce"):
-        sent, _ = recorded[0][op, "ring", "none", "bfloat16"]
+        payloads = {}
+        for dtype in (torch.bfloat16, torch.float32):
+            sent, _ = recorded[0][op, "ring", "none", str(dtype).removeprefix("torch.")]
+            headers = wire_bytes(op, "ring", "none", NUMEL, WORLD, dtype, in_band_check=True)
+            payloads[dtype] = sent - (headers - wire_bytes(op, "ring", "none", NUMEL, WORLD, dtype))
         native = wire_bytes(op, "native", "none", NUMEL, WORLD, torch.bfloat16)
-        assert sent == native
-        assert sent * 2 == recorded[0][op, "ring", "none", "float32"][0]
+        assert payloads[torch.bfloat16] == native
+        assert payloads[torch.bfloat16] * 2 == payloads[torch.float32]

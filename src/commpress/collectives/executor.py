@@ -5,10 +5,11 @@ What each action of a schedule does to tensors is the business of a :class:`Payl
 (:mod:`commpress.collectives.payloads`); what moves the bytes is the transport the
 schedule names. The executor only orders them:
 
-1. every ``ENCODE`` send is encoded up front, and a point-to-point schedule's first
-   send leaves (:func:`first_send`), while the argument check
-   (:class:`~commpress.collectives.fingerprint.Agreement`) is in flight; nothing is
-   received or written to the output before it has passed;
+1. the argument check: on gloo carried in the messages themselves
+   (:mod:`commpress.collectives.inband`: a ring's payloads carry it, any other schedule
+   first sends it alone), elsewhere one all-reduce
+   (:class:`~commpress.collectives.fingerprint.Agreement`) in flight while the own
+   payloads are encoded; either way nothing is written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces
    (:attr:`~commpress.schedules.Then.rewrites_payload`).
@@ -23,7 +24,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from commpress.collectives.fingerprint import Agreement, EarlySend, Fingerprint
+from commpress.collectives import inband
+from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, multicast, p2p
 
@@ -46,6 +48,14 @@ class Payloads(Protocol):
 
     def send_buffer(self, send: Send) -> torch.Tensor: ...
     def receive_buffer(self, receive: Receive) -> torch.Tensor: ...
+    def send_message(self, send: Send) -> torch.Tensor:
+        """The send buffer with room for a header in front (point-to-point schedules)."""
+
+    def receive_message(self, receive: Receive) -> torch.Tensor: ...
+    def hold(self) -> None:
+        """Write nothing to the output until :meth:`release` (in-band check)."""
+
+    def release(self) -> None: ...
     def handle(self, receive: Receive) -> None:
         """The receive's ``then``, once its payload has arrived."""
 
@@ -65,31 +75,28 @@ def execute(
     window: int | None = None,
 ) -> None:
     """Run ``schedule`` on the calling thread. With ``fingerprint``, every rank first agrees
-    on the arguments (:class:`~commpress.collectives.fingerprint.Agreement`): the check is
-    started before the own payloads are encoded and waited for before anything is received
-    or written to the output; a point-to-point schedule's first send leaves before it. Up to
-    ``window`` steps (default :data:`WINDOW`) are in flight at once; received payloads are
-    handled in step order, so the codec sees the same calls in the same order whatever the
-    window."""
+    on the arguments, and every rank raises
+    :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` if any differs,
+    before anything is written to the output. Up to ``window`` steps (default
+    :data:`WINDOW`) are in flight at once; received payloads are handled in step order, so
+    the codec sees the same calls in the same order whatever the window."""
     window = WINDOW if window is None else window
     if schedule.transport is Transport.MULTICAST:
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
-    agreement, announced = None, None
+    if fingerprint is not None and inband.applies(group):
+        check = inband.Check(group, fingerprint, timeout, payloads.device)
+        if window == 1 and schedule.chains_right:
+            _execute_in_band(schedule, payloads, group, timeout, check)
+            return
+        check.header_rounds()
+        fingerprint = None  # agreed
+    agreement = None
     if fingerprint is not None:
-        if not payloads.encodes_change_state:
-            announced = first_send(schedule, group)
-        agreement = Agreement(group, fingerprint, timeout, payloads.device, announced)
+        agreement = Agreement(group, fingerprint, timeout, payloads.device)
         if payloads.encodes_change_state:
             agreement.check()
-    for step in schedule.steps:
-        for send in step.sends:
-            if send.prepare is Prepare.ENCODE:
-                payloads.encode_own(send)
-    early = None  # the first step's send, posted with the argument check in flight
+    _encode_own(schedule, payloads)
     if agreement is not None:
-        if announced is not None:
-            early = p2p.Batch(group, _sends(schedule.steps[0], payloads), [])
-            agreement.sent_early(early)
         agreement.check()
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     if multicasts:  # the channel is set up (once) before anything touches the output
@@ -99,15 +106,75 @@ def execute(
         with broadcasts as posted:
             _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
         return
+    transport = schedule.transport
+    _run_steps(
+        schedule, payloads, window, timeout, lambda step: _start(transport, step, payloads, group)
+    )
+
+
+def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
+    for step in schedule.steps:
+        for send in step.sends:
+            if send.prepare is Prepare.ENCODE:
+                payloads.encode_own(send)
+
+
+def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband.Check) -> None:
+    """A ring whose messages carry the argument check; ``out`` written only at the end."""
+    _encode_own(schedule, payloads)
+    payloads.hold()
+    payloads.begin()
+    steps = schedule.steps
+    messages = [payloads.send_message(step.sends[0]) for step in steps]
+    index = {id(step): k for k, step in enumerate(steps)}
 
     def start(step: Step) -> _Transfer:
-        nonlocal early
-        if early is not None:  # the first step: its send is on its way, post its receives
-            transfer, early = _Both(early, p2p.Batch(group, [], _receives(step, payloads))), None
-            return transfer
-        return _start(schedule.transport, step, payloads, group)
+        k = index[id(step)]
+        check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
+        into = payloads.receive_message(step.receives[0])
+        if k == 0:
+            return _FirstMessage(check, messages[0], into)
+        batch = p2p.Batch(group, [(messages[k], check.right)], [(into, check.left)])
+        return _Noted(check, batch, into)
 
-    _run_steps(schedule, payloads, window, timeout, start)
+    try:
+        _run_steps(schedule, payloads, 1, timeout, start)
+    except inband.LeftDisagrees as disagreement:
+        check.disagree(disagreement.header, messages[1:])
+    if check.poisoned:
+        check.raise_mismatch()
+    payloads.release()
+
+
+class _FirstMessage:
+    """The first message each way: received into a buffer no first message outgrows."""
+
+    def __init__(self, check: inband.Check, message: torch.Tensor, into: torch.Tensor):
+        self._check, self._into = check, into
+        self._scratch = check.first_scratch()
+        first, rest = check.send_first(message)
+        receives = [(self._scratch, check.left)]
+        self._batch = p2p.Batch(check.group, [(first, check.right)], receives)
+        self._rest = None if rest is None else p2p.Batch(check.group, [(rest, check.right)], [])
+
+    def wait(self, timeout: timedelta | None) -> None:
+        self._batch.wait(timeout)
+        try:
+            self._check.accept_first(self._scratch, self._into)
+        finally:
+            if self._rest is not None:
+                self._rest.wait(timeout)
+
+
+class _Noted:
+    """A later message: its header's poison is noted once it has arrived."""
+
+    def __init__(self, check: inband.Check, batch: p2p.Batch, into: torch.Tensor):
+        self._check, self._batch, self._into = check, batch, into
+
+    def wait(self, timeout: timedelta | None) -> None:
+        self._batch.wait(timeout)
+        self._check.note(self._into)
 
 
 def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, start) -> None:
@@ -146,18 +213,6 @@ def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, sta
             payloads.handle(arrived.popleft())
 
 
-def first_send(schedule: Schedule, group) -> EarlySend | None:
-    """The payload this rank may send before the argument check has passed: the first step's
-    one send of a point-to-point schedule, to one peer (announced in the fingerprint, so that
-    a mismatched peer can drain it)."""
-    if schedule.transport is not Transport.P2P or not schedule.steps:
-        return None
-    sends = schedule.steps[0].sends
-    if len(sends) != 1 or len(sends[0].dsts) != 1 or not p2p.sends_may_go_alone(group):
-        return None
-    return EarlySend(sends[0].dsts[0], sends[0].wire_bytes)
-
-
 def _root(step: Step) -> int:
     """The rank whose broadcast a multicast step is."""
     return step.receives[0].src if step.receives else step.sends[0].chunk
@@ -181,15 +236,6 @@ def _key(transfer: Send | Receive) -> tuple[int, int]:
 
 class _Transfer(Protocol):
     def wait(self, timeout: timedelta | None) -> None: ...
-
-
-class _Both:
-    def __init__(self, *transfers: _Transfer):
-        self._transfers = transfers
-
-    def wait(self, timeout: timedelta | None) -> None:
-        for transfer in self._transfers:
-            transfer.wait(timeout)
 
 
 def _sends(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:

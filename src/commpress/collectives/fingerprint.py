@@ -1,29 +1,24 @@
-"""Ranks agree on a collective's arguments before any payload moves.
+"""What every rank of a collective must agree on, and the check of it on NCCL.
 
-Every compressed collective starts with an :class:`Agreement` on a fixed-size fingerprint
-of its arguments (operation, reduction, algorithm, element count, dtype, codec spec,
-pipeline piece size, and the call's sequence number on the group). If any
-rank's fingerprint differs, every rank raises :class:`CollectiveMismatchError` naming
-both sides' arguments, before it sends a payload or writes its output; the process
-and the group stay usable, so the next collective with matching arguments works.
+A :class:`Fingerprint` is a fixed-size record of a call's arguments (operation,
+reduction, algorithm, element count, dtype, codec spec, pipeline piece size, and the
+call's sequence number on the group). If any rank's differs, every rank raises
+:class:`CollectiveMismatchError` naming both sides' arguments, before it writes its
+output; the process and the group stay usable, so the next collective with matching
+arguments works.
 
-How: a fast check, and the full exchange only when it fails. Every rank reduces a 63-bit
-digest of its fingerprint with one all-reduce (MAX of ``digest`` and of ``-digest``: the
-ranks agree exactly when the two maxima are each other's negation). That is one small
-collective per call, in ``log n`` steps on NCCL's trees, with no connection to every peer.
-On the emulated cluster (8 hosts, 1 MiB int8 ring all-gather) it costs 6.2 ms per call
-where a point-to-point round with every peer cost 10.4 ms; on 4 hosts the two are within
-the spread (``benchmarks/fingerprint_cost_cpu-2core_2026-11-25.md``). Only when the
-digests differ do the ranks all-gather their whole 128-byte fingerprints, to name both
-sides' arguments.
+Two carriers, chosen by the group's backend, the same on every rank:
 
-Why fixed-size messages and not a header on each payload: gloo ends the process when a
-message's size differs from the receive posted for it, and payload sizes depend on the
-very arguments being checked. A point-to-point schedule does not wait for the check
-before its first send: it leaves with the check in flight (:meth:`Agreement.sent_early`),
-and only the first receives wait for it. Each fingerprint names that early payload
-(destination and size), so on a mismatch every rank receives and drops what was sent to
-it early, no message stays in flight, and the group stays usable.
+* gloo (and any backend but NCCL): the check rides the collective's own messages
+  (:mod:`commpress.collectives.inband`), because gloo ends a process whose receive is
+  smaller than the message that arrives, and because a check of its own costs a visible
+  share of a 1 MiB collective on a busy host (``benchmarks/check_overlap_2026-11-25``);
+* NCCL: an :class:`Agreement`, one all-reduce of a 63-bit digest of the fingerprint (MAX
+  of ``digest`` and of ``-digest``: the ranks agree exactly when the two maxima are each
+  other's negation), overlapped with the encode and awaited before the first transfer.
+
+Either way, only on a mismatch do the ranks all-gather their whole 128-byte fingerprints,
+to name both sides' arguments.
 
 The sequence number counts this process's checked collectives per group: a rank
 that skipped or added one is named ("rank 1 called ... as its collective #8 on this
@@ -37,24 +32,21 @@ import hashlib
 import struct
 import weakref
 from datetime import timedelta
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from commpress.transport import collective
-from commpress.transport.p2p import Batch, Pending, wait
+from commpress.transport.p2p import Pending, wait
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
 REDUCTIONS = ("", "sum", "avg")
 _REDUCTION_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 FINGERPRINT_BYTES = 128
-_MAGIC, _VERSION = b"cpfp", 2
-# magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest,
-# the rank the first payload was sent to before the check (-1: none) and its bytes
-_HEAD = struct.Struct("<4sBBBBQQQ8siQ")
-_EARLY = slice(struct.calcsize("<4sBBBBQQQ8s"), _HEAD.size)  # differs from rank to rank
+_MAGIC, _VERSION = b"cpfp", 3
+# magic, version, op, reduction, text length, sequence, numel, chunk_bytes, text digest
+_HEAD = struct.Struct("<4sBBBBQQQ8s")
 _TEXT_BYTES = FINGERPRINT_BYTES - _HEAD.size
 _TRUNCATED = "…"
 _MAX_U64 = 2**64 - 1
@@ -64,15 +56,6 @@ _sequences: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks called the same collective slot with different arguments."""
-
-
-class EarlySend(NamedTuple):
-    """The one payload a rank sends before the check: to group rank ``to``, ``nbytes`` long.
-    Each fingerprint carries it, so that after a mismatch its receiver can take it off the
-    wire whatever the sender's arguments were."""
-
-    to: int
-    nbytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +95,8 @@ class Fingerprint:
     def _text(self) -> str:
         return f"{self.dtype} {self.algorithm} {self.codec}"
 
-    def to_bytes(self, sequence: int, early: EarlySend | None = None) -> bytes:
+    def to_bytes(self, sequence: int) -> bytes:
         text = self._text().encode()
-        early_to, early_bytes = (-1, 0) if early is None else early
         head = _HEAD.pack(
             _MAGIC,
             _VERSION,
@@ -125,8 +107,6 @@ class Fingerprint:
             self.numel,
             min(self.chunk_bytes, _MAX_U64),
             hashlib.blake2b(text, digest_size=8).digest(),
-            early_to,
-            early_bytes,
         )
         return head + text[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
 
@@ -146,12 +126,11 @@ class _Received:
     fingerprint: Fingerprint
     sequence: int
     digest: bytes
-    early: EarlySend | None  # what the sender sent before the check
 
 
 def _parse(row: bytes) -> _Received | None:
     """``None`` for bytes that are not a fingerprint this version can read."""
-    magic, version, op, reduction, length, sequence, numel, chunk, digest, to, size = _HEAD.unpack(
+    magic, version, op, reduction, length, sequence, numel, chunk, digest = _HEAD.unpack(
         row[: _HEAD.size]
     )
     if magic != _MAGIC or version != _VERSION or op >= len(OPERATIONS):
@@ -165,15 +144,13 @@ def _parse(row: bytes) -> _Received | None:
     fingerprint = Fingerprint(
         OPERATIONS[op], algorithm, numel, dtype, codec, REDUCTIONS[reduction], chunk
     )
-    return _Received(fingerprint, sequence, digest, None if to < 0 else EarlySend(to, size))
+    return _Received(fingerprint, sequence, digest)
 
 
 class Agreement:
-    """A fingerprint exchange in flight: :meth:`check` waits for it and raises on mismatch.
-
-    Started before a collective encodes its first payload and checked just before the
-    first send or write to the output, so the exchange overlaps the encoding.
-    """
+    """A fingerprint exchange in flight, as one all-reduce (NCCL): :meth:`check` waits for it
+    and raises on mismatch. Started before a collective encodes its first payload and
+    checked before its first transfer, so the exchange overlaps the encoding."""
 
     def __init__(
         self,
@@ -181,20 +158,15 @@ class Agreement:
         mine: Fingerprint,
         timeout: timedelta | None,
         device: torch.device,
-        early: EarlySend | None = None,
     ):
-        """``early``: the payload the caller will send before :meth:`check` (announced in
-        this rank's fingerprint), posted with :meth:`sent_early`."""
         group = dist.group.WORLD if group is None else group
         self._group, self._timeout = group, timeout
         self._world_size = dist.get_world_size(group)
-        sequence = _sequences.get(group, 0)
-        _sequences[group] = sequence + 1
+        sequence = next_sequence(group)
         self._batch: Pending | None = None
-        self._early: Batch | None = None
         if self._world_size == 1:
             return
-        self._row = mine.to_bytes(sequence, early)
+        self._row = mine.to_bytes(sequence)
         self._device = _fingerprint_device(group, device)
         self._digests = _digests(self._row).to(self._device)
         self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
@@ -209,55 +181,39 @@ class Agreement:
         largest, negated_smallest = self._digests.tolist()
         if largest == -negated_smallest:
             return
-        rows = self._every_fingerprint()
+        rows = every_fingerprint(self._group, self._row, self._device, self._timeout)
         rank = dist.get_rank(self._group)
-        message = _mismatch_message(rows, rank, self._world_size)
-        if not self._drain(rows, rank):
-            message += "; a peer's messages could not be drained, so this group may be unusable"
-        raise CollectiveMismatchError(message)
+        raise CollectiveMismatchError(mismatch_message(rows, rank, self._world_size))
 
-    def _every_fingerprint(self) -> list[bytes]:
-        """Every rank's whole fingerprint, after the digests have differed (every rank
-        takes this path, since every rank holds the same maxima). A collective, not
-        point-to-point messages: an early payload may be ahead of them between two ranks,
-        and gloo ends the process whose receive it does not fit."""
-        local = torch.frombuffer(bytearray(self._row), dtype=torch.uint8).to(self._device)
-        gathered = torch.empty(
-            self._world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=self._device
-        )
-        wait(collective.all_gather(gathered, local, self._group), self._timeout)
-        return [bytes(row) for row in gathered.view(self._world_size, -1).cpu().numpy()]
 
-    def sent_early(self, sends: Batch) -> None:
-        """``sends``: the payload announced as ``early``, on its way before :meth:`check`."""
-        self._early = sends
+def next_sequence(group: dist.ProcessGroup) -> int:
+    """This process's count of checked collectives on ``group`` so far, then one more."""
+    sequence = _sequences.get(group, 0)
+    _sequences[group] = sequence + 1
+    return sequence
 
-    def _drain(self, rows: list[bytes], rank: int) -> bool:
-        """Receive and drop the payload each peer's fingerprint says it sent this rank before
-        the check; then let this rank's own early send finish. False when a peer's
-        fingerprint cannot be read (another version, or not a commpress collective)."""
-        device = self._device  # NCCL moves CUDA tensors only
-        drains, readable = [], True
-        for peer, row in enumerate(rows):
-            received = None if peer == rank else _parse(row)
-            if peer != rank and received is None:
-                readable = False
-            elif received is not None and received.early and received.early.to == rank:
-                payload = torch.empty(received.early.nbytes, dtype=torch.uint8, device=device)
-                drains.append((payload, peer))
-        try:
-            Batch(self._group, [], drains).wait(self._timeout)
-        finally:
-            if self._early is not None:  # its buffer is the workspace's: let it leave first
-                self._early.wait(self._timeout)
-        return readable
+
+def digest(row: bytes) -> int:
+    """A 63-bit digest of what every rank's fingerprint ``row`` must share."""
+    return int.from_bytes(hashlib.blake2b(_arguments(row), digest_size=8).digest(), "little") >> 1
+
+
+def every_fingerprint(group, row: bytes, device, timeout) -> list[bytes]:
+    """Every rank's whole fingerprint (a collective: every rank of ``group`` must call it),
+    once the ranks know that they disagree. A collective, not point-to-point messages: a
+    payload may be ahead of them between two ranks, and gloo ends the process whose
+    receive it does not fit."""
+    world_size = dist.get_world_size(group)
+    local = torch.frombuffer(bytearray(row), dtype=torch.uint8).to(device)
+    gathered = torch.empty(world_size * FINGERPRINT_BYTES, dtype=torch.uint8, device=device)
+    wait(collective.all_gather(gathered, local, group), timeout)
+    return [bytes(r) for r in gathered.view(world_size, -1).cpu().numpy()]
 
 
 def _digests(row: bytes) -> torch.Tensor:
     """``[d, -d]`` for the 63-bit digest ``d`` of what every rank's fingerprint must share:
     after an all-reduce with MAX, the ranks agree exactly when the two are negations."""
-    digest = hashlib.blake2b(_arguments(row), digest_size=8).digest()
-    value = int.from_bytes(digest, "little") >> 1
+    value = digest(row)
     return torch.tensor([value, -value], dtype=torch.int64)
 
 
@@ -283,11 +239,11 @@ def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch
 
 
 def _arguments(row: bytes) -> bytes:
-    """What every rank's fingerprint must share: all but the early send's destination."""
-    return row[: _EARLY.start] + row[_EARLY.stop :]
+    """What every rank's fingerprint must share: all of it."""
+    return row
 
 
-def _mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
+def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
     own = _parse(rows[rank])
     assert own is not None, "this rank's own fingerprint must parse"
     parts = []

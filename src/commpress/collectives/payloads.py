@@ -17,28 +17,37 @@ import torch
 
 from commpress.codecs import Codec
 from commpress.collectives.workspace import workspace
-from commpress.schedules import Receive, Schedule, Send, Then
+from commpress.schedules import Receive, Schedule, Send, Then, Transport
+from commpress.schedules.wire import HEADER_BYTES
 
 
 class Slots:
     """One payload buffer per (chunk, piece), each chunk's pieces back to back in a row:
-    ``rows`` is (world_size, bytes of one chunk's payloads)."""
+    ``rows`` is (world_size, bytes of one chunk's payloads). A point-to-point schedule's
+    payloads each follow room for the header of the message that carries them
+    (:mod:`commpress.collectives.inband`)."""
 
     def __init__(self, name: str, schedule: Schedule, device):
         transfers = [t for step in schedule.steps for t in (*step.sends, *step.receives)]
         cuts = sorted({(t.piece, t.offset, t.numel, t.wire_bytes) for t in transfers})
         self.pieces = [(offset, numel) for _, offset, numel, _ in cuts]
+        self.header = HEADER_BYTES if schedule.transport is Transport.P2P else 0
         self._bytes: dict[int, tuple[int, int]] = {}  # piece -> (first byte in the row, bytes)
         row = 0
         for piece, _, _, wire in cuts:
-            self._bytes[piece] = (row, wire)
-            row += wire
+            self._bytes[piece] = (row + self.header, wire)
+            row += self.header + wire
         n = schedule.world_size
         self.rows = workspace.take(name, n * row, torch.uint8, device).view(n, row)
 
     def __call__(self, chunk: int, piece: int) -> torch.Tensor:
         start, size = self._bytes[piece]
         return self.rows[chunk, start : start + size]
+
+    def message(self, chunk: int, piece: int) -> torch.Tensor:
+        """The payload with the room for its header in front."""
+        start, size = self._bytes[piece]
+        return self.rows[chunk, start - self.header : start + size]
 
 
 class Gathered:
@@ -49,6 +58,7 @@ class Gathered:
         self.inp, self.dtype, self.device = inp, inp.dtype, inp.device
         self.chunks = out.view(schedule.world_size, inp.numel())
         self.slots = Slots("all_gather.payloads", schedule, inp.device)
+        self._held: list[tuple[int, int, int, int]] | None = None
 
     def encode_own(self, send: Send) -> None:
         part = self.inp[send.offset : send.offset + send.numel]
@@ -67,17 +77,44 @@ class Gathered:
     def receive_buffer(self, receive: Receive) -> torch.Tensor:
         return self.slots(receive.chunk, receive.piece)
 
+    def send_message(self, send: Send) -> torch.Tensor:
+        return self.slots.message(send.chunk, send.piece)
+
+    def receive_message(self, receive: Receive) -> torch.Tensor:
+        return self.slots.message(receive.chunk, receive.piece)
+
     def handle(self, receive: Receive) -> None:
         chunk, piece = receive.chunk, receive.piece
+        if receive.then is Then.DECODE_REENCODE and self._held is not None:
+            # the re-encode needs the decoded values before ``out`` may be written; the
+            # codec is idempotent (ring-hop refuses others), so decoding the re-encoded
+            # payload at the end gives the same bits
+            scratch = workspace.take("all_gather.hop", receive.numel, self.dtype, self.device)
+            self.codec.decode(self.slots(chunk, piece), receive.numel, self.dtype, out=scratch)
+            self.codec.encode(scratch, out=self.slots(chunk, piece))
+            self._held.append((chunk, piece, receive.offset, receive.numel))
+            return
         self._decode(chunk, piece, receive.offset, receive.numel)
         if receive.then is Then.DECODE_REENCODE:
             decoded = self.chunks[chunk, receive.offset : receive.offset + receive.numel]
             self.codec.encode(decoded, out=self.slots(chunk, piece))
 
+    def hold(self) -> None:
+        """From now on, nothing is written to ``out`` until :meth:`release`."""
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held or [], None
+        for chunk, piece, offset, numel in held:
+            self._decode(chunk, piece, offset, numel)
+
     def gathered(self) -> torch.Tensor:
         return self.slots.rows.view(-1)
 
     def _decode(self, chunk: int, piece: int, offset: int, numel: int) -> None:
+        if self._held is not None:
+            self._held.append((chunk, piece, offset, numel))
+            return
         out = self.chunks[chunk, offset : offset + numel]
         self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
@@ -120,6 +157,18 @@ class PartialSums:
 
     def receive_buffer(self, receive: Receive) -> torch.Tensor:
         return self.slots(receive.chunk, receive.piece)
+
+    def send_message(self, send: Send) -> torch.Tensor:
+        return self.slots.message(send.chunk, send.piece)
+
+    def receive_message(self, receive: Receive) -> torch.Tensor:
+        return self.slots.message(receive.chunk, receive.piece)
+
+    def hold(self) -> None:
+        """Nothing to hold: the caller copies ``result`` out after the run."""
+
+    def release(self) -> None:
+        pass
 
     def handle(self, receive: Receive) -> None:
         parts = slice(receive.offset, receive.offset + receive.numel)

@@ -128,6 +128,23 @@ class Schedule:
     def rounds(self) -> int:
         return len({step.round for step in self.steps})
 
+    @property
+    def chains_right(self) -> bool:
+        """Whether every step is one send to the right neighbour in the ring and one receive
+        from the left, in at least ``n - 1`` steps: a chain of messages that can carry the
+        argument check (:mod:`commpress.collectives.inband`)."""
+        n = self.world_size
+        if self.transport is not Transport.P2P or len(self.steps) < n - 1:
+            return False
+        left, right = (self.rank - 1) % n, (self.rank + 1) % n
+        return all(
+            len(step.sends) == 1
+            and step.sends[0].dsts == (right,)
+            and len(step.receives) == 1
+            and step.receives[0].src == left
+            for step in self.steps
+        )
+
     def __str__(self) -> str:
         head = (
             f"{self.op} {self.algorithm}, codec {self.codec}, rank {self.rank} of "

@@ -12,6 +12,10 @@ from commpress.codecs import get_codec
 from commpress.schedules import payloads
 from commpress.schedules.payloads import chunk_numel
 from commpress.schedules.registry import NATIVE, plan
+from commpress.schedules.steps import Schedule
+
+#: What the argument check adds in front of each message where it rides in band (gloo).
+HEADER_BYTES = 32
 
 
 def wire_bytes(
@@ -22,6 +26,7 @@ def wire_bytes(
     world_size: int,
     dtype: torch.dtype,
     chunk_bytes: int | None = None,
+    in_band_check: bool = False,
 ) -> int:
     """Bytes each rank sends per call (the largest over ranks).
 
@@ -29,10 +34,25 @@ def wire_bytes(
     reduction). ``native`` counts what a bandwidth-optimal uncompressed ring sends
     (nccl-tests' busbw bytes): the ``ring`` schedule of codec ``none`` on the raw dtype,
     the same for every reduction's two halves. gloo's own reduce-scatter sends more.
+    ``in_band_check``: add the argument check's headers (:func:`check_bytes`), as a call
+    on gloo sends them.
     """
     if chunk_bytes is None:
         chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
-    return _wire_bytes(op, algorithm, str(get_codec(codec)), numel, world_size, dtype, chunk_bytes)
+    codec = str(get_codec(codec))
+    sent = _wire_bytes(op, algorithm, codec, numel, world_size, dtype, chunk_bytes)
+    if in_band_check and algorithm != NATIVE and world_size > 1:
+        (first, *_) = plan(op, algorithm, 0, world_size, numel, dtype, codec, chunk_bytes)
+        sent += check_bytes(first)
+    return sent
+
+
+def check_bytes(schedule: Schedule) -> int:
+    """What the in-band argument check adds to the first schedule of a call: a header on
+    each message of a chain (:attr:`~commpress.schedules.steps.Schedule.chains_right`),
+    else ``n - 1`` headers sent alone before it."""
+    messages = len(schedule.steps) if schedule.chains_right else schedule.world_size - 1
+    return HEADER_BYTES * messages
 
 
 @functools.lru_cache(maxsize=4096)

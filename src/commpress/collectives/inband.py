@@ -1,0 +1,202 @@
+"""The argument check on gloo, carried in the payload messages themselves.
+
+On gloo every checked collective is a chain of messages from each rank to its right
+neighbour in the ring, each opening with a :data:`HEADER_BYTES` header: the digest of the
+sender's arguments (:func:`~commpress.collectives.fingerprint.digest`), a poison flag, the
+size of this message and of the sender's next one. A ring schedule carries its payloads
+in that chain, so the check sends no message of its own; any other schedule sends ``n - 1``
+headers first, alone.
+
+Why no rank can end another: gloo ends the process whose posted receive is *smaller* than
+the message that arrives, and accepts a smaller message. Every rank posts its first
+receive into a buffer of :data:`FIRST_MESSAGE_BYTES`, and no first message is larger (a
+longer first payload continues in a second message). From the first header on, a rank
+knows whether its left neighbour agrees: if so, every later message is the size its own
+schedule says; if not, the headers announce each next size, and the rank receives and drops
+them all.
+
+Why every rank learns of a mismatch: a rank whose left neighbour disagrees poisons every
+message it sends, and so does every rank that has received a poisoned one. A cycle with
+any disagreement has at least two ranks whose left neighbour disagrees, and the poison of
+each reaches every rank but its own left neighbour within the ``n - 1`` rounds (each round's
+message leaves after the previous round's has arrived). Until the last round, nothing is
+written to the output (:meth:`~commpress.collectives.payloads.Gathered.hold`).
+
+Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
+after all-gathering the whole fingerprints, to name both sides; every message has been
+received, so the group stays usable.
+"""
+
+from __future__ import annotations
+
+import struct
+from datetime import timedelta
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from commpress.collectives import fingerprint as fingerprints
+from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerprint
+from commpress.collectives.workspace import workspace
+from commpress.schedules.ring import neighbours
+from commpress.schedules.wire import HEADER_BYTES
+from commpress.transport import p2p
+
+#: The largest first message; every rank's first receive is posted this large.
+FIRST_MESSAGE_BYTES = 8 << 20
+_MAGIC = b"cpib"
+# magic, poisoned, digest, this message's bytes, the sender's next message's bytes
+_HEADER = struct.Struct("<4s?3xQQQ")
+
+
+class Header(NamedTuple):
+    digest: int
+    poisoned: bool
+    total: int  # this message's bytes, header included (its first part, when cut)
+    next_bytes: int  # the sender's next message to this rank, 0 after its last
+
+
+def applies(group: dist.ProcessGroup | None) -> bool:
+    """Whether checked collectives on ``group`` carry their check in band: on every backend
+    but NCCL (whose ops run in issue order on one stream, and whose check is an all-reduce),
+    in a group of two or more."""
+    return dist.get_world_size(group) > 1 and p2p.sends_may_go_alone(group)
+
+
+def stamp(message: torch.Tensor, header: Header) -> None:
+    packed = _HEADER.pack(_MAGIC, header.poisoned, header.digest, header.total, header.next_bytes)
+    if message.device.type == "cpu":
+        message[:HEADER_BYTES].numpy()[:] = memoryview(packed)
+    else:
+        message[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(packed), dtype=torch.uint8))
+
+
+def read(message: torch.Tensor) -> Header | None:
+    """``None`` when ``message`` does not start with a header this version writes."""
+    raw = message[:HEADER_BYTES].cpu().numpy().tobytes()
+    magic, poisoned, digest, total, next_bytes = _HEADER.unpack(raw)
+    return Header(digest, poisoned, total, next_bytes) if magic == _MAGIC else None
+
+
+class LeftDisagrees(Exception):
+    """Raised inside a run when the left neighbour's first header differs from this rank's."""
+
+    def __init__(self, header: Header | None):
+        super().__init__("the left neighbour's arguments differ")
+        self.header = header
+
+
+class Check:
+    """One collective's check: this rank's digest, the poison it has seen, and the chain of
+    messages it sends to its right neighbour."""
+
+    def __init__(self, group, mine: Fingerprint, timeout: timedelta | None, device):
+        self.group = dist.group.WORLD if group is None else group
+        self.timeout, self.device = timeout, device
+        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.left, self.right = neighbours(self.rank, self.world_size)
+        self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
+        self.digest = fingerprints.digest(self.row)
+        self.poisoned = False
+
+    def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
+        nxt = 0 if next_message is None else next_message.numel()
+        stamp(message, Header(self.digest, self.poisoned, message.numel(), nxt))
+
+    # -- the first message, both ways --------------------------------------------------
+
+    def send_first(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first message cut after :data:`FIRST_MESSAGE_BYTES`: ``(first part, rest)``,
+        the rest ``None`` when there is none. The rest goes in a batch of its own, waited
+        only after the left neighbour's first part has been read (its receiver posts it
+        then)."""
+        cut = FIRST_MESSAGE_BYTES
+        return (message, None) if message.numel() <= cut else (message[:cut], message[cut:])
+
+    def first_scratch(self) -> torch.Tensor:
+        return workspace.take("inband.first", FIRST_MESSAGE_BYTES, torch.uint8, self.device)
+
+    def accept_first(self, scratch: torch.Tensor, into: torch.Tensor | None) -> Header:
+        """Read the left neighbour's first header from ``scratch``; raise
+        :class:`LeftDisagrees` unless it agrees. ``into``: where this rank's schedule puts
+        the message (its rest is received there directly)."""
+        header = read(scratch)
+        if header is None or header.digest != self.digest:
+            raise LeftDisagrees(header)
+        self.poisoned |= header.poisoned
+        if into is not None:
+            first = min(into.numel(), FIRST_MESSAGE_BYTES)
+            into[:first].copy_(scratch[:first])
+            if into.numel() > first:
+                p2p.Batch(self.group, [], [(into[first:], self.left)]).wait(self.timeout)
+        return header
+
+    def note(self, message: torch.Tensor) -> None:
+        """A later message from the left neighbour (which agrees) has arrived."""
+        header = read(message)
+        self.poisoned |= header is None or header.poisoned
+
+    # -- rounds of headers alone, for schedules that are not a ring ----------------------
+
+    def header_rounds(self) -> None:
+        """``n - 1`` rounds of a header alone to the right; raise on a mismatch anywhere."""
+        rounds = self.world_size - 1
+        messages = workspace.take(
+            "inband.rounds", rounds * HEADER_BYTES, torch.uint8, self.device
+        ).view(rounds, HEADER_BYTES)
+        received = workspace.take("inband.received", HEADER_BYTES, torch.uint8, self.device)
+        for k in range(rounds):
+            self.stamp(messages[k], messages[k + 1] if k + 1 < rounds else None)
+            if k == 0:  # a header alone is never cut
+                scratch = self.first_scratch()
+                sends = [(messages[0], self.right)]
+                p2p.Batch(self.group, sends, [(scratch, self.left)]).wait(self.timeout)
+                try:
+                    self.accept_first(scratch, None)
+                except LeftDisagrees as disagreement:
+                    self.disagree(disagreement.header, list(messages[1:]))
+                continue
+            batch = p2p.Batch(self.group, [(messages[k], self.right)], [(received, self.left)])
+            batch.wait(self.timeout)
+            self.note(received)
+        if self.poisoned:
+            self.raise_mismatch()
+
+    # -- the ends ------------------------------------------------------------------------
+
+    def disagree(self, first: Header | None, remaining: list[torch.Tensor]) -> None:
+        """The left neighbour's arguments differ: send the rest of this rank's chain
+        (poisoned), receive and drop the rest of the left's, then raise."""
+        self.poisoned = True
+        for index, message in enumerate(remaining):
+            following = remaining[index + 1] if index + 1 < len(remaining) else None
+            self.stamp(message, following)
+        sends = p2p.Batch(self.group, [(m, self.right) for m in remaining], [])
+        readable = first is not None
+        if readable:
+            rest = max(first.total - FIRST_MESSAGE_BYTES, 0)
+            if rest:
+                self._drop(rest)
+            size = first.next_bytes
+            while size:
+                header = self._drop(size)
+                if header is None:
+                    readable = False
+                    break
+                size = header.next_bytes
+        sends.wait(self.timeout)
+        self.raise_mismatch(readable)
+
+    def _drop(self, size: int) -> Header | None:
+        buffer = workspace.take("inband.dropped", size, torch.uint8, self.device)
+        p2p.Batch(self.group, [], [(buffer, self.left)]).wait(self.timeout)
+        return read(buffer) if size >= HEADER_BYTES else None
+
+    def raise_mismatch(self, drained: bool = True) -> None:
+        device = self.device if dist.get_backend(self.group) == "nccl" else "cpu"
+        rows = fingerprints.every_fingerprint(self.group, self.row, device, self.timeout)
+        message = fingerprints.mismatch_message(rows, self.rank, self.world_size)
+        if not drained:
+            message += "; a peer's messages could not be drained, so this group may be unusable"
+        raise CollectiveMismatchError(message)
