@@ -5,8 +5,10 @@ builds HOSTS hosts at 1 Gbit/s, prefix ``cpck``). For each size (bytes of the al
 output and of the reduce-scatter input, fp32, as nccl-tests), the int8 ``ring`` all-gather
 and reduce-scatter run in three variants, interleaved call by call in the same processes:
 
-* ``check``: as shipped: one all-reduce of the fingerprints' digests, started before the
-  encode; the first ring send leaves before its verdict, the first receive after it;
+* ``check``: as the library runs it at the commit measured (from ``ba56f87`` on gloo: in
+  band, a header on each message, ``commpress/collectives/inband.py``; at ``74c097e``: one
+  all-reduce of the digests, the first ring send before its verdict, the first receive
+  after it);
 * ``nocheck``: no fingerprint at all;
 * ``one-message``: no check, but one 128-byte message to the right neighbour per call,
   posted first and awaited last: what any check that sends a message costs at least.

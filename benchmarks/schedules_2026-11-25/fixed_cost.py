@@ -74,7 +74,7 @@ class _PointToPointCheck(Agreement):
     def __init__(self, group, mine, timeout, device, early=None):
         self._group, self._timeout = group or dist.group.WORLD, timeout
         rank, world_size = dist.get_rank(self._group), dist.get_world_size(self._group)
-        local = torch.frombuffer(bytearray(mine.to_bytes(0, early)), dtype=torch.uint8)
+        local = torch.frombuffer(bytearray(mine.to_bytes(0)), dtype=torch.uint8)
         self._rows = torch.empty(world_size, local.numel(), dtype=torch.uint8)
         peers = [peer for peer in range(world_size) if peer != rank]
         sends = [(local, peer) for peer in peers]

@@ -1,8 +1,8 @@
 """Ranks that call a collective with different arguments all get a clear error, not a crash.
 
-Every compressed collective starts by exchanging a fingerprint of its arguments
-(``commpress.collectives.fingerprint``); without it gloo kills a process whose receive size
-differs, and the other rank reads garbage or a reset connection.
+Every compressed collective checks a fingerprint of its arguments (on gloo in the headers
+of its own messages, ``commpress.collectives.inband``); without it gloo kills a process
+whose receive size differs, and the other rank reads garbage or a reset connection.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _dtypes(rank, world_size):
 
 
 def _algorithms(rank, world_size):
-    """Ranks on the ring send their first payloads before the check (to the next rank); the
-    rank on ``backend`` sends nothing early but must take theirs off the wire."""
+    """Ranks on the ring send their payloads with the check in their headers; the rank on
+    ``backend`` sends headers alone, and must take the ring's payloads off the wire."""
 
     def call(rank):
         algorithm = "backend" if rank == world_size - 1 else "ring"
@@ -101,7 +101,7 @@ def test_a_ring_and_a_backend_rank_raise_and_the_group_stays_usable():
 
 def _long_codec(rank, world_size):
     """Found in review: a codec spec too long for the fingerprint's text field. Its rank's
-    early payload must still be drained by the rank it was sent to."""
+    payloads must still be drained by the rank they were sent to."""
 
     def call(rank):
         codec = "int8:block=4096,impl=reference,stochastic=True,seed=" + "7" * 40
@@ -255,3 +255,42 @@ def _first_message_cut(rank, world_size):
 def test_a_first_message_cut_in_two_changes_no_bit():
     results = run_distributed(_first_message_cut, 3, timeout=60)
     assert all(gathered and reduced for gathered, reduced in results), results
+
+
+def _both_cut(rank, world_size):
+    """Found in review: two ranks that disagree and both cut their first message waited
+    for each other's rest before either drained (a hang until the timeout)."""
+    from commpress.collectives import inband
+
+    inband.FIRST_MESSAGE_BYTES = 300
+    return _sizes(rank, world_size)
+
+
+def test_two_ranks_that_both_cut_their_first_message_still_raise():
+    results = run_distributed(_both_cut, 2, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and untouched and recovered, (rank, error)
+
+
+def _windows(rank, world_size):
+    """Found in review: a setting outside the fingerprint (the executor's window) that
+    differs makes messages of other sizes under the same fingerprint."""
+    from commpress.collectives import executor
+
+    gather = _all_gather({0: 1000, 1: 1000}, {0: "int8", 1: "int8"})
+
+    def call(rank):
+        executor.WINDOW = 2 if rank == 1 else 1
+        try:
+            return gather(rank)
+        finally:
+            executor.WINDOW = 1
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_same_arguments_but_messages_of_another_size_raise_on_every_rank():
+    results = run_distributed(_windows, 2, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and "messages differ in size" in error, (rank, error)
+        assert untouched and recovered

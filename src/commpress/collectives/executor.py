@@ -12,7 +12,8 @@ schedule names. The executor only orders them:
    payloads are encoded; either way nothing is written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces
-   (:attr:`~commpress.schedules.Then.rewrites_payload`).
+   (:attr:`~commpress.schedules.Then.rewrites_payload`); with the in-band check, the
+   writes into the output (an all-gather's decodes) wait for the last step instead.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def execute(
     window = WINDOW if window is None else window
     if schedule.transport is Transport.MULTICAST:
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
-    if fingerprint is not None and inband.applies(group):
+    if fingerprint is not None and inband.applies(group, payloads.device):
         check = inband.Check(group, fingerprint, timeout, payloads.device)
         if window == 1 and schedule.chains_right:
             _execute_in_band(schedule, payloads, group, timeout, check)
@@ -140,7 +141,7 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     try:
         _run_steps(schedule, payloads, 1, timeout, start)
     except inband.LeftDisagrees as disagreement:
-        check.disagree(disagreement.header, messages[1:])
+        check.disagree(disagreement.header, messages[1:], disagreement.pending)
     if check.poisoned:
         check.raise_mismatch()
     payloads.release()
@@ -161,9 +162,13 @@ class _FirstMessage:
         self._batch.wait(timeout)
         try:
             self._check.accept_first(self._scratch, self._into)
-        finally:
-            if self._rest is not None:
-                self._rest.wait(timeout)
+        except inband.LeftDisagrees as disagreement:
+            # the right neighbour may be draining its own left first: wait for the rest
+            # of this message only once this rank has drained its own (a cycle otherwise)
+            disagreement.pending = self._rest
+            raise
+        if self._rest is not None:
+            self._rest.wait(timeout)
 
 
 class _Noted:

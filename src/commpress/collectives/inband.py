@@ -57,11 +57,16 @@ class Header(NamedTuple):
     next_bytes: int  # the sender's next message to this rank, 0 after its last
 
 
-def applies(group: dist.ProcessGroup | None) -> bool:
-    """Whether checked collectives on ``group`` carry their check in band: on every backend
-    but NCCL (whose ops run in issue order on one stream, and whose check is an all-reduce),
-    in a group of two or more."""
-    return dist.get_world_size(group) > 1 and p2p.sends_may_go_alone(group)
+def applies(group: dist.ProcessGroup | None, device) -> bool:
+    """Whether a checked collective on ``group`` with tensors on ``device`` carries its
+    check in band: CPU tensors, in a group of two or more whose backend is not NCCL alone.
+    CUDA tensors keep the all-reduce (NCCL's point-to-point wants matching sizes, and a
+    group made without naming a backend moves them with NCCL)."""
+    return (
+        torch.device(device).type == "cpu"
+        and dist.get_world_size(group) > 1
+        and p2p.sends_may_go_alone(group)
+    )
 
 
 def stamp(message: torch.Tensor, header: Header) -> None:
@@ -85,6 +90,7 @@ class LeftDisagrees(Exception):
     def __init__(self, header: Header | None):
         super().__init__("the left neighbour's arguments differ")
         self.header = header
+        self.pending: p2p.Batch | None = None  # this rank's own first message's rest
 
 
 class Check:
@@ -99,6 +105,7 @@ class Check:
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
         self.digest = fingerprints.digest(self.row)
         self.poisoned = False
+        self.sizes_differ = False  # same fingerprint, messages of another size
 
     def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
         nxt = 0 if next_message is None else next_message.numel()
@@ -117,12 +124,17 @@ class Check:
     def first_scratch(self) -> torch.Tensor:
         return workspace.take("inband.first", FIRST_MESSAGE_BYTES, torch.uint8, self.device)
 
-    def accept_first(self, scratch: torch.Tensor, into: torch.Tensor | None) -> Header:
+    def accept_first(self, scratch: torch.Tensor, into: torch.Tensor | None = None) -> Header:
         """Read the left neighbour's first header from ``scratch``; raise
-        :class:`LeftDisagrees` unless it agrees. ``into``: where this rank's schedule puts
-        the message (its rest is received there directly)."""
+        :class:`LeftDisagrees` unless it agrees and its message is the size expected.
+        ``into``: where this rank's schedule puts the message (its rest is received there
+        directly); ``None`` in the rounds of headers alone."""
         header = read(scratch)
+        expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
+            raise LeftDisagrees(header)
+        if header.total != expected:
+            self.sizes_differ = True  # a setting outside the fingerprint differs
             raise LeftDisagrees(header)
         self.poisoned |= header.poisoned
         if into is not None:
@@ -135,7 +147,9 @@ class Check:
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
         header = read(message)
-        self.poisoned |= header is None or header.poisoned
+        if header is not None and header.total != message.numel():
+            self.sizes_differ = True
+        self.poisoned |= header is None or header.poisoned or self.sizes_differ
 
     # -- rounds of headers alone, for schedules that are not a ring ----------------------
 
@@ -153,7 +167,7 @@ class Check:
                 sends = [(messages[0], self.right)]
                 p2p.Batch(self.group, sends, [(scratch, self.left)]).wait(self.timeout)
                 try:
-                    self.accept_first(scratch, None)
+                    self.accept_first(scratch)
                 except LeftDisagrees as disagreement:
                     self.disagree(disagreement.header, list(messages[1:]))
                 continue
@@ -165,9 +179,15 @@ class Check:
 
     # -- the ends ------------------------------------------------------------------------
 
-    def disagree(self, first: Header | None, remaining: list[torch.Tensor]) -> None:
+    def disagree(
+        self,
+        first: Header | None,
+        remaining: list[torch.Tensor],
+        pending: p2p.Batch | None = None,
+    ) -> None:
         """The left neighbour's arguments differ: send the rest of this rank's chain
-        (poisoned), receive and drop the rest of the left's, then raise."""
+        (poisoned), receive and drop the rest of the left's, then raise. ``pending``: sends
+        of this rank's already posted, waited only after the drain."""
         self.poisoned = True
         for index, message in enumerate(remaining):
             following = remaining[index + 1] if index + 1 < len(remaining) else None
@@ -185,6 +205,8 @@ class Check:
                     readable = False
                     break
                 size = header.next_bytes
+        if pending is not None:
+            pending.wait(self.timeout)
         sends.wait(self.timeout)
         self.raise_mismatch(readable)
 
@@ -196,7 +218,14 @@ class Check:
     def raise_mismatch(self, drained: bool = True) -> None:
         device = self.device if dist.get_backend(self.group) == "nccl" else "cpu"
         rows = fingerprints.every_fingerprint(self.group, self.row, device, self.timeout)
-        message = fingerprints.mismatch_message(rows, self.rank, self.world_size)
+        if len(set(rows)) == 1:
+            message = (
+                f"every rank of a group of {self.world_size} called the collective with the "
+                "same arguments, but their messages differ in size: a setting outside the "
+                "arguments differs between ranks (e.g. commpress.collectives.executor.WINDOW)"
+            )
+        else:
+            message = fingerprints.mismatch_message(rows, self.rank, self.world_size)
         if not drained:
             message += "; a peer's messages could not be drained, so this group may be unusable"
         raise CollectiveMismatchError(message)
