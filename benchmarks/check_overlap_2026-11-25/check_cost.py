@@ -1,9 +1,10 @@
 """What the argument check costs a compressed collective, on the emulated cluster.
 
-``python benchmarks/check_overlap_2026-11-25/check_cost.py HOSTS ITERS SIZE...`` (root;
+``python benchmarks/check_overlap_2026-11-25/check_cost.py HOSTS ITERS SIZE... [ALGORITHM]``
+(root, ALGORITHM ``ring`` unless given;
 builds HOSTS hosts at 1 Gbit/s, prefix ``cpck``). For each size (bytes of the all-gather
-output and of the reduce-scatter input, fp32, as nccl-tests), the int8 ``ring`` all-gather
-and reduce-scatter run in three variants, interleaved call by call in the same processes:
+output and of the reduce-scatter input, fp32, as nccl-tests), the int8 all-gather and
+reduce-scatter run in three variants, interleaved call by call in the same processes:
 
 * ``check``: as the library runs it at the commit measured (from ``ba56f87`` on gloo: in
   band, a header on each message, ``commpress/collectives/inband.py``; at ``74c097e``: one
@@ -61,19 +62,20 @@ def _variant(name: str):
     return undo
 
 
-def _call(op: str, size: int, world_size: int):
+def _call(op: str, size: int, world_size: int, algorithm: str):
     if op == "all_gather":
         inp, out = torch.randn(size // 4 // world_size), torch.empty(size // 4)
-        return lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="ring")
+        return lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm=algorithm)
     inp, out = torch.randn(size // 4), torch.empty(size // 4 // world_size)
-    return lambda: cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="ring")
+    reduce_algorithm = "alltoall" if algorithm == "backend" else algorithm
+    return lambda: cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm=reduce_algorithm)
 
 
-def worker(rank, world_size, sizes, iterations):
+def worker(rank, world_size, sizes, iterations, algorithm):
     results = {}
     for size in sizes:
         for op in ("all_gather", "reduce_scatter"):
-            call = _call(op, size, world_size)
+            call = _call(op, size, world_size, algorithm)
             times = {v: [] for v in VARIANTS}
             for index in range(WARMUP + iterations):
                 for variant in VARIANTS:
@@ -92,10 +94,14 @@ def worker(rank, world_size, sizes, iterations):
 
 def main() -> None:
     hosts, iterations = int(sys.argv[1]), int(sys.argv[2])
-    sizes = [int(s) for s in sys.argv[3:]]
+    algorithm = sys.argv[-1] if not sys.argv[-1].isdigit() else "ring"
+    sizes = [int(s) for s in sys.argv[3:] if s.isdigit()]
     with cluster_for(hosts, "1gbit", prefix="cpck") as cluster:
-        results = cluster.run(worker, sizes, iterations, timeout=1800)[0]
-    print(f"{hosts} hosts at 1 Gbit/s, int8 ring, median of {iterations} interleaved calls (ms)")
+        results = cluster.run(worker, sizes, iterations, algorithm, timeout=1800)[0]
+    print(
+        f"{hosts} hosts at 1 Gbit/s, int8 {algorithm} (reduce-scatter: alltoall for backend), "
+        f"median of {iterations} interleaved calls (ms)"
+    )
     print("| op | size (B) | " + " | ".join(VARIANTS) + " | check vs nocheck |")
     print("|---|---:|" + "---:|" * len(VARIANTS) + "---:|")
     for (op, size), row in results.items():

@@ -248,7 +248,7 @@ def _worker(rank, world_size, config):
             dist.all_reduce(wrong)
             error = (out.double() - exact).norm() / exact.norm()
             algbw = size_bytes / seconds / 1e9
-            checked = inband.applies(None)  # a header on each message on gloo
+            checked = inband.applies(None, inp.device)  # a header on each message (gloo)
             wire = wire_bytes(op, algorithm, codec, numel, world_size, dtype, in_band_check=checked)
             rows.append(
                 {

@@ -7,7 +7,7 @@ schedule names. The executor only orders them:
 
 1. the argument check: on gloo carried in the messages themselves
    (:mod:`commpress.collectives.inband`: a ring's payloads carry it, any other schedule
-   first sends it alone), elsewhere one all-reduce
+   first sends a header alone and takes an all-reduce's verdict), elsewhere one all-reduce
    (:class:`~commpress.collectives.fingerprint.Agreement`) in flight while the own
    payloads are encoded; either way nothing is written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
@@ -84,21 +84,22 @@ def execute(
     window = WINDOW if window is None else window
     if schedule.transport is Transport.MULTICAST:
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
+    settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
-        check = inband.Check(group, fingerprint, timeout, payloads.device)
-        if window == 1 and schedule.chains_right:
+        chains = window == 1 and schedule.chains_right
+        check = inband.Check(group, fingerprint, timeout, payloads.device, chains)
+        if chains:
             _execute_in_band(schedule, payloads, group, timeout, check)
             return
-        check.header_rounds()
-        fingerprint = None  # agreed
-    agreement = None
-    if fingerprint is not None:
-        agreement = Agreement(group, fingerprint, timeout, payloads.device)
-        if payloads.encodes_change_state:
-            agreement.check()
+        check.post_header()
+        settle = check.settle
+    elif fingerprint is not None:
+        settle = Agreement(group, fingerprint, timeout, payloads.device).check
+    if settle is not None and payloads.encodes_change_state:
+        settle()
     _encode_own(schedule, payloads)
-    if agreement is not None:
-        agreement.check()
+    if settle is not None:
+        settle()
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     if multicasts:  # the channel is set up (once) before anything touches the output
         broadcasts = multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout)

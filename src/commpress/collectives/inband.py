@@ -4,8 +4,9 @@ On gloo every checked collective is a chain of messages from each rank to its ri
 neighbour in the ring, each opening with a :data:`HEADER_BYTES` header: the digest of the
 sender's arguments (:func:`~commpress.collectives.fingerprint.digest`), a poison flag, the
 size of this message and of the sender's next one. A ring schedule carries its payloads
-in that chain, so the check sends no message of its own; any other schedule sends ``n - 1``
-headers first, alone.
+in that chain, so the check sends no message of its own; any other schedule sends one
+header alone (the first message of every rank must be one, whatever its algorithm), then
+takes every rank's verdict from one all-reduce of the digests.
 
 Why no rank can end another: gloo ends the process whose posted receive is *smaller* than
 the message that arrives, and accepts a smaller message. Every rank posts its first
@@ -16,15 +17,18 @@ schedule says; if not, the headers announce each next size, and the rank receive
 them all.
 
 Why every rank learns of a mismatch: a rank whose left neighbour disagrees poisons every
-message it sends, and so does every rank that has received a poisoned one. A cycle with
-any disagreement has at least two ranks whose left neighbour disagrees, and the poison of
-each reaches every rank but its own left neighbour within the ``n - 1`` rounds (each round's
-message leaves after the previous round's has arrived). Until the last round, nothing is
-written to the output (:meth:`~commpress.collectives.payloads.Gathered.hold`).
+message it sends, and so does every rank that has received a poisoned one. Among ranks
+that all run chains, a cycle with any disagreement has at least two ranks whose left
+neighbour disagrees, and the poison of each reaches every rank but its own left neighbour
+within the ``n - 1`` rounds (each round's message leaves after the previous round's has
+arrived). Where some ranks run other schedules, each stretch of chain ranks starts with a
+rank whose left neighbour differs, and its poison reaches the whole stretch; the other
+ranks learn from the all-reduce, which every poisoned rank joins. Until the last round,
+nothing is written to the output (:meth:`~commpress.collectives.payloads.Gathered.hold`).
 
 Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
-after all-gathering the whole fingerprints, to name both sides; every message has been
-received, so the group stays usable.
+after the all-reduce and an all-gather of the whole fingerprints, to name both sides;
+every message has been received, so the group stays usable.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerpri
 from commpress.collectives.workspace import workspace
 from commpress.schedules.ring import neighbours
 from commpress.schedules.wire import HEADER_BYTES
-from commpress.transport import p2p
+from commpress.transport import collective, p2p
 
 #: The largest first message; every rank's first receive is posted this large.
 FIRST_MESSAGE_BYTES = 8 << 20
@@ -97,15 +101,21 @@ class Check:
     """One collective's check: this rank's digest, the poison it has seen, and the chain of
     messages it sends to its right neighbour."""
 
-    def __init__(self, group, mine: Fingerprint, timeout: timedelta | None, device):
+    def __init__(self, group, mine: Fingerprint, timeout: timedelta | None, device, chains: bool):
+        """``chains``: whether this rank's schedule carries the check in its messages (part
+        of the digest: a rank that runs a chain and one that does not must not agree)."""
         self.group = dist.group.WORLD if group is None else group
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.left, self.right = neighbours(self.rank, self.world_size)
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
-        self.digest = fingerprints.digest(self.row)
+        self.digest = fingerprints.digest(self.row) ^ int(chains)
         self.poisoned = False
         self.sizes_differ = False  # same fingerprint, messages of another size
+        self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
+        self._verdict: torch.Tensor | None = None
+        self._header: p2p.Batch | None = None  # a header alone, in flight
+        self._scratch: torch.Tensor | None = None
 
     def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
         nxt = 0 if next_message is None else next_message.numel()
@@ -151,31 +161,52 @@ class Check:
             self.sizes_differ = True
         self.poisoned |= header is None or header.poisoned or self.sizes_differ
 
-    # -- rounds of headers alone, for schedules that are not a ring ----------------------
+    # -- a header alone, then a verdict, for schedules that are not a chain -----------
 
-    def header_rounds(self) -> None:
-        """``n - 1`` rounds of a header alone to the right; raise on a mismatch anywhere."""
-        rounds = self.world_size - 1
-        messages = workspace.take(
-            "inband.rounds", rounds * HEADER_BYTES, torch.uint8, self.device
-        ).view(rounds, HEADER_BYTES)
-        received = workspace.take("inband.received", HEADER_BYTES, torch.uint8, self.device)
-        for k in range(rounds):
-            self.stamp(messages[k], messages[k + 1] if k + 1 < rounds else None)
-            if k == 0:  # a header alone is never cut
-                scratch = self.first_scratch()
-                sends = [(messages[0], self.right)]
-                p2p.Batch(self.group, sends, [(scratch, self.left)]).wait(self.timeout)
-                try:
-                    self.accept_first(scratch)
-                except LeftDisagrees as disagreement:
-                    self.disagree(disagreement.header, list(messages[1:]))
-                continue
-            batch = p2p.Batch(self.group, [(messages[k], self.right)], [(received, self.left)])
-            batch.wait(self.timeout)
-            self.note(received)
-        if self.poisoned:
+    def post_header(self) -> None:
+        """Start the check of a schedule that is not a chain: one header to the right (every
+        rank's first message is one) and every rank's verdict, one all-reduce, in flight.
+        :meth:`settle` waits for them."""
+        self._post_verdict()
+        message = workspace.take("inband.header", HEADER_BYTES, torch.uint8, self.device)
+        self.stamp(message, None)
+        self._scratch = self.first_scratch()
+        receives = [(self._scratch, self.left)]
+        self._header = p2p.Batch(self.group, [(message, self.right)], receives)
+
+    def settle(self) -> None:
+        """Raise on a mismatch anywhere; later calls return at once."""
+        header, self._header = self._header, None
+        if header is None:
+            return
+        header.wait(self.timeout)
+        try:
+            self.accept_first(self._scratch)
+        except LeftDisagrees as disagreement:
+            self.disagree(disagreement.header, [])
+        if not self._every_rank_agrees():
             self.raise_mismatch()
+
+    def _post_verdict(self) -> None:
+        """One all-reduce (MAX) of ``[digest, -digest]``: every rank agrees when the two are
+        each other's negation. Every rank of a mismatch joins it once: those whose schedule
+        is not a chain always, the others on their way to :meth:`raise_mismatch` (every one
+        of them is poisoned by then, and its digest, which says it runs a chain, differs
+        from theirs)."""
+        self._verdict = torch.tensor([self.digest, -self.digest], dtype=torch.int64)
+        self._reduced = p2p.Pending(
+            collective.all_reduce(self._verdict, dist.ReduceOp.MAX, self.group)
+        )
+
+    def _every_rank_agrees(self) -> bool:
+        """The verdict (posted now if it was not); once per collective."""
+        if self._verdict is None:
+            self._post_verdict()
+        reduced, self._reduced = self._reduced, None
+        if reduced is not None:
+            reduced.wait(self.timeout)
+        largest, negated_smallest = self._verdict.tolist()
+        return largest == -negated_smallest
 
     # -- the ends ------------------------------------------------------------------------
 
@@ -216,6 +247,7 @@ class Check:
         return read(buffer) if size >= HEADER_BYTES else None
 
     def raise_mismatch(self, drained: bool = True) -> None:
+        self._every_rank_agrees()  # the ranks whose schedule is not a chain wait in it
         device = self.device if dist.get_backend(self.group) == "nccl" else "cpu"
         rows = fingerprints.every_fingerprint(self.group, self.row, device, self.timeout)
         if len(set(rows)) == 1:
