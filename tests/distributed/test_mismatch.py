@@ -292,5 +292,37 @@ def _windows(rank, world_size):
 def test_same_arguments_but_messages_of_another_size_raise_on_every_rank():
     results = run_distributed(_windows, 2, timeout=60)
     for rank, (error, untouched, recovered) in enumerate(results):
-        assert error is not None and "messages differ in size" in error, (rank, error)
+        assert error is not None and "their messages differ" in error, (rank, error)
         assert untouched and recovered
+
+
+def _not_chains(rank, world_size, algorithms):
+    """Ranks whose schedules are not chains send one header and take an all-reduce's
+    verdict; rank 1 (of three) calls with more elements."""
+    numel = {r: 1000 for r in range(world_size)}
+    numel[1] = 1200
+    algorithm = algorithms[rank]
+
+    def call(rank):
+        out = torch.full((numel[rank] * world_size,), SENTINEL)
+        try:
+            cp.all_gather_into_tensor(
+                out, torch.ones(numel[rank]), codec="int8", algorithm=algorithm, timeout=TIMEOUT
+            )
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+@pytest.mark.parametrize(
+    "algorithms",
+    [("backend", "backend", "backend"), ("backend", "backend", "ring")],
+    ids=["no-chain", "two-not-chains-and-a-chain"],
+)
+def test_schedules_that_are_not_chains_raise_on_every_rank(algorithms):
+    results = run_distributed(_not_chains, 3, algorithms, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and untouched and recovered, (rank, error)
+    assert "rank 1 called all_gather (backend) with 1200 float32 elements" in results[0][0]

@@ -5,7 +5,7 @@ What each action of a schedule does to tensors is the business of a :class:`Payl
 (:mod:`commpress.collectives.payloads`); what moves the bytes is the transport the
 schedule names. The executor only orders them:
 
-1. the argument check: on gloo carried in the messages themselves
+1. the argument check: for CPU tensors on gloo carried in the messages themselves
    (:mod:`commpress.collectives.inband`: a ring's payloads carry it, any other schedule
    first sends a header alone and takes an all-reduce's verdict), elsewhere one all-reduce
    (:class:`~commpress.collectives.fingerprint.Agreement`) in flight while the own

@@ -7,15 +7,17 @@ call's sequence number on the group). If any rank's differs, every rank raises
 output; the process and the group stay usable, so the next collective with matching
 arguments works.
 
-Two carriers, chosen by the group's backend, the same on every rank:
+Two carriers, chosen by the group's backend and the tensors' device:
 
-* gloo (and any backend but NCCL): the check rides the collective's own messages
-  (:mod:`commpress.collectives.inband`), because gloo ends a process whose receive is
+* CPU tensors on any backend but NCCL (gloo): :mod:`commpress.collectives.inband`. A ring
+  carries the check in its own messages, because gloo ends a process whose receive is
   smaller than the message that arrives, and because a check of its own costs a visible
   share of a 1 MiB collective on a busy host (``benchmarks/check_overlap_2026-11-25``);
-* NCCL: an :class:`Agreement`, one all-reduce of a 63-bit digest of the fingerprint (MAX
-  of ``digest`` and of ``-digest``: the ranks agree exactly when the two maxima are each
-  other's negation), overlapped with the encode and awaited before the first transfer.
+  other schedules send one header alone, then take an all-reduce's verdict;
+* CUDA tensors, or an NCCL group: an :class:`Agreement`, one all-reduce of a 63-bit digest
+  of the fingerprint (MAX of ``digest`` and of ``-digest``: the ranks agree exactly when
+  the two maxima are each other's negation), overlapped with the encode and awaited
+  before the first transfer.
 
 Either way, only on a mismatch do the ranks all-gather their whole 128-byte fingerprints,
 to name both sides' arguments.

@@ -1,20 +1,23 @@
-"""The argument check on gloo, carried in the payload messages themselves.
+"""The argument check on gloo (CPU tensors, any backend but NCCL), carried in the payload
+messages themselves.
 
-On gloo every checked collective is a chain of messages from each rank to its right
-neighbour in the ring, each opening with a :data:`HEADER_BYTES` header: the digest of the
+Every checked collective starts with a message from each rank to its right neighbour in
+the ring, opening with a :data:`HEADER_BYTES` header: the digest of the
 sender's arguments (:func:`~commpress.collectives.fingerprint.digest`), a poison flag, the
-size of this message and of the sender's next one. A ring schedule carries its payloads
-in that chain, so the check sends no message of its own; any other schedule sends one
-header alone (the first message of every rank must be one, whatever its algorithm), then
-takes every rank's verdict from one all-reduce of the digests.
+size of this message and of the sender's next one. A ring schedule (a *chain*,
+:attr:`~commpress.schedules.steps.Schedule.chains_right`) carries its payloads in such
+messages, every one with a header, so the check sends no message of its own; any other
+schedule sends one header alone (the first message of every rank must be one, whatever
+its algorithm), then takes every rank's verdict from one all-reduce of the digests.
 
 Why no rank can end another: gloo ends the process whose posted receive is *smaller* than
 the message that arrives, and accepts a smaller message. Every rank posts its first
 receive into a buffer of :data:`FIRST_MESSAGE_BYTES`, and no first message is larger (a
 longer first payload continues in a second message). From the first header on, a rank
-knows whether its left neighbour agrees: if so, every later message is the size its own
-schedule says; if not, the headers announce each next size, and the rank receives and drops
-them all.
+knows whether its left neighbour agrees: if so, every later message should be the size
+its own schedule says (a header that says otherwise poisons, a larger message would still
+end the process); if not, the headers announce each next size, and the rank receives and
+drops them all.
 
 Why every rank learns of a mismatch: a rank whose left neighbour disagrees poisons every
 message it sends, and so does every rank that has received a poisoned one. Among ranks
@@ -25,6 +28,8 @@ arrived). Where some ranks run other schedules, each stretch of chain ranks star
 rank whose left neighbour differs, and its poison reaches the whole stretch; the other
 ranks learn from the all-reduce, which every poisoned rank joins. Until the last round,
 nothing is written to the output (:meth:`~commpress.collectives.payloads.Gathered.hold`).
+This holds for arguments the digest sees; a setting outside them that changes only the
+later messages' sizes may be noticed by one rank alone, and its peers then time out.
 
 Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
 after the all-reduce and an all-gather of the whole fingerprints, to name both sides;
@@ -57,7 +62,7 @@ _HEADER = struct.Struct("<4s?3xQQQ")
 class Header(NamedTuple):
     digest: int
     poisoned: bool
-    total: int  # this message's bytes, header included (its first part, when cut)
+    total: int  # this message's bytes, header included (the whole, when cut in two)
     next_bytes: int  # the sender's next message to this rank, 0 after its last
 
 
@@ -138,7 +143,7 @@ class Check:
         """Read the left neighbour's first header from ``scratch``; raise
         :class:`LeftDisagrees` unless it agrees and its message is the size expected.
         ``into``: where this rank's schedule puts the message (its rest is received there
-        directly); ``None`` in the rounds of headers alone."""
+        directly); ``None`` for the header alone of a schedule that is not a chain."""
         header = read(scratch)
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
@@ -253,8 +258,9 @@ class Check:
         if len(set(rows)) == 1:
             message = (
                 f"every rank of a group of {self.world_size} called the collective with the "
-                "same arguments, but their messages differ in size: a setting outside the "
-                "arguments differs between ranks (e.g. commpress.collectives.executor.WINDOW)"
+                "same arguments, but their messages differ (in size, or in how the check "
+                "travels): a setting outside the arguments differs between ranks (e.g. "
+                "commpress.collectives.executor.WINDOW)"
             )
         else:
             message = fingerprints.mismatch_message(rows, self.rank, self.world_size)

@@ -50,7 +50,8 @@ def wire_bytes(
 def check_bytes(schedule: Schedule) -> int:
     """What the in-band argument check adds to the first schedule of a call: a header on
     each message of a chain (:attr:`~commpress.schedules.steps.Schedule.chains_right`),
-    else one header sent alone before it (and a 24-byte all-reduce, not counted here)."""
+    else one header sent alone before it (and a 16-byte all-reduce, not counted here).
+    A chain is a schedule run one step at a time, as the executor runs them by default."""
     messages = len(schedule.steps) if schedule.chains_right else 1
     return HEADER_BYTES * messages
 
