@@ -180,8 +180,7 @@ class Agreement:
         if batch is None:
             return
         batch.wait(self._timeout)
-        largest, negated_smallest = self._digests.tolist()
-        if largest == -negated_smallest:
+        if pair_agrees(self._digests):
             return
         rows = every_fingerprint(self._group, self._row, self._device, self._timeout)
         rank = dist.get_rank(self._group)
@@ -196,8 +195,20 @@ def next_sequence(group: dist.ProcessGroup) -> int:
 
 
 def digest(row: bytes) -> int:
-    """A 63-bit digest of what every rank's fingerprint ``row`` must share."""
-    return int.from_bytes(hashlib.blake2b(_arguments(row), digest_size=8).digest(), "little") >> 1
+    """A 63-bit digest of a fingerprint ``row``."""
+    return int.from_bytes(hashlib.blake2b(row, digest_size=8).digest(), "little") >> 1
+
+
+def digest_pair(value: int) -> torch.Tensor:
+    """``[d, -d]`` for a digest ``d``: after an all-reduce with MAX it holds
+    ``[max d, -min d]``, so the ranks agree exactly when :func:`pair_agrees`."""
+    return torch.tensor([value, -value], dtype=torch.int64)
+
+
+def pair_agrees(reduced: torch.Tensor) -> bool:
+    """Whether a MAX-reduced :func:`digest_pair` says every rank had the same digest."""
+    largest, negated_smallest = reduced.tolist()
+    return largest == -negated_smallest
 
 
 def every_fingerprint(group, row: bytes, device, timeout) -> list[bytes]:
@@ -213,10 +224,8 @@ def every_fingerprint(group, row: bytes, device, timeout) -> list[bytes]:
 
 
 def _digests(row: bytes) -> torch.Tensor:
-    """``[d, -d]`` for the 63-bit digest ``d`` of what every rank's fingerprint must share:
-    after an all-reduce with MAX, the ranks agree exactly when the two are negations."""
-    value = digest(row)
-    return torch.tensor([value, -value], dtype=torch.int64)
+    """The :func:`digest_pair` of fingerprint ``row``."""
+    return digest_pair(digest(row))
 
 
 def agree(
@@ -240,19 +249,14 @@ def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch
     return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
-def _arguments(row: bytes) -> bytes:
-    """What every rank's fingerprint must share: all of it."""
-    return row
-
-
 def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
     own = _parse(rows[rank])
     assert own is not None, "this rank's own fingerprint must parse"
     parts = []
     groups: dict[bytes, list[int]] = {}
     for other, row in enumerate(rows):
-        if _arguments(row) != _arguments(rows[rank]):
-            groups.setdefault(_arguments(row), []).append(other)
+        if row != rows[rank]:
+            groups.setdefault(row, []).append(other)
     for ranks in groups.values():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         theirs = _parse(rows[ranks[0]])

@@ -116,7 +116,6 @@ class Check:
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
         self.digest = fingerprints.digest(self.row) ^ int(chains)
         self.poisoned = False
-        self.sizes_differ = False  # same fingerprint, messages of another size
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
         self._verdict: torch.Tensor | None = None
         self._header: p2p.Batch | None = None  # a header alone, in flight
@@ -148,8 +147,7 @@ class Check:
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
             raise LeftDisagrees(header)
-        if header.total != expected:
-            self.sizes_differ = True  # a setting outside the fingerprint differs
+        if header.total != expected:  # a setting outside the fingerprint differs
             raise LeftDisagrees(header)
         self.poisoned |= header.poisoned
         if into is not None:
@@ -162,9 +160,7 @@ class Check:
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
         header = read(message)
-        if header is not None and header.total != message.numel():
-            self.sizes_differ = True
-        self.poisoned |= header is None or header.poisoned or self.sizes_differ
+        self.poisoned |= header is None or header.poisoned or header.total != message.numel()
 
     # -- a header alone, then a verdict, for schedules that are not a chain -----------
 
@@ -198,7 +194,7 @@ class Check:
         is not a chain always, the others on their way to :meth:`raise_mismatch` (every one
         of them is poisoned by then, and its digest, which says it runs a chain, differs
         from theirs)."""
-        self._verdict = torch.tensor([self.digest, -self.digest], dtype=torch.int64)
+        self._verdict = fingerprints.digest_pair(self.digest)
         self._reduced = p2p.Pending(
             collective.all_reduce(self._verdict, dist.ReduceOp.MAX, self.group)
         )
@@ -210,8 +206,7 @@ class Check:
         reduced, self._reduced = self._reduced, None
         if reduced is not None:
             reduced.wait(self.timeout)
-        largest, negated_smallest = self._verdict.tolist()
-        return largest == -negated_smallest
+        return fingerprints.pair_agrees(self._verdict)
 
     # -- the ends ------------------------------------------------------------------------
 
@@ -253,8 +248,7 @@ class Check:
 
     def raise_mismatch(self, drained: bool = True) -> None:
         self._every_rank_agrees()  # the ranks whose schedule is not a chain wait in it
-        device = self.device if dist.get_backend(self.group) == "nccl" else "cpu"
-        rows = fingerprints.every_fingerprint(self.group, self.row, device, self.timeout)
+        rows = fingerprints.every_fingerprint(self.group, self.row, self.device, self.timeout)
         if len(set(rows)) == 1:
             message = (
                 f"every rank of a group of {self.world_size} called the collective with the "
