@@ -274,7 +274,8 @@ def test_two_ranks_that_both_cut_their_first_message_still_raise():
 
 def _windows(rank, world_size):
     """Found in review: a setting outside the fingerprint (the executor's window) that
-    differs makes messages of other sizes under the same fingerprint."""
+    differs makes one rank run a chain and the other not; whether a rank runs a chain is
+    part of its digest."""
     from commpress.collectives import executor
 
     gather = _all_gather({0: 1000, 1: 1000}, {0: "int8", 1: "int8"})
@@ -326,3 +327,32 @@ def test_schedules_that_are_not_chains_raise_on_every_rank(algorithms):
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and untouched and recovered, (rank, error)
     assert "rank 1 called all_gather (backend) with 1200 float32 elements" in results[0][0]
+
+
+def _pieces(rank, world_size):
+    """A setting outside the fingerprint that changes the chain's message sizes: the piece
+    size of an all-reduce's reduce-scatter (its fingerprint carries no piece size). The
+    first header's size, not its digest, tells the ranks apart."""
+    import importlib
+
+    module = importlib.import_module("commpress.collectives.all_reduce")  # not the function
+
+    def call(rank):
+        default, module.DEFAULT_CHUNK_BYTES = module.DEFAULT_CHUNK_BYTES, 1024 * (rank + 1)
+        tensor = torch.full((4000,), SENTINEL)
+        try:
+            cp.all_reduce(tensor, codec="int8", timeout=TIMEOUT)
+        except CollectiveMismatchError as error:
+            return tensor, str(error)
+        finally:
+            module.DEFAULT_CHUNK_BYTES = default
+        return tensor, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_same_digest_but_first_messages_of_another_size_raise_on_every_rank():
+    results = run_distributed(_pieces, 2, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and "their messages differ" in error, (rank, error)
+        assert untouched and recovered
