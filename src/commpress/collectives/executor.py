@@ -53,6 +53,10 @@ class Payloads(Protocol):
         """The send buffer with room for a header in front (point-to-point schedules)."""
 
     def receive_message(self, receive: Receive) -> torch.Tensor: ...
+    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
+        """Receive into ``message`` (as large as :meth:`receive_message`) instead, and keep
+        the payload there for the rest of the run."""
+
     def hold(self) -> None:
         """Write nothing to the output until :meth:`release` (in-band check)."""
 
@@ -127,6 +131,11 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     payloads.hold()
     payloads.begin()
     steps = schedule.steps
+    scratch = check.first_scratch()
+    first = steps[0].receives[0]
+    expected = payloads.receive_message(first).numel()
+    if expected <= inband.FIRST_MESSAGE_BYTES:  # the payload stays where it arrives
+        payloads.move_message(first, scratch[:expected])
     messages = [payloads.send_message(step.sends[0]) for step in steps]
     index = {id(step): k for k, step in enumerate(steps)}
 
@@ -135,7 +144,7 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
         into = payloads.receive_message(step.receives[0])
         if k == 0:
-            return _FirstMessage(check, messages[0], into)
+            return _FirstMessage(check, messages[0], scratch, into)
         batch = p2p.Batch(group, [(messages[k], check.right)], [(into, check.left)])
         return _Noted(check, batch, into)
 
@@ -151,11 +160,13 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
 class _FirstMessage:
     """The first message each way: received into a buffer no first message outgrows."""
 
-    def __init__(self, check: inband.Check, message: torch.Tensor, into: torch.Tensor):
-        self._check, self._into = check, into
-        self._scratch = check.first_scratch()
+    def __init__(
+        self, check: inband.Check, message: torch.Tensor, scratch: torch.Tensor, into: torch.Tensor
+    ):
+        """``into``: where the schedule wants the message; ``scratch`` itself when it fits."""
+        self._check, self._scratch, self._into = check, scratch, into
         first, rest = check.send_first(message)
-        receives = [(self._scratch, check.left)]
+        receives = [(scratch, check.left)]
         self._batch = p2p.Batch(check.group, [(first, check.right)], receives)
         self._rest = None if rest is None else p2p.Batch(check.group, [(rest, check.right)], [])
 

@@ -79,18 +79,25 @@ def applies(group: dist.ProcessGroup | None, device) -> bool:
 
 
 def stamp(message: torch.Tensor, header: Header) -> None:
-    packed = _HEADER.pack(_MAGIC, header.poisoned, header.digest, header.total, header.next_bytes)
-    if message.device.type == "cpu":
-        message[:HEADER_BYTES].numpy()[:] = memoryview(packed)
+    fields = (_MAGIC, header.poisoned, header.digest, header.total, header.next_bytes)
+    if message.device.type == "cpu":  # packed in place through a view: no tensor ops
+        _HEADER.pack_into(message.numpy(), 0, *fields)
     else:
-        message[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(packed), dtype=torch.uint8))
+        packed = torch.frombuffer(bytearray(_HEADER.pack(*fields)), dtype=torch.uint8)
+        message[:HEADER_BYTES].copy_(packed)
 
 
 def read(message: torch.Tensor) -> Header | None:
     """``None`` when ``message`` does not start with a header this version writes."""
-    raw = message[:HEADER_BYTES].cpu().numpy().tobytes()
-    magic, poisoned, digest, total, next_bytes = _HEADER.unpack(raw)
+    magic, poisoned, digest, total, next_bytes = _HEADER.unpack_from(_bytes_of(message), 0)
     return Header(digest, poisoned, total, next_bytes) if magic == _MAGIC else None
+
+
+def _bytes_of(message: torch.Tensor):
+    """A buffer holding at least the header of ``message``: a view on the CPU."""
+    if message.device.type == "cpu":
+        return message.numpy()
+    return message[:HEADER_BYTES].cpu().numpy()
 
 
 class LeftDisagrees(Exception):
@@ -141,8 +148,9 @@ class Check:
     def accept_first(self, scratch: torch.Tensor, into: torch.Tensor | None = None) -> Header:
         """Read the left neighbour's first header from ``scratch``; raise
         :class:`LeftDisagrees` unless it agrees and its message is the size expected.
-        ``into``: where this rank's schedule puts the message (its rest is received there
-        directly); ``None`` for the header alone of a schedule that is not a chain."""
+        ``into``: where this rank's schedule wants the message (copied there, its rest
+        received there directly, unless ``into`` is the start of ``scratch`` itself);
+        ``None`` for the header alone of a schedule that is not a chain."""
         header = read(scratch)
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
@@ -150,7 +158,7 @@ class Check:
         if header.total != expected:  # a setting outside the fingerprint differs
             raise LeftDisagrees(header)
         self.poisoned |= header.poisoned
-        if into is not None:
+        if into is not None and into.data_ptr() != scratch.data_ptr():
             first = min(into.numel(), FIRST_MESSAGE_BYTES)
             into[:first].copy_(scratch[:first])
             if into.numel() > first:
@@ -159,8 +167,8 @@ class Check:
 
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
-        header = read(message)
-        self.poisoned |= header is None or header.poisoned or header.total != message.numel()
+        magic, poisoned, _, total, _ = _HEADER.unpack_from(_bytes_of(message), 0)
+        self.poisoned |= magic != _MAGIC or poisoned or total != message.numel()
 
     # -- a header alone, then a verdict, for schedules that are not a chain -----------
 

@@ -39,15 +39,29 @@ class Slots:
             row += self.header + wire
         n = schedule.world_size
         self.rows = workspace.take(name, n * row, torch.uint8, device).view(n, row)
+        self._moved: dict[tuple[int, int], torch.Tensor] = {}  # (chunk, piece) -> message
 
     def __call__(self, chunk: int, piece: int) -> torch.Tensor:
+        moved = self._moved.get((chunk, piece)) if self._moved else None
+        if moved is not None:
+            return moved[self.header :]
         start, size = self._bytes[piece]
         return self.rows[chunk, start : start + size]
 
     def message(self, chunk: int, piece: int) -> torch.Tensor:
         """The payload with the room for its header in front."""
+        moved = self._moved.get((chunk, piece)) if self._moved else None
+        if moved is not None:
+            return moved
         start, size = self._bytes[piece]
         return self.rows[chunk, start - self.header : start + size]
+
+    def move(self, chunk: int, piece: int, message: torch.Tensor) -> None:
+        """From now on the message of ``(chunk, piece)`` lives in ``message`` (header room
+        first), not in its row."""
+        if message.numel() != self.message(chunk, piece).numel():
+            raise ValueError("a moved message must keep its size")
+        self._moved[chunk, piece] = message
 
 
 class Gathered:
@@ -82,6 +96,9 @@ class Gathered:
 
     def receive_message(self, receive: Receive) -> torch.Tensor:
         return self.slots.message(receive.chunk, receive.piece)
+
+    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
+        self.slots.move(receive.chunk, receive.piece, message)
 
     def handle(self, receive: Receive) -> None:
         chunk, piece = receive.chunk, receive.piece
@@ -163,6 +180,9 @@ class PartialSums:
 
     def receive_message(self, receive: Receive) -> torch.Tensor:
         return self.slots.message(receive.chunk, receive.piece)
+
+    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
+        self.slots.move(receive.chunk, receive.piece, message)
 
     def hold(self) -> None:
         """Nothing to hold: the caller copies ``result`` out after the run."""
