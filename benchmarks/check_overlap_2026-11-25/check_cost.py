@@ -4,21 +4,29 @@
 (root, ALGORITHM ``ring`` unless given;
 builds HOSTS hosts at 1 Gbit/s, prefix ``cpck``). For each size (bytes of the all-gather
 output and of the reduce-scatter input, fp32, as nccl-tests), the int8 all-gather and
-reduce-scatter run in three variants, interleaved call by call in the same processes:
+reduce-scatter run in four variants, interleaved call by call in the same processes, the
+order of the four rotated from one round to the next (the position in a round biases a
+call's time on this machine by as much as the check is suspected to cost):
 
 * ``check``: as the library runs it at the commit measured (from ``ba56f87`` on gloo: in
   band, a header on each message, ``commpress/collectives/inband.py``; at ``74c097e``: one
   all-reduce of the digests, the first ring send before its verdict, the first receive
   after it);
 * ``nocheck``: no fingerprint at all;
+* ``nocheck-again``: the same as ``nocheck``, measured as a variant of its own: how far
+  two runs of the same code differ here, the yardstick for "not visible";
 * ``one-message``: no check, but one 128-byte message to the right neighbour per call,
   posted first and awaited last: what any check that sends a message costs at least.
 
-Prints, per op and size, the median over calls of the slowest rank's time per variant.
+Prints, per op and size, the median over calls of the slowest rank's time per variant,
+and the median of the paired differences ``check - nocheck`` and ``nocheck-again -
+nocheck`` (the variants of one round run back to back) with a 95% bootstrap interval of
+that median: an interval that straddles zero is a cost this machine cannot tell from none.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
@@ -31,7 +39,7 @@ from commpress.cluster import cluster_for
 from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
 
-VARIANTS = ("check", "nocheck", "one-message")
+VARIANTS = ("check", "nocheck", "nocheck-again", "one-message")
 WARMUP = 3
 
 
@@ -51,7 +59,7 @@ def _variant(name: str):
 
         return execute
 
-    if name in ("nocheck", "one-message"):
+    if name in ("nocheck", "nocheck-again", "one-message"):
         for module, real in executes.items():
             module.execute = without_check(real, name == "one-message")
 
@@ -78,7 +86,8 @@ def worker(rank, world_size, sizes, iterations, algorithm):
             call = _call(op, size, world_size, algorithm)
             times = {v: [] for v in VARIANTS}
             for index in range(WARMUP + iterations):
-                for variant in VARIANTS:
+                turn = index % len(VARIANTS)
+                for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                     undo = _variant(variant)
                     dist.barrier()
                     start = time.perf_counter()
@@ -88,8 +97,19 @@ def worker(rank, world_size, sizes, iterations, algorithm):
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     if index >= WARMUP:
                         times[variant].append(elapsed.item())
-            results[(op, size)] = {v: statistics.median(t) for v, t in times.items()}
+            results[(op, size)] = times
     return results
+
+
+def paired_cost(check: list[float], nocheck: list[float], rounds: int = 2000):
+    """Median of the per-round differences and its 95% bootstrap interval (seconds)."""
+    differences = [a - b for a, b in zip(check, nocheck, strict=True)]
+    draw = random.Random(0)
+    medians = sorted(
+        statistics.median(draw.choices(differences, k=len(differences))) for _ in range(rounds)
+    )
+    low, high = medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
+    return statistics.median(differences), low, high
 
 
 def main() -> None:
@@ -102,12 +122,22 @@ def main() -> None:
         f"{hosts} hosts at 1 Gbit/s, int8 {algorithm} (reduce-scatter: alltoall for backend), "
         f"median of {iterations} interleaved calls (ms)"
     )
-    print("| op | size (B) | " + " | ".join(VARIANTS) + " | check vs nocheck |")
-    print("|---|---:|" + "---:|" * len(VARIANTS) + "---:|")
-    for (op, size), row in results.items():
+    print(
+        "| op | size (B) | "
+        + " | ".join(VARIANTS)
+        + " | check vs nocheck | paired check - nocheck (ms, 95% interval)"
+        + " | paired nocheck-again - nocheck |"
+    )
+    print("|---|---:|" + "---:|" * len(VARIANTS) + "---:|---:|---:|")
+    for (op, size), times in results.items():
+        row = {v: statistics.median(t) for v, t in times.items()}
         cost = row["check"] / row["nocheck"] - 1
         cells = " | ".join(f"{row[v] * 1e3:.2f}" for v in VARIANTS)
-        print(f"| {op} | {size} | {cells} | {cost:+.1%} |")
+        paired = [
+            "{:+.2f} ({:+.2f} to {:+.2f})".format(*(1e3 * t for t in paired_cost(times[v], base)))
+            for v, base in (("check", times["nocheck"]), ("nocheck-again", times["nocheck"]))
+        ]
+        print(f"| {op} | {size} | {cells} | {cost:+.1%} | {paired[0]} | {paired[1]} |")
 
 
 if __name__ == "__main__":

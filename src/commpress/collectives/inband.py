@@ -78,26 +78,11 @@ def applies(group: dist.ProcessGroup | None, device) -> bool:
     )
 
 
-def stamp(message: torch.Tensor, header: Header) -> None:
-    fields = (_MAGIC, header.poisoned, header.digest, header.total, header.next_bytes)
-    if message.device.type == "cpu":  # packed in place through a view: no tensor ops
-        _HEADER.pack_into(message.numpy(), 0, *fields)
-    else:
-        packed = torch.frombuffer(bytearray(_HEADER.pack(*fields)), dtype=torch.uint8)
-        message[:HEADER_BYTES].copy_(packed)
-
-
 def read(message: torch.Tensor) -> Header | None:
-    """``None`` when ``message`` does not start with a header this version writes."""
-    magic, poisoned, digest, total, next_bytes = _HEADER.unpack_from(_bytes_of(message), 0)
+    """``None`` when ``message`` (on the CPU) does not start with a header this version
+    writes."""
+    magic, poisoned, digest, total, next_bytes = _HEADER.unpack_from(message.numpy(), 0)
     return Header(digest, poisoned, total, next_bytes) if magic == _MAGIC else None
-
-
-def _bytes_of(message: torch.Tensor):
-    """A buffer holding at least the header of ``message``: a view on the CPU."""
-    if message.device.type == "cpu":
-        return message.numpy()
-    return message[:HEADER_BYTES].cpu().numpy()
 
 
 class LeftDisagrees(Exception):
@@ -118,7 +103,7 @@ class Check:
         of the digest: a rank that runs a chain and one that does not must not agree)."""
         self.group = dist.group.WORLD if group is None else group
         self.timeout, self.device = timeout, device
-        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
         self.digest = fingerprints.digest(self.row) ^ int(chains)
@@ -129,8 +114,12 @@ class Check:
         self._scratch: torch.Tensor | None = None
 
     def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
-        nxt = 0 if next_message is None else next_message.numel()
-        stamp(message, Header(self.digest, self.poisoned, message.numel(), nxt))
+        """Write this rank's header in front of ``message`` (packed in place, through a
+        view: on this path every Python call shows in a small collective's time)."""
+        following = 0 if next_message is None else next_message.numel()
+        _HEADER.pack_into(
+            message.numpy(), 0, _MAGIC, self.poisoned, self.digest, message.numel(), following
+        )
 
     # -- the first message, both ways --------------------------------------------------
 
@@ -167,7 +156,7 @@ class Check:
 
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
-        magic, poisoned, _, total, _ = _HEADER.unpack_from(_bytes_of(message), 0)
+        magic, poisoned, _, total, _ = _HEADER.unpack_from(message.numpy(), 0)
         self.poisoned |= magic != _MAGIC or poisoned or total != message.numel()
 
     # -- a header alone, then a verdict, for schedules that are not a chain -----------

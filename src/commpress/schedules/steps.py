@@ -10,6 +10,7 @@ the bytes one copy of the payload puts on the wire.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 
@@ -128,7 +129,7 @@ class Schedule:
     def rounds(self) -> int:
         return len({step.round for step in self.steps})
 
-    @property
+    @functools.cached_property  # schedules are cached, and this is asked on every call
     def chains_right(self) -> bool:
         """Whether every step is one send to the right neighbour in the ring and one receive
         from the left, in at least ``n - 1`` steps: a chain of messages that can carry the
