@@ -1,0 +1,92 @@
+"""Which part of the in-band argument check costs what, on the emulated cluster.
+
+``python benchmarks/check_overlap_2026-11-25/check_parts.py HOSTS ITERS SIZE OP VARIANT,...``
+(root; OP ``all_gather`` or ``reduce_scatter``; int8 ``ring``; HOSTS hosts at 1 Gbit/s,
+prefix ``cppt``). Variants, interleaved call by call, their order rotated each round:
+
+* ``check``: the library as it is;
+* ``check-nohold``: the all-gather writes ``out`` as it goes instead of at the end (not
+  safe: what the hold buys is that a mismatch leaves ``out`` untouched);
+* ``check-noheaders``: the header is neither written nor read (not safe: no check at all,
+  but every other part of the in-band path runs);
+* ``check-nohold-noheaders``: both;
+* ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick).
+
+Prints each variant's median and its paired difference from ``nocheck`` with a 95%
+bootstrap interval (``check_cost.paired_cost``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from commpress.cluster import cluster_for
+from commpress.collectives import inband, payloads
+
+WARMUP = 3
+
+
+def _unsafe(name: str):
+    """Patch in what the variant's suffixes switch off; returns the undo."""
+    undo = []
+    if "nohold" in name:
+        hold = payloads.Gathered.hold
+        payloads.Gathered.hold = lambda self: None
+        undo.append(lambda: setattr(payloads.Gathered, "hold", hold))
+    if "noheaders" in name:
+        saved = {n: getattr(inband.Check, n) for n in ("stamp", "note", "accept_first")}
+        inband.Check.stamp = lambda self, message, following: None
+        inband.Check.note = lambda self, message: None
+        inband.Check.accept_first = lambda self, scratch, into=None: None
+        undo.append(lambda: [setattr(inband.Check, n, f) for n, f in saved.items()])
+    return lambda: [step() for step in undo]
+
+
+def worker(rank, world_size, size, iterations, op, variants):
+    import check_cost
+
+    call = check_cost._call(op, size, world_size, "ring")
+    times = {v: [] for v in variants}
+    for index in range(WARMUP + iterations):
+        turn = index % len(variants)
+        for variant in variants[turn:] + variants[:turn]:
+            undo_check = check_cost._variant(variant.split("-")[0])
+            undo_parts = _unsafe(variant)
+            dist.barrier()
+            start = time.perf_counter()
+            call()
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            undo_parts()
+            undo_check()
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if index >= WARMUP:
+                times[variant].append(elapsed.item())
+    return times
+
+
+def main() -> None:
+    import check_cost
+
+    hosts, iterations, size = (int(a) for a in sys.argv[1:4])
+    op, variants = sys.argv[4], sys.argv[5].split(",")
+    with cluster_for(hosts, "1gbit", prefix="cppt") as cluster:
+        times = cluster.run(worker, size, iterations, op, variants, timeout=1800)[0]
+    print(f"{hosts} hosts at 1 Gbit/s, int8 ring {op}, {size} B, {iterations} rounds (ms)")
+    for variant in variants:
+        line = f"| {variant} | {statistics.median(times[variant]) * 1e3:.2f} |"
+        if variant != "nocheck":
+            middle, low, high = check_cost.paired_cost(times[variant], times["nocheck"])
+            line += f" {middle * 1e3:+.2f} ({low * 1e3:+.2f} to {high * 1e3:+.2f}) |"
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    import check_parts
+
+    check_parts.main()
