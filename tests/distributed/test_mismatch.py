@@ -257,6 +257,37 @@ def test_a_first_message_cut_in_two_changes_no_bit():
     assert all(gathered and reduced for gathered, reduced in results), results
 
 
+def _first_message_stays(rank, world_size):
+    """A first message that fits the scratch buffer is received, forwarded and decoded
+    there (no copy into its slot), and the results keep torch's bits."""
+    from commpress.collectives import inband, payloads
+    from commpress.collectives.workspace import workspace
+
+    moved = []
+    move = payloads.Slots.move
+
+    def spy(self, chunk, piece, message):
+        move(self, chunk, piece, message)
+        moved.append(self.message(chunk, piece).data_ptr())
+
+    payloads.Slots.move = spy
+    inp = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+    out, expected = torch.empty(1000 * world_size), torch.empty(1000 * world_size)
+    cp.all_gather_into_tensor(out, inp, codec="none", timeout=TIMEOUT)
+    torch.distributed.all_gather_into_tensor(expected, inp)
+    total = torch.empty(1000)
+    cp.reduce_scatter_tensor(total, out, codec="none", timeout=TIMEOUT)
+    scratch = workspace.take("inband.first", inband.FIRST_MESSAGE_BYTES, torch.uint8, "cpu")
+    own = out.view(world_size, -1)[rank]
+    return moved, scratch.data_ptr(), torch.equal(out, expected), torch.equal(total, own * 3)
+
+
+def test_a_first_message_that_fits_is_used_where_it_arrived():
+    for moved, scratch, gathered, reduced in run_distributed(_first_message_stays, 3, timeout=60):
+        assert moved == [scratch, scratch]  # the all-gather's, then the reduce-scatter's
+        assert gathered and reduced
+
+
 def _both_cut(rank, world_size):
     """Found in review: two ranks that disagree and both cut their first message waited
     for each other's rest before either drained (a hang until the timeout)."""
