@@ -26,7 +26,6 @@ that median: an interval that straddles zero is a cost this machine cannot tell 
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
+from commpress.bench.paired import paired_difference
 from commpress.cluster import cluster_for
 from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
@@ -101,17 +101,6 @@ def worker(rank, world_size, sizes, iterations, algorithm):
     return results
 
 
-def paired_cost(check: list[float], nocheck: list[float], rounds: int = 2000):
-    """Median of the per-round differences and its 95% bootstrap interval (seconds)."""
-    differences = [a - b for a, b in zip(check, nocheck, strict=True)]
-    draw = random.Random(0)
-    medians = sorted(
-        statistics.median(draw.choices(differences, k=len(differences))) for _ in range(rounds)
-    )
-    low, high = medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
-    return statistics.median(differences), low, high
-
-
 def main() -> None:
     hosts, iterations = int(sys.argv[1]), int(sys.argv[2])
     algorithm = sys.argv[-1] if not sys.argv[-1].isdigit() else "ring"
@@ -134,7 +123,9 @@ def main() -> None:
         cost = row["check"] / row["nocheck"] - 1
         cells = " | ".join(f"{row[v] * 1e3:.2f}" for v in VARIANTS)
         paired = [
-            "{:+.2f} ({:+.2f} to {:+.2f})".format(*(1e3 * t for t in paired_cost(times[v], base)))
+            "{:+.2f} ({:+.2f} to {:+.2f})".format(
+                *(1e3 * t for t in paired_difference(times[v], base))
+            )
             for v, base in (("check", times["nocheck"]), ("nocheck-again", times["nocheck"]))
         ]
         print(f"| {op} | {size} | {cells} | {cost:+.1%} | {paired[0]} | {paired[1]} |")

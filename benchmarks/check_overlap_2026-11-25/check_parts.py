@@ -13,7 +13,7 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
 * ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick).
 
 Prints each variant's median and its paired difference from ``nocheck`` with a 95%
-bootstrap interval (``check_cost.paired_cost``).
+bootstrap interval (``commpress.bench.paired``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from commpress.bench.paired import paired_difference
 from commpress.cluster import cluster_for
 from commpress.collectives import inband, payloads
 
@@ -70,7 +71,6 @@ def worker(rank, world_size, size, iterations, op, variants):
 
 
 def main() -> None:
-    import check_cost
 
     hosts, iterations, size = (int(a) for a in sys.argv[1:4])
     op, variants = sys.argv[4], sys.argv[5].split(",")
@@ -80,7 +80,7 @@ def main() -> None:
     for variant in variants:
         line = f"| {variant} | {statistics.median(times[variant]) * 1e3:.2f} |"
         if variant != "nocheck":
-            middle, low, high = check_cost.paired_cost(times[variant], times["nocheck"])
+            middle, low, high = paired_difference(times[variant], times["nocheck"])
             line += f" {middle * 1e3:+.2f} ({low * 1e3:+.2f} to {high * 1e3:+.2f}) |"
         print(line)
 

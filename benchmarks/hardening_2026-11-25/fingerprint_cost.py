@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.collectives import fingerprint
 from commpress.cluster.local import run_distributed
+from commpress.collectives import fingerprint
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes of the all-gather output (fp32)
 CHECKED = fingerprint.Agreement

@@ -1,9 +1,11 @@
 """Prove that a call does not communicate: every torch.distributed operation raises inside.
 
 ``with forbid_communication(): call()`` replaces torch.distributed's point-to-point and
-collective functions by ones that raise :class:`CommunicationAttempted`, on every
-thread (the communication thread included), so a call that reaches the network
-inside the block fails loudly instead of passing unnoticed.
+collective functions, and the transport's own posting of sends and receives straight on a
+process group (:func:`commpress.transport.p2p.post_each`), by ones that raise
+:class:`CommunicationAttempted`, on every thread (the communication thread included),
+so a call that reaches the network inside the block fails loudly instead of passing
+unnoticed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch.distributed as dist
+
+from commpress.transport import p2p
 
 #: Every torch.distributed function that moves data or synchronises ranks. ``isend`` and
 #: ``irecv`` stay: ``P2POp`` checks their identity, and ``batch_isend_irecv`` sends them.
@@ -58,8 +62,10 @@ def forbid_communication() -> Iterator[list[str]]:
 
     for name in originals:
         setattr(dist, name, refuse(name))
+    post_each, p2p.post_each = p2p.post_each, refuse("ProcessGroup.send/recv")
     try:
         yield attempted
     finally:
         for name, original in originals.items():
             setattr(dist, name, original)
+        p2p.post_each = post_each

@@ -11,7 +11,10 @@ import torch.distributed as dist
 
 
 class Batch:
-    """Sends and receives posted together (``batch_isend_irecv``); peers are group ranks."""
+    """Sends and receives posted together; peers are group ranks. On NCCL through
+    ``batch_isend_irecv`` (one group, or a large message deadlocks); elsewhere each straight
+    on the process group, which costs gloo about 40 us less per send-and-receive pair
+    (``benchmarks/check_overlap_2026-11-25/README.md``)."""
 
     def __init__(
         self,
@@ -20,6 +23,9 @@ class Batch:
         receives: Sequence[tuple[torch.Tensor, int]],
     ):
         group_ = _group(group)
+        if sends_may_go_alone(group_):
+            self._works = post_each(group_, sends, receives)
+            return
         sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
         received = [
             dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
@@ -38,6 +44,17 @@ def sends_may_go_alone(group: dist.ProcessGroup | None) -> bool:
     """Whether a send may be posted in a batch of its own, its ring partner's receive in a
     later one: not on NCCL, where both must be in one group or a large message deadlocks."""
     return dist.get_backend(_group(group)) != "nccl"
+
+
+def post_each(
+    group: dist.ProcessGroup,
+    sends: Sequence[tuple[torch.Tensor, int]],
+    receives: Sequence[tuple[torch.Tensor, int]],
+) -> list:
+    """Post every send and receive on its own (tag 0, as ``torch.distributed.isend``);
+    ``commpress.testing.silence`` replaces this function to forbid communication."""
+    works = [group.send([tensor], peer, 0) for tensor, peer in sends]
+    return works + [group.recv([tensor], peer, 0) for tensor, peer in receives]
 
 
 def exchange(

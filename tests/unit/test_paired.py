@@ -1,0 +1,39 @@
+"""The paired comparison the benchmarks report (``commpress.bench.paired``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from commpress.bench.paired import paired_difference
+
+
+def _rounds(shift: float, n: int = 400, seed: int = 1):
+    """Round-by-round times of two variants on a machine whose speed drifts between
+    rounds by far more than ``shift``: ``a`` costs ``shift`` more than ``b`` in each."""
+    draw = random.Random(seed)
+    base = [draw.uniform(5.0, 9.0) for _ in range(n)]
+    a = [t + shift + draw.gauss(0, 0.05) for t in base]
+    b = [t + draw.gauss(0, 0.05) for t in base]
+    return a, b
+
+
+def test_a_cost_hidden_in_drift_is_found_with_its_sign_and_size():
+    a, b = _rounds(0.3)
+    middle, low, high = paired_difference(a, b)
+    assert 0.25 < middle < 0.35 and 0 < low < middle < high < 0.4
+    negated = paired_difference(b, a)  # the comparison the wrong way round
+    assert negated[0] == pytest.approx(-middle) and negated[2] < 0
+
+
+def test_no_cost_gives_an_interval_around_zero():
+    middle, low, high = paired_difference(*_rounds(0.0))
+    assert low < 0 < high and abs(middle) < 0.02
+
+
+def test_rounds_must_pair_up():
+    with pytest.raises(ValueError, match="same non-zero length"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="same non-zero length"):
+        paired_difference([], [])
