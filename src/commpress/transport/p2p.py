@@ -11,10 +11,12 @@ import torch.distributed as dist
 
 
 class Batch:
-    """Sends and receives posted together; peers are group ranks. On NCCL through
-    ``batch_isend_irecv`` (one group, or a large message deadlocks); elsewhere each straight
-    on the process group, which costs gloo about 40 us less per send-and-receive pair
-    (``benchmarks/check_overlap_2026-11-25/README.md``)."""
+    """Sends and receives posted together; peers are group ranks. CPU tensors on a group
+    whose backend is not NCCL alone are posted each straight on the process group (which
+    hands them to gloo), cheaper than ``batch_isend_irecv``
+    (``benchmarks/p2p_post_2026-11-26/README.md``); anything else goes through
+    ``batch_isend_irecv``, which NCCL needs (one group, or a large message deadlocks) and
+    which a group that names no backend, or several, may hand CUDA tensors to NCCL with."""
 
     def __init__(
         self,
@@ -23,7 +25,11 @@ class Batch:
         receives: Sequence[tuple[torch.Tensor, int]],
     ):
         group_ = _group(group)
-        if sends_may_go_alone(group_):
+        if not sends and not receives:
+            self._works = []
+            return
+        on_cpu = all(t.device.type == "cpu" for t, _ in (*sends, *receives))
+        if on_cpu and sends_may_go_alone(group_):
             self._works = post_each(group_, sends, receives)
             return
         sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
@@ -31,7 +37,7 @@ class Batch:
             dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
         ]
         ops = [op for pair in itertools.zip_longest(sent, received) for op in pair if op]
-        self._works = dist.batch_isend_irecv(ops) if ops else []
+        self._works = dist.batch_isend_irecv(ops)
 
     def wait(self, timeout: timedelta | None = None) -> None:
         """Block until all are done; a peer that stalls past ``timeout`` (default: the
