@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import paired_difference
+from commpress.bench.paired import paired_difference, slowest_rank_seconds
 from commpress.cluster import cluster_for
 from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
@@ -89,14 +88,10 @@ def worker(rank, world_size, sizes, iterations, algorithm):
                 turn = index % len(VARIANTS)
                 for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                     undo = _variant(variant)
-                    dist.barrier()
-                    start = time.perf_counter()
-                    call()
-                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                    elapsed = slowest_rank_seconds(call)
                     undo()
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     if index >= WARMUP:
-                        times[variant].append(elapsed.item())
+                        times[variant].append(elapsed)
             results[(op, size)] = times
     return results
 

@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
-import torch
-import torch.distributed as dist
-
-from commpress.bench.paired import paired_difference
+from commpress.bench.paired import paired_difference, slowest_rank_seconds
 from commpress.cluster import cluster_for
 from commpress.collectives import inband, payloads
 
@@ -58,15 +54,11 @@ def worker(rank, world_size, size, iterations, op, variants):
         for variant in variants[turn:] + variants[:turn]:
             undo_check = check_cost._variant(variant.split("-")[0])
             undo_parts = _unsafe(variant)
-            dist.barrier()
-            start = time.perf_counter()
-            call()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            elapsed = slowest_rank_seconds(call)
             undo_parts()
             undo_check()
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if index >= WARMUP:
-                times[variant].append(elapsed.item())
+                times[variant].append(elapsed)
     return times
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import paired_difference
+from commpress.bench.paired import paired_difference, slowest_rank_seconds
 from commpress.cluster import cluster_for
 from commpress.transport import p2p
 
@@ -59,14 +58,10 @@ def worker(rank, world_size, sizes, iterations):
             for index in range(WARMUP + iterations):
                 for variant in VARIANTS if index % 2 else VARIANTS[::-1]:
                     p2p.post_each = direct if variant == "direct" else _batched
-                    dist.barrier()
-                    start = time.perf_counter()
-                    call()
-                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                    elapsed = slowest_rank_seconds(call)
                     p2p.post_each = direct
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     if index >= WARMUP:
-                        times[variant].append(elapsed.item())
+                        times[variant].append(elapsed)
             results[(op, size)] = times
     return results
 

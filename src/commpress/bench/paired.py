@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
 
 
 def paired_difference(
@@ -28,3 +32,14 @@ def paired_difference(
     )
     tail = int(0.025 * resamples)
     return statistics.median(differences), medians[tail], medians[resamples - tail - 1]
+
+
+def slowest_rank_seconds(call: Callable[[], object], group=None) -> float:
+    """Run ``call`` on every rank of ``group`` from a barrier; the slowest rank's seconds,
+    on every rank (a collective: every rank must call it)."""
+    dist.barrier(group)
+    start = time.perf_counter()
+    call()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return elapsed.item()
