@@ -186,13 +186,17 @@ def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
     assert all(fingerprint._digests(same.to_bytes(s))[0].item() >= 0 for s in range(100))
 
 
-def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False):
+def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False, early=False):
     """Rank 2 alone calls with more elements. Only ranks 2 and 3 see a neighbour that
     differs (each rank reads its left neighbour's header); ranks 0 and 1 learn of it from
     the poison the ring carries. ``first_bytes`` cuts the first message small, so that its
-    rest travels as a second message; ``ignore_poison`` is the deliberately broken variant."""
-    from commpress.collectives import inband
+    rest travels as a second message; ``early`` takes the early verdict too (its
+    disagreement must keep the output held); ``ignore_poison`` is the deliberately broken
+    variant."""
+    from commpress.collectives import executor, inband
 
+    if early:
+        executor.EARLY_VERDICT_BYTES = 0
     if first_bytes is not None:
         inband.FIRST_MESSAGE_BYTES = first_bytes
     if ignore_poison:
@@ -219,9 +223,13 @@ def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False):
     return outcome, untouched, recovered
 
 
-@pytest.mark.parametrize("first_bytes", [None, 300], ids=["whole", "first-message-cut"])
-def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes):
-    results = run_distributed(_one_rank_of_four, 4, first_bytes, timeout=90)
+@pytest.mark.parametrize(
+    "first_bytes, early",
+    [(None, False), (300, False), (None, True)],
+    ids=["whole", "first-message-cut", "early-verdict"],
+)
+def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes, early):
+    results = run_distributed(_one_rank_of_four, 4, first_bytes, False, early, timeout=90)
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and not error.startswith("other"), f"rank {rank}: {error}"
         assert untouched and recovered, f"rank {rank}: out written or group broken"
@@ -235,6 +243,65 @@ def test_without_the_poison_the_ranks_beside_the_mismatch_would_not_know():
     results = run_distributed(_one_rank_of_four, 4, None, True, timeout=90)
     assert any(error is None for error, _, _ in results), results
     assert not all(untouched for _, untouched, _ in results)
+
+
+def _early_release(rank, world_size, early_bytes):
+    """An all-gather whose early verdict lands at once (``is_completed`` made to wait for
+    it): the held decodes are released at the second step, not at the end, and the result
+    keeps torch's bits. Returns how many decodes were held at the first release."""
+    from commpress.collectives import executor, payloads
+    from commpress.transport import p2p
+
+    executor.EARLY_VERDICT_BYTES = early_bytes
+    p2p.Pending.is_completed = lambda self: self.wait() or True
+    held_at_release = []
+    release = payloads.Gathered.release
+
+    def spy(self):
+        if self._held and not held_at_release:
+            held_at_release.append(len(self._held))
+        release(self)
+
+    payloads.Gathered.release = spy
+    inp = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+    out, expected = torch.empty(1000 * world_size), torch.empty(1000 * world_size)
+    cp.all_gather_into_tensor(out, inp, codec="none", timeout=TIMEOUT)
+    torch.distributed.all_gather_into_tensor(expected, inp)
+    return held_at_release, torch.equal(out, expected)
+
+
+def test_an_early_verdict_releases_the_output_while_the_ring_runs():
+    for held, exact in run_distributed(_early_release, 4, 0, timeout=60):
+        assert held == [1] and exact  # only the own shard's decode was waiting
+    # without the early verdict (this output is far below the default threshold), every
+    # decode waits for the end: the count the assertion above would see if it were broken
+    for held, exact in run_distributed(_early_release, 4, 1 << 40, timeout=60):
+        assert held == [4] and exact
+
+
+def _early_on_one_rank(rank, world_size):
+    """Same arguments everywhere, but rank 0 alone takes an early verdict (a process-wide
+    setting): its digest differs, so every rank raises instead of waiting for a verdict
+    that only rank 0 joined."""
+    from commpress.collectives import executor
+
+    same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
+    default = executor.EARLY_VERDICT_BYTES
+
+    def call(rank):
+        executor.EARLY_VERDICT_BYTES = 0 if rank == 0 else default
+        try:
+            return same(rank)
+        finally:
+            executor.EARLY_VERDICT_BYTES = default
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_ranks_that_differ_only_in_taking_an_early_verdict_raise():
+    for error, untouched, recovered in run_distributed(_early_on_one_rank, 3, timeout=60):
+        assert error is not None and "their messages differ" in error, error
+        assert untouched and recovered
 
 
 def _first_message_cut(rank, world_size):

@@ -30,6 +30,12 @@ from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, multicast, p2p
 
+#: Output bytes from which a chain whose writes to the output are held (an all-gather)
+#: also takes an all-reduce's verdict, to release them as soon as it says every rank
+#: agrees: above this size the decodes that holding them serialises at the end cost more
+#: than the all-reduce (``benchmarks/check_overlap_2026-11-25/README.md``).
+EARLY_VERDICT_BYTES = 8 << 20
+
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived; more lets a pipelined schedule keep its link busy across the per-step latency.
 WINDOW = 1
@@ -59,6 +65,9 @@ class Payloads(Protocol):
 
     def hold(self) -> None:
         """Write nothing to the output until :meth:`release` (in-band check)."""
+
+    #: The output bytes that :meth:`hold` keeps back (0 where nothing is held).
+    held_bytes: int
 
     def release(self) -> None: ...
     def handle(self, receive: Receive) -> None:
@@ -91,7 +100,9 @@ def execute(
     settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
         chains = window == 1 and schedule.chains_right
-        check = inband.Check(group, fingerprint, timeout, payloads.device, chains)
+        early = chains and payloads.held_bytes >= EARLY_VERDICT_BYTES
+        sizes = schedule.wire_sizes
+        check = inband.Check(group, fingerprint, timeout, payloads.device, chains, early, sizes)
         if chains:
             _execute_in_band(schedule, payloads, group, timeout, check)
             return
@@ -126,7 +137,10 @@ def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
 
 
 def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband.Check) -> None:
-    """A ring whose messages carry the argument check; ``out`` written only at the end."""
+    """A ring whose messages carry the argument check; ``out`` written only at the end, or
+    once an early verdict has said that every rank agrees."""
+    if check.early:
+        check.post_early_verdict()
     _encode_own(schedule, payloads)
     payloads.hold()
     payloads.begin()
@@ -146,6 +160,8 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         if k == 0:
             return _FirstMessage(check, messages[0], scratch, into)
         batch = p2p.Batch(group, [(messages[k], check.right)], [(into, check.left)])
+        if check.early and not check.poisoned and check.agreed_early():
+            payloads.release()  # the held decodes, while this transfer is in flight
         return _Noted(check, batch, into)
 
     try:
@@ -154,6 +170,7 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         check.disagree(disagreement.header, messages[1:], disagreement.pending)
     if check.poisoned:
         check.raise_mismatch()
+    check.finish()
     payloads.release()
 
 

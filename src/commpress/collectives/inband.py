@@ -98,15 +98,29 @@ class Check:
     """One collective's check: this rank's digest, the poison it has seen, and the chain of
     messages it sends to its right neighbour."""
 
-    def __init__(self, group, mine: Fingerprint, timeout: timedelta | None, device, chains: bool):
-        """``chains``: whether this rank's schedule carries the check in its messages (part
-        of the digest: a rank that runs a chain and one that does not must not agree)."""
+    def __init__(
+        self,
+        group,
+        mine: Fingerprint,
+        timeout: timedelta | None,
+        device,
+        chains: bool,
+        early: bool = False,
+        sizes: tuple[int, ...] = (),
+    ):
+        """``chains``: whether this rank's schedule carries the check in its messages;
+        ``early``: whether a chain also takes every rank's verdict from an all-reduce in
+        flight (:meth:`post_early_verdict`); ``sizes``: the bytes of every message this
+        rank's schedule sends. All three are part of the digest: ranks whose digests agree
+        exchange messages of the sizes each expects, so no poison can follow."""
         self.group = dist.group.WORLD if group is None else group
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
-        self.digest = fingerprints.digest(self.row) ^ int(chains)
+        layout = struct.pack(f"<??{len(sizes)}Q", chains, early, *sizes)
+        self.digest = fingerprints.digest(self.row + layout)
+        self.early = early
         self.poisoned = False
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
         self._verdict: torch.Tensor | None = None
@@ -183,6 +197,27 @@ class Check:
         except LeftDisagrees as disagreement:
             self.disagree(disagreement.header, [])
         if not self._every_rank_agrees():
+            self.raise_mismatch()
+
+    # -- an early verdict, for chains whose writes to the output are held -------------
+
+    def post_early_verdict(self) -> None:
+        """Put every rank's verdict in flight beside the chain (every rank of the group
+        whose digest agrees does the same, ``early`` being part of it)."""
+        self._post_verdict()
+
+    def agreed_early(self) -> bool:
+        """Whether the early verdict has come, without waiting for it, and says that every
+        rank agrees: then no poison can arrive, and the output may be written."""
+        reduced = self._reduced
+        if reduced is None or not reduced.is_completed():
+            return False
+        return self._every_rank_agrees()
+
+    def finish(self) -> None:
+        """The end of an unpoisoned chain: an early verdict still in flight is waited for
+        (it cannot disagree when no poison came, but a rank that says so raises)."""
+        if self._reduced is not None and not self._every_rank_agrees():
             self.raise_mismatch()
 
     def _post_verdict(self) -> None:

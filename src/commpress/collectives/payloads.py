@@ -73,6 +73,7 @@ class Gathered:
         self.chunks = out.view(schedule.world_size, inp.numel())
         self.slots = Slots("all_gather.payloads", schedule, inp.device)
         self._held: list[tuple[int, int, int, int]] | None = None
+        self.held_bytes = out.numel() * out.element_size()
 
     def encode_own(self, send: Send) -> None:
         part = self.inp[send.offset : send.offset + send.numel]
@@ -145,6 +146,7 @@ class PartialSums:
     """
 
     encodes_change_state = False
+    held_bytes = 0  # the result is copied out after the run
 
     def __init__(self, contributions: torch.Tensor, codec: Codec, schedule: Schedule):
         self.codec, self.rank = codec, schedule.rank
@@ -223,6 +225,7 @@ class Contributions:
         self.codec, self.rank = codec, schedule.rank
         self.contributions, self.residual = contributions, residual
         self.encodes_change_state = residual is not None
+        self.held_bytes = 0
         self.numel, self.dtype = contributions.shape[1], contributions.dtype
         wire = codec.wire_bytes(self.numel, self.dtype)
         device, n = contributions.device, schedule.world_size

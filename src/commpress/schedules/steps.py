@@ -129,6 +129,11 @@ class Schedule:
     def rounds(self) -> int:
         return len({step.round for step in self.steps})
 
+    @functools.cached_property
+    def wire_sizes(self) -> tuple[int, ...]:
+        """The bytes of every send, step by step: the shape of this rank's traffic."""
+        return tuple(send.wire_bytes for step in self.steps for send in step.sends)
+
     @functools.cached_property  # schedules are cached, and this is asked on every call
     def chains_right(self) -> bool:
         """Whether every step is one send to the right neighbour in the ring and one receive

@@ -79,6 +79,11 @@ class Pending:
     def wait(self, timeout: timedelta | None = None) -> None:
         wait(self._work, timeout)
 
+    def is_completed(self) -> bool:
+        """Whether it has finished (a gloo collective says so without a ``wait``; a gloo
+        point-to-point receive does not, until waited)."""
+        return self._work.is_completed()
+
 
 def wait(work, timeout: timedelta | None) -> None:
     """``work.wait`` with an optional timeout, for any torch.distributed Work."""
