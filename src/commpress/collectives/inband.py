@@ -31,6 +31,12 @@ nothing is written to the output (:meth:`~commpress.collectives.payloads.Gathere
 This holds for arguments the digest sees; a setting outside them that changes only the
 later messages' sizes may be noticed by one rank alone, and its peers then time out.
 
+An all-gather of :data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` or more also
+puts that all-reduce in flight at its start (:meth:`Check.post_early_verdict`) and writes
+its output as soon as the verdict says every rank agrees: the digest covers whether a rank
+runs a chain, whether it takes the early verdict, and the size of every message it sends,
+so agreeing digests leave no poison to come.
+
 Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
 after the all-reduce and an all-gather of the whole fingerprints, to name both sides;
 every message has been received, so the group stays usable.
