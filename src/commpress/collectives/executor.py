@@ -100,7 +100,9 @@ def execute(
     settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
         chains = window == 1 and schedule.chains_right
-        early = chains and payloads.held_bytes >= EARLY_VERDICT_BYTES
+        early = (  # with one step there is nothing left to overlap once the verdict is in
+            chains and len(schedule.steps) > 1 and payloads.held_bytes >= EARLY_VERDICT_BYTES
+        )
         sizes = schedule.wire_sizes
         check = inband.Check(group, fingerprint, timeout, payloads.device, chains, early, sizes)
         if chains:

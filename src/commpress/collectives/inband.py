@@ -34,8 +34,10 @@ later messages' sizes may be noticed by one rank alone, and its peers then time 
 An all-gather of :data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` or more also
 puts that all-reduce in flight at its start (:meth:`Check.post_early_verdict`) and writes
 its output as soon as the verdict says every rank agrees: the digest covers whether a rank
-runs a chain, whether it takes the early verdict, and the size of every message it sends,
-so agreeing digests leave no poison to come.
+runs a chain, whether it takes the early verdict, where it cuts a long first message and
+the size of every message it sends, so agreeing digests leave no poison to come. A failure
+after the verdict (a peer that dies or stalls) can then leave the output partly written,
+as a failing torch collective does.
 
 Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
 after the all-reduce and an all-gather of the whole fingerprints, to name both sides;
@@ -124,7 +126,8 @@ class Check:
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
-        layout = struct.pack(f"<??{len(sizes)}Q", chains, early, *sizes)
+        # FIRST_MESSAGE_BYTES too: where a long first message is cut changes what is sent
+        layout = struct.pack(f"<??Q{len(sizes)}Q", chains, early, FIRST_MESSAGE_BYTES, *sizes)
         self.digest = fingerprints.digest(self.row + layout)
         self.early = early
         self.poisoned = False
@@ -164,7 +167,7 @@ class Check:
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
             raise LeftDisagrees(header)
-        if header.total != expected:  # a setting outside the fingerprint differs
+        if header.total != expected:  # the digests agree, yet not the sizes: a mismatch anyway
             raise LeftDisagrees(header)
         self.poisoned |= header.poisoned
         if into is not None and into.data_ptr() != scratch.data_ptr():
@@ -221,9 +224,9 @@ class Check:
         return self._every_rank_agrees()
 
     def finish(self) -> None:
-        """The end of an unpoisoned chain: an early verdict still in flight is waited for
-        (it cannot disagree when no poison came, but a rank that says so raises)."""
-        if self._reduced is not None and not self._every_rank_agrees():
+        """The end of an unpoisoned chain: an early verdict is waited for if it is still
+        in flight (it cannot disagree when no poison came, but a rank told so raises)."""
+        if self._verdict is not None and not self._every_rank_agrees():
             self.raise_mismatch()
 
     def _post_verdict(self) -> None:
