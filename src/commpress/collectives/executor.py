@@ -13,7 +13,8 @@ schedule names. The executor only orders them:
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces
    (:attr:`~commpress.schedules.Then.rewrites_payload`); with the in-band check, the
-   writes into the output (an all-gather's decodes) wait for the last step instead.
+   writes into the output (an all-gather's decodes) wait for the last step instead, or for
+   an early verdict (:data:`EARLY_VERDICT_BYTES`).
 """
 
 from __future__ import annotations

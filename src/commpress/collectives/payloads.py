@@ -64,7 +64,28 @@ class Slots:
         self._moved[chunk, piece] = message
 
 
-class Gathered:
+class _InSlots:
+    """Payloads kept in :class:`Slots`: each transfer's buffer is its (chunk, piece)."""
+
+    slots: Slots
+
+    def send_buffer(self, send: Send) -> torch.Tensor:
+        return self.slots(send.chunk, send.piece)
+
+    def receive_buffer(self, receive: Receive) -> torch.Tensor:
+        return self.slots(receive.chunk, receive.piece)
+
+    def send_message(self, send: Send) -> torch.Tensor:
+        return self.slots.message(send.chunk, send.piece)
+
+    def receive_message(self, receive: Receive) -> torch.Tensor:
+        return self.slots.message(receive.chunk, receive.piece)
+
+    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
+        self.slots.move(receive.chunk, receive.piece, message)
+
+
+class Gathered(_InSlots):
     encodes_change_state = False
 
     def __init__(self, out: torch.Tensor, inp: torch.Tensor, codec: Codec, schedule: Schedule):
@@ -85,21 +106,6 @@ class Gathered:
             self.codec.decode(encoded, self.inp.numel(), self.dtype, out=self.chunks[self.rank])
         for piece, (offset, numel) in enumerate(self.slots.pieces):
             self._decode(self.rank, piece, offset, numel)
-
-    def send_buffer(self, send: Send) -> torch.Tensor:
-        return self.slots(send.chunk, send.piece)
-
-    def receive_buffer(self, receive: Receive) -> torch.Tensor:
-        return self.slots(receive.chunk, receive.piece)
-
-    def send_message(self, send: Send) -> torch.Tensor:
-        return self.slots.message(send.chunk, send.piece)
-
-    def receive_message(self, receive: Receive) -> torch.Tensor:
-        return self.slots.message(receive.chunk, receive.piece)
-
-    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
-        self.slots.move(receive.chunk, receive.piece, message)
 
     def handle(self, receive: Receive) -> None:
         chunk, piece = receive.chunk, receive.piece
@@ -137,7 +143,7 @@ class Gathered:
         self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
 
-class PartialSums:
+class PartialSums(_InSlots):
     """``result`` holds this rank's chunk, summed over every rank in fp32, after the run.
 
     With a lossless codec on 16-bit input the partial sums travel in the input's dtype
@@ -170,21 +176,6 @@ class PartialSums:
     def begin(self) -> None:
         if self.world_size == 1:
             self.result.copy_(self.contributions[self.rank])
-
-    def send_buffer(self, send: Send) -> torch.Tensor:
-        return self.slots(send.chunk, send.piece)
-
-    def receive_buffer(self, receive: Receive) -> torch.Tensor:
-        return self.slots(receive.chunk, receive.piece)
-
-    def send_message(self, send: Send) -> torch.Tensor:
-        return self.slots.message(send.chunk, send.piece)
-
-    def receive_message(self, receive: Receive) -> torch.Tensor:
-        return self.slots.message(receive.chunk, receive.piece)
-
-    def move_message(self, receive: Receive, message: torch.Tensor) -> None:
-        self.slots.move(receive.chunk, receive.piece, message)
 
     def hold(self) -> None:
         """Nothing to hold: the caller copies ``result`` out after the run."""
