@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import paired_difference, slowest_rank_seconds
+from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
 from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
@@ -83,15 +83,7 @@ def worker(rank, world_size, sizes, iterations, algorithm):
     for size in sizes:
         for op in ("all_gather", "reduce_scatter"):
             call = _call(op, size, world_size, algorithm)
-            times = {v: [] for v in VARIANTS}
-            for index in range(WARMUP + iterations):
-                turn = index % len(VARIANTS)
-                for variant in VARIANTS[turn:] + VARIANTS[:turn]:
-                    undo = _variant(variant)
-                    elapsed = slowest_rank_seconds(call)
-                    undo()
-                    if index >= WARMUP:
-                        times[variant].append(elapsed)
+            times = interleaved_rounds(call, VARIANTS, iterations, _variant, WARMUP)
             results[(op, size)] = times
     return results
 

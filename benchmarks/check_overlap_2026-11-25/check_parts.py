@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from commpress.bench.paired import paired_difference, slowest_rank_seconds
+from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
 from commpress.collectives import inband, payloads
 
@@ -48,18 +48,13 @@ def worker(rank, world_size, size, iterations, op, variants):
     import check_cost
 
     call = check_cost._call(op, size, world_size, "ring")
-    times = {v: [] for v in variants}
-    for index in range(WARMUP + iterations):
-        turn = index % len(variants)
-        for variant in variants[turn:] + variants[:turn]:
-            undo_check = check_cost._variant(variant.split("-")[0])
-            undo_parts = _unsafe(variant)
-            elapsed = slowest_rank_seconds(call)
-            undo_parts()
-            undo_check()
-            if index >= WARMUP:
-                times[variant].append(elapsed)
-    return times
+
+    def switch(variant: str):
+        undo_check = check_cost._variant(variant.split("-")[0])
+        undo_parts = _unsafe(variant)
+        return lambda: (undo_parts(), undo_check())
+
+    return interleaved_rounds(call, variants, iterations, switch, WARMUP)
 
 
 def main() -> None:

@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import paired_difference, slowest_rank_seconds
+from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
 from commpress.transport import p2p
 
-VARIANTS = ("direct", "batched")
+VARIANTS = ("batched", "direct")  # in this order in the first round, as measured
 WARMUP = 3
 
 
@@ -50,19 +50,16 @@ def _call(op: str, size: int, world_size: int):
 
 def worker(rank, world_size, sizes, iterations):
     direct = p2p.post_each
+
+    def switch(variant: str):
+        p2p.post_each = direct if variant == "direct" else _batched
+        return lambda: setattr(p2p, "post_each", direct)
+
     results = {}
     for size in sizes:
         for op in ("all_gather", "reduce_scatter"):
             call = _call(op, size, world_size)
-            times = {v: [] for v in VARIANTS}
-            for index in range(WARMUP + iterations):
-                for variant in VARIANTS if index % 2 else VARIANTS[::-1]:
-                    p2p.post_each = direct if variant == "direct" else _batched
-                    elapsed = slowest_rank_seconds(call)
-                    p2p.post_each = direct
-                    if index >= WARMUP:
-                        times[variant].append(elapsed)
-            results[(op, size)] = times
+            results[(op, size)] = interleaved_rounds(call, VARIANTS, iterations, switch, WARMUP)
     return results
 
 
@@ -75,7 +72,7 @@ def main() -> None:
     print("| op | size (B) | direct | batched | paired direct - batched (95% interval) |")
     print("|---|---:|---:|---:|---:|")
     for (op, size), times in results.items():
-        medians = [statistics.median(times[v]) * 1e3 for v in VARIANTS]
+        medians = [statistics.median(times[v]) * 1e3 for v in ("direct", "batched")]
         middle, low, high = (1e3 * t for t in paired_difference(times["direct"], times["batched"]))
         print(
             f"| {op} | {size} | {medians[0]:.2f} | {medians[1]:.2f} | "

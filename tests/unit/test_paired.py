@@ -37,3 +37,25 @@ def test_rounds_must_pair_up():
         paired_difference([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="same non-zero length"):
         paired_difference([], [])
+
+
+def _rounds_taken(rank, world_size):
+    from commpress.bench.paired import interleaved_rounds
+
+    order, undone = [], []
+
+    def switch(variant):
+        order.append(variant)
+        return lambda: undone.append(variant)
+
+    times = interleaved_rounds(lambda: None, ["a", "b", "c"], rounds=2, switch=switch, warmup=1)
+    return order, undone, {v: len(t) for v, t in times.items()}
+
+
+def test_interleaved_rounds_rotate_the_order_and_drop_the_warmup():
+    from commpress.cluster.local import run_distributed
+
+    ((order, undone, kept),) = run_distributed(_rounds_taken, 1, timeout=60)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert undone == order  # every variant undone after its call
+    assert kept == {"a": 2, "b": 2, "c": 2}

@@ -43,3 +43,28 @@ def slowest_rank_seconds(call: Callable[[], object], group=None) -> float:
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return elapsed.item()
+
+
+def interleaved_rounds(
+    call: Callable[[], object],
+    variants: Sequence[str],
+    rounds: int,
+    switch: Callable[[str], Callable[[], object]],
+    warmup: int = 3,
+) -> dict[str, list[float]]:
+    """Each variant's :func:`slowest_rank_seconds` of ``call``, round by round: the
+    variants of a round run back to back, their order rotated from one round to the next
+    (the position in a round biases a call's time), after ``warmup`` rounds not kept.
+    ``switch(variant)`` puts a variant in place and returns what undoes it. A collective:
+    every rank must call it with the same variants."""
+    variants = list(variants)
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
+    for index in range(warmup + rounds):
+        turn = index % len(variants)
+        for variant in variants[turn:] + variants[:turn]:
+            undo = switch(variant)
+            elapsed = slowest_rank_seconds(call)
+            undo()
+            if index >= warmup:
+                times[variant].append(elapsed)
+    return times
