@@ -31,6 +31,14 @@ def _mismatched(rank, world_size, call):
     return error, untouched, recovered
 
 
+def _every_rank_says_the_messages_differ(results):
+    """Same arguments, a setting outside them that changes the messages: every rank raises
+    so, leaves ``out`` as it was and recovers."""
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and "their messages differ" in error, (rank, error)
+        assert untouched and recovered
+
+
 def _all_gather(numel_by_rank, codec_by_rank, dtype_by_rank=None):
     def call(rank):
         numel = numel_by_rank[rank]
@@ -301,9 +309,7 @@ def _early_on_one_rank(rank, world_size):
 
 
 def test_ranks_that_differ_only_in_taking_an_early_verdict_raise():
-    for error, untouched, recovered in run_distributed(_early_on_one_rank, 3, timeout=60):
-        assert error is not None and "their messages differ" in error, error
-        assert untouched and recovered
+    _every_rank_says_the_messages_differ(run_distributed(_early_on_one_rank, 3, timeout=60))
 
 
 def _first_message_cut(rank, world_size):
@@ -391,10 +397,7 @@ def _windows(rank, world_size):
 
 
 def test_same_arguments_but_messages_of_another_size_raise_on_every_rank():
-    results = run_distributed(_windows, 2, timeout=60)
-    for rank, (error, untouched, recovered) in enumerate(results):
-        assert error is not None and "their messages differ" in error, (rank, error)
-        assert untouched and recovered
+    _every_rank_says_the_messages_differ(run_distributed(_windows, 2, timeout=60))
 
 
 def _not_chains(rank, world_size, algorithms):
@@ -451,8 +454,5 @@ def _pieces(rank, world_size):
     return _mismatched(rank, world_size, call)
 
 
-def test_same_digest_but_first_messages_of_another_size_raise_on_every_rank():
-    results = run_distributed(_pieces, 2, timeout=60)
-    for rank, (error, untouched, recovered) in enumerate(results):
-        assert error is not None and "their messages differ" in error, (rank, error)
-        assert untouched and recovered
+def test_an_all_reduce_piece_size_outside_the_fingerprint_raises_on_every_rank():
+    _every_rank_says_the_messages_differ(run_distributed(_pieces, 2, timeout=60))
