@@ -132,8 +132,7 @@ def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tens
 
 
 #: Threads whose CPU time the rows report: commpress's communication thread (it runs
-#: the asynchronous compressed collectives; the bench's synchronous calls on CPU tensors
-#: run on the calling thread) and the multicast protocol's thread.
+#: every compressed collective, synchronous or not) and the multicast protocol's thread.
 _COMM_THREAD, _PROGRESS_THREAD = "commpress_", "commpress-multicast"
 
 

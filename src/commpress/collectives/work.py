@@ -1,12 +1,8 @@
 """Handles of compressed collectives, which run on one communication thread per process.
 
-Every asynchronous compressed collective is queued on the same single thread, and so is
-a synchronous one on CUDA or while others are queued; a synchronous one on CPU tensors
-with nothing queued runs on the calling thread instead (handing it over and back costs
-two thread wake-ups, a large part of a small message's time on a busy CPU:
-``benchmarks/small_messages_2026-11-26/README.md``). Either way at most one runs at a
-time, so commpress operations run in the order the program issued them on every rank.
-Integrations give commpress its own process groups, so torch's own
+Every compressed collective, synchronous or not, is queued on the same single
+thread, so commpress operations run in the order the program issued them on
+every rank. Integrations give commpress its own process groups, so torch's own
 collectives on the user's groups never interleave with ours.
 
 On CUDA, commpress keeps torch.distributed's stream contract: a collective is
@@ -21,55 +17,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
 
 _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="commpress")
-
-
-class _Lane:
-    """The one collective running now, on the communication thread or on a caller's: a
-    caller may run its collective itself only while nothing is queued, and what is queued
-    meanwhile waits for it."""
-
-    def __init__(self):
-        self._changed = threading.Condition()
-        self._queued = 0  # submitted to the communication thread, not finished
-        self._inline = False
-
-    def try_inline(self) -> bool:
-        with self._changed:
-            if self._queued or self._inline:
-                return False
-            self._inline = True
-            return True
-
-    def end_inline(self) -> None:
-        with self._changed:
-            self._inline = False
-            self._changed.notify_all()
-
-    def queue(self) -> None:
-        with self._changed:
-            self._queued += 1
-
-    @contextlib.contextmanager
-    def queued_turn(self) -> Iterator[None]:
-        """On the communication thread: wait for a collective running inline, run, count
-        the job done."""
-        with self._changed:
-            self._changed.wait_for(lambda: not self._inline)
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._queued -= 1
-
-
-_lane = _Lane()
 #: The communication thread's stream on each CUDA device (created on first use).
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -168,30 +121,21 @@ class CollectiveWork:
 def launch(
     run: Callable[[], None], async_op: bool, tensors: tuple[torch.Tensor, ...] = ()
 ) -> CollectiveWork | None:
-    """Queue ``run`` on the communication thread; wait for it unless ``async_op``
-    (synchronous on CPU tensors with nothing queued: run it on this thread).
+    """Queue ``run`` on the communication thread; wait for it unless ``async_op``.
 
     ``tensors``: the collective's inputs and outputs. On CUDA they order ``run`` after
     the caller's current stream and the caller's stream after ``run`` (module doc).
     """
     device = cuda_device(*tensors)
-    if not async_op and device is None and _lane.try_inline():
-        try:
-            run()
-        finally:
-            _lane.end_inline()
-        return None
     order = StreamOrder(device, tensors) if device is not None else None
 
     def on_thread() -> None:
-        with _lane.queued_turn():
-            if order is None:
-                run()
-                return
-            with order.on_comm_stream():
-                run()
+        if order is None:
+            run()
+            return
+        with order.on_comm_stream():
+            run()
 
-    _lane.queue()
     work = CollectiveWork(_executor.submit(on_thread), order)
     if async_op:
         return work

@@ -1,11 +1,10 @@
-"""Scratch memory of the compressed collectives, kept from one collective to the next.
+"""Scratch memory of the communication thread, kept from one collective to the next.
 
 Fresh memory costs a page fault per page on first touch; on the project's VM,
 writing 64 MiB of fresh memory takes about 30 times longer than int8-encoding
 64 MiB already resident (117 ms against 4 ms). Buffers therefore live here,
 one per name and device, grow to the largest request and are reused. Only the
-collectives use them, one at a time (``work.launch``: on the communication thread, or
-inline on a caller's thread while nothing else runs).
+communication thread (``work.launch``) uses them, one collective at a time.
 """
 
 from __future__ import annotations
@@ -45,14 +44,14 @@ class Workspace:
         self._buffers.clear()
 
 
-#: The collectives' workspace.
+#: The communication thread's workspace.
 workspace = Workspace()
 
 
 def release_workspace() -> int:
     """Free the memory commpress keeps between collectives; the number of bytes freed.
 
-    Call it only while no commpress collective is running or queued.
+    Call it only while no commpress collective is running (it runs on its own thread).
     """
     held = workspace.held_bytes()
     workspace.release()

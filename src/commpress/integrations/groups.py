@@ -1,6 +1,6 @@
 """commpress's own process groups beside the ones FSDP2 hands its custom collectives.
 
-Asynchronous compressed collectives run on commpress's communication thread, while FSDP2 issues
+Compressed collectives run on commpress's communication thread, while FSDP2 issues
 torch's own collectives (a reduce-scatter left uncompressed, say) from the training
 thread: on one process group their order could differ between ranks, which hangs
 NCCL. So each of FSDP's groups gets a twin with the same ranks, created once by
