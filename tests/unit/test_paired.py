@@ -32,6 +32,17 @@ def test_no_cost_gives_an_interval_around_zero():
     assert low < 0 < high and abs(middle) < 0.02
 
 
+def test_the_middle_is_the_median_of_the_differences_not_their_mean():
+    """One slow round (a machine hiccup) moves a mean, not a median."""
+    a = [5.0] * 19 + [105.0]
+    b = [4.0] * 20
+    assert paired_difference(a, b) == (1.0, 1.0, 1.0)  # the mean would be 6
+
+
+def test_identical_differences_give_an_interval_of_width_zero():
+    assert paired_difference([3.0] * 7, [1.0] * 7) == (2.0, 2.0, 2.0)
+
+
 def test_rounds_must_pair_up():
     with pytest.raises(ValueError, match="same non-zero length"):
         paired_difference([1.0, 2.0], [1.0])
