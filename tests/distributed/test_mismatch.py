@@ -312,6 +312,33 @@ def test_ranks_that_differ_only_in_taking_an_early_verdict_raise():
     _every_rank_says_the_messages_differ(run_distributed(_early_on_one_rank, 3, timeout=60))
 
 
+def _sizes_differ_on_one_rank(rank, world_size):
+    """Same arguments everywhere, but rank 0's schedule says it sends one more message
+    (patched in: no setting today changes only later message sizes, but one that did would
+    leave agreeing arguments): its digest differs, so an early verdict cannot release an
+    output that a later message of another size would then poison."""
+    from commpress.collectives import executor
+    from commpress.schedules import steps
+
+    executor.EARLY_VERDICT_BYTES = 0
+    same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
+    sizes = steps.Schedule.wire_sizes
+
+    def call(rank):
+        if rank == 0:
+            steps.Schedule.wire_sizes = property(lambda schedule: (*sizes.func(schedule), 1))
+        try:
+            return same(rank)
+        finally:
+            steps.Schedule.wire_sizes = sizes
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_the_digest_covers_the_size_of_every_message():
+    _every_rank_says_the_messages_differ(run_distributed(_sizes_differ_on_one_rank, 3, timeout=60))
+
+
 def _first_message_cut(rank, world_size):
     """Agreeing ranks whose first message is cut in two give the bits of torch's own."""
     from commpress.collectives import inband
