@@ -101,3 +101,53 @@ def test_none_on_bf16_sends_two_bytes_per_element_as_native(recorded):
         native = wire_bytes(op, "native", "none", NUMEL, WORLD, torch.bfloat16)
         assert payloads[torch.bfloat16] == native
         assert payloads[torch.bfloat16] * 2 == payloads[torch.float32]
+
+
+def _adapters_recorded(rank, world_size):
+    """One training step through each integration, every send recorded at the transport;
+    what the adapter's counters say it sent alongside."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+
+    sent, real_batch = [], p2p.Batch
+
+    def batch(group, sends, receives):
+        sent.extend(tensor.numel() * tensor.element_size() for tensor, _ in sends)
+        return real_batch(group, sends, receives)
+
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(rank))
+    results = {}
+    p2p.Batch = batch
+    try:
+        ddp = DistributedDataParallel(model())
+        state, hook = cp.ddp.hook("int8")
+        ddp.register_comm_hook(state, hook)
+        sent.clear()
+        ddp(x).sum().backward()
+        results["ddp"] = (sum(sent), state.stats.wire_bytes)
+
+        sharded = model()
+        for layer in sharded:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(sharded)
+        compression = cp.fsdp.compress(sharded, all_gather="int8", reduce_scatter="int8")
+        sent.clear()
+        sharded(x).sum().backward()
+        counted = compression.all_gather.wire_bytes + compression.reduce_scatter.wire_bytes
+        results["fsdp"] = (sum(sent), counted)
+    finally:
+        p2p.Batch = real_batch
+    return results
+
+
+@pytest.mark.parametrize("adapter", ["ddp", "fsdp"])
+def test_the_adapters_count_the_bytes_they_send_headers_included(adapter):
+    for results in run_distributed(_adapters_recorded, WORLD, timeout=120):
+        sent, counted = results[adapter]
+        assert sent > 0 and counted == sent

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.integrations.spec import CollectiveSpec
-from commpress.integrations.stats import CommStats, Stopwatch
+from commpress.integrations.stats import CommStats, Stopwatch, call_wire_bytes
 from commpress.schedules import wire_bytes
 from commpress.transport import collective
 
@@ -53,7 +53,7 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     spec, world_size = state.spec, state.group.size()
     numel, dtype = tensor.numel(), tensor.dtype
     raw = wire_bytes("all_reduce", "native", "none", numel, world_size, dtype)
-    wire = wire_bytes("all_reduce", spec.algorithm, spec.codec, numel, world_size, dtype)
+    wire = call_wire_bytes("all_reduce", spec.algorithm, spec.codec, tensor, state.group)
     watch = Stopwatch(state.stats, wire, raw)
     if spec.algorithm == "native":  # gloo has no AVG: sum, then divide in the callback
         work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)

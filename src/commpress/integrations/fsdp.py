@@ -28,7 +28,7 @@ from commpress.collectives.auto import AUTO
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
-from commpress.integrations.stats import CommStats, Stopwatch
+from commpress.integrations.stats import CommStats, Stopwatch, call_wire_bytes
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.sim import tuner
@@ -199,13 +199,14 @@ class CompressedAllGather(AllGather):
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
         algorithm, codec = self.spec.resolve("all_gather", input_tensor, group)
+        own = self.groups.own(group, algorithm)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
-        wire = wire_bytes("all_gather", algorithm, codec, numel, n, dtype)
+        wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
         work = all_gather_into_tensor(
             output_tensor,
             input_tensor,
-            self.groups.own(group, algorithm),
+            own,
             codec=codec,
             algorithm=algorithm,
             async_op=True,
@@ -232,14 +233,15 @@ class CompressedReduceScatter(ReduceScatter):
         op = _sum_or_average(op, self.module_name)
         feedback = self.error_feedback
         algorithm, codec = self.spec.resolve("reduce_scatter", input_tensor, group, feedback)
+        own = self.groups.own(group, algorithm)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
-        wire = wire_bytes("reduce_scatter", algorithm, codec, numel, n, dtype)
+        wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
         work = reduce_scatter_tensor(
             output_tensor,
             input_tensor,
             op,
-            self.groups.own(group, algorithm),
+            own,
             codec=codec,
             algorithm=algorithm,
             async_op=True,
