@@ -122,6 +122,10 @@ def _gather_times(rank, world_size, algorithm, codec, calls, link_bits, racks, u
     return bool(torch.equal(out, torch.cat([_inputs(r, SHARD) for r in range(world_size)])))
 
 
+#: How far the setup traffic of two jobs may differ, as a share of the bytes counted.
+SETUP_NOISE = 0.01
+
+
 def _traffic_of_two_calls(cluster, algorithm):
     """Host and uplink bytes of two calls: a job of three calls minus a job of one, so
     that process-group setup and teardown cancel out."""
@@ -147,14 +151,18 @@ def test_each_host_injects_its_shard_once_and_uplinks_carry_half_the_shards(pref
     with Emulated(n, "1gbit", racks=2, uplink="1gbit", prefix=prefix) as cluster:
         mc_hosts, mc_up, mc_down = _traffic_of_two_calls(cluster, "multicast")
         ring_hosts, ring_up, ring_down = _traffic_of_two_calls(cluster, "ring")
+    # the lower bounds give 1% to the jobs' setup traffic, which the difference of two
+    # jobs only cancels on average: once, under load, a ring host came out 0.1% below the
+    # payload bytes it must have sent (3,596,140 against 3,600,000)
+    low = 1 - SETUP_NOISE
     for sent in mc_hosts:
-        assert shard_bytes <= sent <= 1.05 * shard_bytes, (sent, shard_bytes)
+        assert low * shard_bytes <= sent <= 1.05 * shard_bytes, (sent, shard_bytes)
     for sent in ring_hosts:  # TCP: its headers and the ACKs of what the host receives
-        assert (n - 1) * shard_bytes <= sent <= 1.10 * (n - 1) * shard_bytes
+        assert low * (n - 1) * shard_bytes <= sent <= 1.10 * (n - 1) * shard_bytes
     for carried in mc_up + mc_down:
-        assert (n // 2) * shard_bytes <= carried <= 1.05 * (n // 2) * shard_bytes
+        assert low * (n // 2) * shard_bytes <= carried <= 1.05 * (n // 2) * shard_bytes
     for carried in ring_up + ring_down:  # a rack-ordered ring: n - 1 shards each way
-        assert (n - 1) * shard_bytes <= carried <= 1.10 * (n - 1) * shard_bytes
+        assert low * (n - 1) * shard_bytes <= carried <= 1.10 * (n - 1) * shard_bytes
     fabric_ratio = (sum(ring_hosts) + sum(ring_up) + sum(ring_down)) / (
         sum(mc_hosts) + sum(mc_up) + sum(mc_down)
     )

@@ -10,6 +10,8 @@ emulated cluster's interface counters check the same on a real link
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -30,7 +32,11 @@ CASES = [
 ]
 
 
-def _recorded(rank, world_size, cases):
+@contextlib.contextmanager
+def _recording(world_size):
+    """Every byte handed to the transport while the block runs, appended to the list it
+    yields: each point-to-point batch's sends, and the backend's all-gather and all-to-all,
+    which send their input to each of the n - 1 peers."""
     sent = []
     real_batch, real_all_gather, real_all_to_all = (
         p2p.Batch,
@@ -52,8 +58,16 @@ def _recorded(rank, world_size, cases):
         return real_all_to_all(out, inp, group)
 
     p2p.Batch, collective.all_gather, collective.all_to_all = batch, all_gather, all_to_all
-    results = {}
     try:
+        yield sent
+    finally:
+        p2p.Batch, collective.all_gather = real_batch, real_all_gather
+        collective.all_to_all = real_all_to_all
+
+
+def _recorded(rank, world_size, cases):
+    results = {}
+    with _recording(world_size) as sent:
         for op, algorithm, codec, dtype_name in cases:
             dtype = getattr(torch, dtype_name)
             shard = NUMEL // world_size
@@ -72,9 +86,6 @@ def _recorded(rank, world_size, cases):
                 op, algorithm, codec, inp.numel(), world_size, dtype, in_band_check=True
             )
             results[op, algorithm, codec, dtype_name] = (sum(sent), reported)
-    finally:
-        p2p.Batch, collective.all_gather = real_batch, real_all_gather
-        collective.all_to_all = real_all_to_all
     return results
 
 
@@ -103,9 +114,19 @@ def test_none_on_bf16_sends_two_bytes_per_element_as_native(recorded):
         assert payloads[torch.bfloat16] * 2 == payloads[torch.float32]
 
 
+#: (integration, spec): ring chains carry a header on every message; alltoall and backend
+#: send one header alone before their transfers.
+ADAPTER_CASES = [
+    ("ddp", "int8"),
+    ("ddp", "int8@alltoall"),
+    ("fsdp", "int8"),
+    ("fsdp", "int8@backend"),
+]
+
+
 def _adapters_recorded(rank, world_size):
-    """One training step through each integration, every send recorded at the transport;
-    what the adapter's counters say it sent alongside."""
+    """One training step through each integration, every byte handed to the transport
+    recorded; what the adapter's counters say it sent alongside."""
     from torch import nn
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
@@ -114,40 +135,38 @@ def _adapters_recorded(rank, world_size):
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
 
-    sent, real_batch = [], p2p.Batch
-
-    def batch(group, sends, receives):
-        sent.extend(tensor.numel() * tensor.element_size() for tensor, _ in sends)
-        return real_batch(group, sends, receives)
-
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(rank))
     results = {}
-    p2p.Batch = batch
-    try:
-        ddp = DistributedDataParallel(model())
-        state, hook = cp.ddp.hook("int8")
-        ddp.register_comm_hook(state, hook)
-        sent.clear()
-        ddp(x).sum().backward()
-        results["ddp"] = (sum(sent), state.stats.wire_bytes)
-
-        sharded = model()
-        for layer in sharded:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(sharded)
-        compression = cp.fsdp.compress(sharded, all_gather="int8", reduce_scatter="int8")
-        sent.clear()
-        sharded(x).sum().backward()
-        counted = compression.all_gather.wire_bytes + compression.reduce_scatter.wire_bytes
-        results["fsdp"] = (sum(sent), counted)
-    finally:
-        p2p.Batch = real_batch
+    with _recording(world_size) as sent:
+        for adapter, spec in ADAPTER_CASES:
+            if adapter == "ddp":
+                ddp = DistributedDataParallel(model())
+                state, hook = cp.ddp.hook(spec)
+                ddp.register_comm_hook(state, hook)
+                sent.clear()
+                ddp(x).sum().backward()
+                results[adapter, spec] = (sum(sent), state.stats.wire_bytes)
+                continue
+            sharded = model()
+            for layer in sharded:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer)
+            fully_shard(sharded)
+            stats = cp.fsdp.compress(sharded, all_gather=spec, reduce_scatter="int8")
+            sent.clear()
+            sharded(x).sum().backward()
+            counted = stats.all_gather.wire_bytes + stats.reduce_scatter.wire_bytes
+            results[adapter, spec] = (sum(sent), counted)
     return results
 
 
-@pytest.mark.parametrize("adapter", ["ddp", "fsdp"])
-def test_the_adapters_count_the_bytes_they_send_headers_included(adapter):
-    for results in run_distributed(_adapters_recorded, WORLD, timeout=120):
-        sent, counted = results[adapter]
+@pytest.fixture(scope="module")
+def adapters_recorded():
+    return run_distributed(_adapters_recorded, WORLD, timeout=180)
+
+
+@pytest.mark.parametrize("case", ADAPTER_CASES, ids=lambda case: "-".join(case))
+def test_the_adapters_count_the_bytes_they_send_headers_included(adapters_recorded, case):
+    for results in adapters_recorded:
+        sent, counted = results[case]
         assert sent > 0 and counted == sent
