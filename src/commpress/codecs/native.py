@@ -87,6 +87,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 def _load() -> ctypes.CDLL | None:
     global _library, _failed
+    if _library is not None:  # on every encode and decode: no lock once built
+        return _library
     with _lock:
         if _library is None and not _failed:
             try:
@@ -110,24 +112,28 @@ def kernel(name: str) -> Callable[..., bool] | None:
 def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     """Make ``commpress_<name>`` of ``library`` callable with tensors and numbers.
 
-    Each tensor passes its data pointer (None passes NULL); the callable returns
-    False when the C side declined the arguments (an odd int4 block).
+    Each tensor passes its data pointer (None passes NULL), a float a C float, an int a
+    64-bit int; the C types are fixed by the first call (every call site passes the same
+    kinds), so that later calls convert in ctypes' C code. The callable returns False
+    when the C side declined the arguments (an odd int4 block).
     """
     function = getattr(library, f"commpress_{name}")
     function.restype = ctypes.c_int
 
     def call(*args: torch.Tensor | float | int | None) -> bool:
-        converted = []
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                assert arg.is_contiguous() and arg.device.type == "cpu", "native kernel input"
-                converted.append(ctypes.c_void_p(arg.data_ptr()))
-            elif arg is None:
-                converted.append(ctypes.c_void_p(None))
-            elif isinstance(arg, float):
-                converted.append(ctypes.c_float(arg))
-            else:
-                converted.append(ctypes.c_int64(arg))
-        return function(*converted) == 0
+        if function.argtypes is None:
+            function.argtypes = [_c_type(arg) for arg in args]
+        return function(*[_pointer(a) if isinstance(a, torch.Tensor) else a for a in args]) == 0
 
     return call
+
+
+def _c_type(arg: torch.Tensor | float | int | None) -> type:
+    if arg is None or isinstance(arg, torch.Tensor):
+        return ctypes.c_void_p
+    return ctypes.c_float if isinstance(arg, float) else ctypes.c_int64
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    assert tensor.is_contiguous() and tensor.device.type == "cpu", "native kernel input"
+    return tensor.data_ptr()
