@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from commpress.collectives.work import CollectiveWork
+from commpress.collectives.work import CollectiveWork, launch
 
 
 @pytest.mark.parametrize("value", [None, "a CPU tensor"])
@@ -29,3 +30,25 @@ def test_a_cpu_future_completes_with_its_value_after_before():
     assert not future.done()
     done.set_result(None)
     assert seen == ["before"] and future.wait() is value
+
+
+def test_a_synchronous_collective_called_on_the_communication_thread_raises_not_hangs():
+    """From a callback of another collective's future: it would queue behind itself."""
+    release, inner = threading.Event(), concurrent.futures.Future()
+
+    def callback(_):
+        try:
+            launch(lambda: None, async_op=False)
+        except RuntimeError as error:
+            inner.set_result((threading.current_thread().name, str(error)))
+        else:
+            inner.set_result((threading.current_thread().name, None))
+
+    work = launch(lambda: release.wait(10), async_op=True)
+    work._future.add_done_callback(callback)  # before it is done: runs where it completes
+    release.set()
+    work.wait()
+    thread, error = inner.result(timeout=10)
+    assert thread.startswith("commpress") and "communication thread" in error
+    # an asynchronous one from there is queued as usual, and this thread may still wait
+    assert launch(lambda: None, async_op=True).wait()

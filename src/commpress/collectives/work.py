@@ -17,12 +17,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
 
-_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="commpress")
+#: ``active`` on the communication thread: whatever runs there (a collective, or a
+#: callback its completion runs) is on it.
+_on_comm_thread = threading.local()
+
+
+def _mark_comm_thread() -> None:
+    _on_comm_thread.active = True
+
+
+_executor = concurrent.futures.ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="commpress", initializer=_mark_comm_thread
+)
 #: The communication thread's stream on each CUDA device (created on first use).
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -126,6 +138,12 @@ def launch(
     ``tensors``: the collective's inputs and outputs. On CUDA they order ``run`` after
     the caller's current stream and the caller's stream after ``run`` (module doc).
     """
+    if not async_op and getattr(_on_comm_thread, "active", False):
+        raise RuntimeError(
+            "a synchronous commpress collective was called on commpress's communication "
+            "thread (from a callback of another collective's future, say): it would wait "
+            "for itself forever; call it with async_op=True, or from another thread"
+        )
     device = cuda_device(*tensors)
     order = StreamOrder(device, tensors) if device is not None else None
 
