@@ -20,6 +20,7 @@ schedule names. The executor only orders them:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -155,17 +156,28 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         payloads.move_message(first, scratch[:expected])
     messages = [payloads.send_message(step.sends[0]) for step in steps]
     index = {id(step): k for k, step in enumerate(steps)}
+    # gloo moves a message only once its receive is posted: each later receive is posted
+    # one step ahead, from the moment the left neighbour's first header has agreed (before
+    # that, a message of a size this rank does not expect could end the process)
+    ahead: dict[int, p2p.Batch] = {}
+
+    def receive_ahead(k: int) -> None:
+        if k < len(steps):
+            into = payloads.receive_message(steps[k].receives[0])
+            ahead[k] = p2p.Batch(group, [], [(into, check.left)])
 
     def start(step: Step) -> _Transfer:
         k = index[id(step)]
         check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
         into = payloads.receive_message(step.receives[0])
         if k == 0:
-            return _FirstMessage(check, messages[0], scratch, into)
-        batch = p2p.Batch(group, [(messages[k], check.right)], [(into, check.left)])
+            return _FirstMessage(check, messages[0], scratch, into, lambda: receive_ahead(1))
+        received = ahead.pop(k)
+        sent = p2p.Batch(group, [(messages[k], check.right)], [])
+        receive_ahead(k + 1)
         if check.early and not check.poisoned and check.agreed_early():
             payloads.release()  # the held decodes, while this transfer is in flight
-        return _Noted(check, batch, into)
+        return _Noted(check, (received, sent), into)
 
     try:
         _run_steps(schedule, payloads, 1, timeout, start)
@@ -181,24 +193,35 @@ class _FirstMessage:
     """The first message each way: received into a buffer no first message outgrows."""
 
     def __init__(
-        self, check: inband.Check, message: torch.Tensor, scratch: torch.Tensor, into: torch.Tensor
+        self,
+        check: inband.Check,
+        message: torch.Tensor,
+        scratch: torch.Tensor,
+        into: torch.Tensor,
+        agreed: Callable[[], None],
     ):
-        """``into``: where the schedule wants the message; ``scratch`` itself when it fits."""
-        self._check, self._scratch, self._into = check, scratch, into
+        """``into``: where the schedule wants the message; ``scratch`` itself when it fits.
+        ``agreed``: called once the left neighbour's first header has agreed (and the rest
+        of its first message, if cut, is posted)."""
+        self._check, self._scratch, self._into, self._agreed = check, scratch, into, agreed
         first, rest = check.send_first(message)
-        receives = [(scratch, check.left)]
-        self._batch = p2p.Batch(check.group, [(first, check.right)], receives)
+        self._sent = p2p.Batch(check.group, [(first, check.right)], [])
+        self._received = p2p.Batch(check.group, [], [(scratch, check.left)])
         self._rest = None if rest is None else p2p.Batch(check.group, [(rest, check.right)], [])
 
     def wait(self, timeout: timedelta | None) -> None:
-        self._batch.wait(timeout)
+        self._received.wait(timeout)
         try:
             self._check.accept_first(self._scratch, self._into)
         except inband.LeftDisagrees as disagreement:
-            # the right neighbour may be draining its own left first: wait for the rest
-            # of this message only once this rank has drained its own (a cycle otherwise)
+            # the first part lands in the right neighbour's scratch, posted at its start;
+            # the rest only once it has drained its own left: wait for that once this rank
+            # has drained its own (a cycle otherwise)
+            self._sent.wait(timeout)
             disagreement.pending = self._rest
             raise
+        self._agreed()  # before this rank's own send is waited: the next receive is ready
+        self._sent.wait(timeout)
         if self._rest is not None:
             self._rest.wait(timeout)
 
@@ -206,11 +229,12 @@ class _FirstMessage:
 class _Noted:
     """A later message: its header's poison is noted once it has arrived."""
 
-    def __init__(self, check: inband.Check, batch: p2p.Batch, into: torch.Tensor):
-        self._check, self._batch, self._into = check, batch, into
+    def __init__(self, check: inband.Check, batches: tuple[p2p.Batch, ...], into: torch.Tensor):
+        self._check, self._batches, self._into = check, batches, into
 
     def wait(self, timeout: timedelta | None) -> None:
-        self._batch.wait(timeout)
+        for batch in self._batches:
+            batch.wait(timeout)
         self._check.note(self._into)
 
 
