@@ -9,8 +9,12 @@ Variants, each timed as the slowest rank's seconds per call:
 * ``native-bytes``: gloo's all-gather of as many uint8 as one int8 payload (what
   ``backend`` moves, without encode, decode or argument check);
 * ``p2p-ring``: the ring's transfers alone, from Python: world-1 steps, each one send to
-  the right and one receive from the left of a payload's bytes, posted as the library posts
-  them (``ProcessGroup.send/recv``), waited before the next;
+  the right and one receive from the left of a payload's bytes, posted together
+  (``ProcessGroup.send/recv``, as the library posts them) and waited before the next (as
+  the library did before ``e638f4f``);
+* ``p2p-ring-ahead``: the same, each next receive posted as soon as the step's own has
+  arrived, before its send is waited (gloo moves a message only once its receive is
+  posted);
 * ``ring``: the library's int8 ring all-gather as a user calls it (argument checks, the
   hand-over to the communication thread, the in-band argument check);
 * ``ring-bare``: the same ring's executor called straight on the calling thread, without
@@ -36,7 +40,7 @@ from commpress.cluster import cluster_for
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 
-VARIANTS = ("native", "native-bytes", "p2p-ring", "ring", "ring-bare", "backend")
+VARIANTS = ("native", "native-bytes", "p2p-ring", "p2p-ring-ahead", "ring", "ring-bare", "backend")
 PAIRS = (("ring", "ring-bare"),)
 LINK_BITS = 1e9
 WARMUP = 3
@@ -60,7 +64,17 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
             sent.wait()
             received.wait()
 
+    def p2p_ring_ahead():
+        received = group.recv([buffers[1]], left, 0)
+        for step in range(world_size - 1):
+            sent = group.send([buffers[step]], right, 0)
+            received.wait()
+            if step + 2 < world_size:
+                received = group.recv([buffers[step + 2]], left, 0)
+            sent.wait()
+
     return {
+        "p2p-ring-ahead": p2p_ring_ahead,
         "native": lambda: dist.all_gather_into_tensor(out, inp),
         "native-bytes": lambda: dist.all_gather_into_tensor(raw_out, raw_in),
         "p2p-ring": p2p_ring,

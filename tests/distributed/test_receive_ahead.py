@@ -1,6 +1,7 @@
 """A checked ring posts each later receive one step ahead: gloo moves a point-to-point
 message only once its receive is posted, so a receive posted after the sender's send
-leaves the link idle (``benchmarks/small_messages_2026-11-26/README.md``)."""
+leaves the link idle (``benchmarks/small_messages_2026-11-26/README.md``, "Receives posted
+ahead")."""
 
 from __future__ import annotations
 
@@ -12,19 +13,26 @@ from commpress.transport import p2p
 
 
 def _posts(rank, world_size, op):
-    """The order in which this rank posts its sends and receives: ("send" | "receive",
-    index among its kind)."""
-    posted, counts = [], {"send": 0, "receive": 0}
-    post_each = p2p.post_each
+    """What this rank did, in order: ("posted" | "waited", "send" | "receive", index among
+    its kind)."""
+    events, counts, names = [], {"send": 0, "receive": 0}, {}
+    post_each, wait = p2p.post_each, p2p.wait
 
     def recording(group, sends, receives):
-        for kind, items in (("send", sends), ("receive", receives)):
-            for _ in items:
-                posted.append((kind, counts[kind]))
-                counts[kind] += 1
-        return post_each(group, sends, receives)
+        works = post_each(group, sends, receives)
+        kinds = ["send"] * len(sends) + ["receive"] * len(receives)
+        for kind, work in zip(kinds, works, strict=True):
+            names[id(work)] = (kind, counts[kind])
+            events.append(("posted", kind, counts[kind]))
+            counts[kind] += 1
+        return works
 
-    p2p.post_each = recording
+    def waiting(work, timeout):
+        if id(work) in names:
+            events.append(("waited", *names[id(work)]))
+        return wait(work, timeout)
+
+    p2p.post_each, p2p.wait = recording, waiting
     try:
         if op == "all_gather":
             inp = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
@@ -38,19 +46,22 @@ def _posts(rank, world_size, op):
             expected = world_size * base.view(world_size, -1)[rank] + sum(range(world_size))
             exact, out = bool(torch.equal(out, expected)), None  # small integers: exact
     finally:
-        p2p.post_each = post_each
-    return posted, exact, out
+        p2p.post_each, p2p.wait = post_each, wait
+    return events, exact, out
 
 
-def _assert_ahead(posted, steps):
-    where = {event: position for position, event in enumerate(posted)}
+def _assert_ahead(events, steps):
+    at = {event: position for position, event in enumerate(events)}
     for k in range(steps):
-        assert ("receive", k) in where and ("send", k) in where, posted
-    for k in range(1, steps):  # the first waits for the left neighbour's header
-        assert where["receive", k] < where["send", k], (k, posted)
+        for kind in ("send", "receive"):
+            assert ("posted", kind, k) in at and ("waited", kind, k) in at, (kind, k, events)
+    for k in range(steps - 1):  # the next receive is ready before this step's send is waited
+        assert at["posted", "receive", k + 1] < at["waited", "send", k], (k, events)
+    for k in range(1, steps):  # but only once the left neighbour's first header has come
+        assert at["posted", "receive", k] > at["waited", "receive", 0], (k, events)
 
 
-def test_a_ring_all_gather_posts_each_later_receive_before_its_send():
+def test_a_ring_all_gather_posts_each_next_receive_before_waiting_its_send():
     results = run_distributed(_posts, 4, "all_gather", timeout=60)
     for posted, _, _ in results:
         _assert_ahead(posted, 3)
@@ -58,7 +69,7 @@ def test_a_ring_all_gather_posts_each_later_receive_before_its_send():
     assert all(torch.equal(out, first) for _, _, out in results)
 
 
-def test_a_ring_reduce_scatter_posts_each_later_receive_before_its_send():
+def test_a_ring_reduce_scatter_posts_each_next_receive_before_waiting_its_send():
     for posted, exact, _ in run_distributed(_posts, 4, "reduce_scatter", timeout=60):
         assert exact
         _assert_ahead(posted, 3)

@@ -39,7 +39,8 @@ from commpress.transport import collective, multicast, p2p
 EARLY_VERDICT_BYTES = 8 << 20
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
-#: arrived; more lets a pipelined schedule keep its link busy across the per-step latency.
+#: arrived (a checked ring still posts each receive one step ahead); more lets a pipelined
+#: schedule keep its link busy across the per-step latency.
 WINDOW = 1
 
 
@@ -158,7 +159,9 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     index = {id(step): k for k, step in enumerate(steps)}
     # gloo moves a message only once its receive is posted: each later receive is posted
     # one step ahead, from the moment the left neighbour's first header has agreed (before
-    # that, a message of a size this rank does not expect could end the process)
+    # that, a message of a size this rank does not expect could end the process). After a
+    # failure (a timeout, a peer gone) one receive may stay posted: as after any failed
+    # collective, the group is not to be used again.
     ahead: dict[int, p2p.Batch] = {}
 
     def receive_ahead(k: int) -> None:
@@ -202,7 +205,7 @@ class _FirstMessage:
     ):
         """``into``: where the schedule wants the message; ``scratch`` itself when it fits.
         ``agreed``: called once the left neighbour's first header has agreed (and the rest
-        of its first message, if cut, is posted)."""
+        of its first message, if cut, has arrived)."""
         self._check, self._scratch, self._into, self._agreed = check, scratch, into, agreed
         first, rest = check.send_first(message)
         self._sent = p2p.Batch(check.group, [(first, check.right)], [])
