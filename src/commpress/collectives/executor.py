@@ -162,20 +162,20 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     # that, a message of a size this rank does not expect could end the process). After a
     # failure (a timeout, a peer gone) one receive may stay posted: as after any failed
     # collective, the group is not to be used again.
-    ahead: dict[int, p2p.Batch] = {}
+    ahead: dict[int, tuple[torch.Tensor, p2p.Batch]] = {}  # step -> (buffer, its receive)
 
     def receive_ahead(k: int) -> None:
         if k < len(steps):
             into = payloads.receive_message(steps[k].receives[0])
-            ahead[k] = p2p.Batch(group, [], [(into, check.left)])
+            ahead[k] = into, p2p.Batch(group, [], [(into, check.left)])
 
     def start(step: Step) -> _Transfer:
         k = index[id(step)]
         check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
-        into = payloads.receive_message(step.receives[0])
         if k == 0:
+            into = payloads.receive_message(step.receives[0])
             return _FirstMessage(check, messages[0], scratch, into, lambda: receive_ahead(1))
-        received = ahead.pop(k)
+        into, received = ahead.pop(k)
         sent = p2p.Batch(group, [(messages[k], check.right)], [])
         receive_ahead(k + 1)
         if check.early and not check.poisoned and check.agreed_early():
