@@ -69,7 +69,7 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.collectives import inband
-from commpress.schedules import busbw_factor, busiest_link_bytes, wire_bytes
+from commpress.schedules import busbw_factor, busiest_link_bytes
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
@@ -248,8 +248,7 @@ def _worker(rank, world_size, config):
             dist.all_reduce(wrong)
             error = (out.double() - exact).norm() / exact.norm()
             algbw = size_bytes / seconds / 1e9
-            checked = inband.applies(None, inp.device)  # a header on each message (gloo)
-            wire = wire_bytes(op, algorithm, codec, numel, world_size, dtype, in_band_check=checked)
+            wire = inband.call_wire_bytes(op, algorithm, codec, inp, None)
             rows.append(
                 {
                     "op": op,

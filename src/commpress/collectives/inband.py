@@ -57,7 +57,7 @@ from commpress.collectives import fingerprint as fingerprints
 from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerprint
 from commpress.collectives.workspace import workspace
 from commpress.schedules.ring import neighbours
-from commpress.schedules.wire import HEADER_BYTES
+from commpress.schedules.wire import HEADER_BYTES, wire_bytes
 from commpress.transport import collective, p2p
 
 #: The largest first message; every rank's first receive is posted this large.
@@ -84,6 +84,17 @@ def applies(group: dist.ProcessGroup | None, device) -> bool:
         and dist.get_world_size(group) > 1
         and p2p.sends_may_go_alone(group)
     )
+
+
+def call_wire_bytes(
+    op: str, algorithm: str, codec, tensor: torch.Tensor, group: dist.ProcessGroup | None
+) -> int:
+    """The bytes each rank sends in one compressed call on ``group`` whose input is
+    ``tensor``, this check's headers included where it rides along (:func:`applies`)."""
+    checked = applies(group, tensor.device)
+    world_size = dist.get_world_size(group)
+    numel, dtype = tensor.numel(), tensor.dtype
+    return wire_bytes(op, algorithm, codec, numel, world_size, dtype, in_band_check=checked)
 
 
 def read(message: torch.Tensor) -> Header | None:

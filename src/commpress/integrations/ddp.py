@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from commpress.collectives.inband import call_wire_bytes
 from commpress.integrations.spec import CollectiveSpec
-from commpress.integrations.stats import CommStats, Stopwatch, call_wire_bytes
+from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
 from commpress.transport import collective
 

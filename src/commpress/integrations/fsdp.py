@@ -25,10 +25,11 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
+from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
-from commpress.integrations.stats import CommStats, Stopwatch, call_wire_bytes
+from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.sim import tuner

@@ -6,12 +6,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
-
-from commpress.collectives import inband
-from commpress.schedules import wire_bytes
-
 
 @dataclass
 class CommStats:
@@ -51,15 +45,3 @@ class Stopwatch:
 
     def stop(self, *_ignored) -> None:
         self._stats.record(self._wire, self._raw, time.perf_counter() - self._start)
-
-
-def call_wire_bytes(
-    op: str, algorithm: str, codec, tensor: torch.Tensor, group: dist.ProcessGroup
-) -> int:
-    """The bytes each rank sends in one compressed call on ``group`` whose input is
-    ``tensor``, the headers of the in-band argument check included where it rides along
-    (gloo, CPU tensors)."""
-    checked = inband.applies(group, tensor.device)
-    world_size = dist.get_world_size(group)
-    numel, dtype = tensor.numel(), tensor.dtype
-    return wire_bytes(op, algorithm, codec, numel, world_size, dtype, in_band_check=checked)
