@@ -439,6 +439,27 @@ def test_the_ring_reduce_scatter_cuts_chunks_into_pieces():
     assert [step.round for step in schedule.steps] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+@pytest.mark.parametrize("world_size", [n for n in WORLDS if n >= 2])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_every_ring_may_post_its_receives_a_step_ahead(op, world_size):
+    """The executor posts each receive of a chain a step ahead only where no buffer is then
+    still in use; every ring is such a chain, and a receive into the slot the previous step
+    sends from is caught."""
+    numel = SHARD * world_size if op == "all_gather" else reduction_numel(world_size)
+    for algorithm in ("ring", "ring-hop"):
+        for schedule in nth(op, algorithm, world_size, numel, torch.float32, "int8", 0):
+            assert schedule.chains_right and schedule.receives_ahead, schedule
+    if world_size < 3:
+        return
+    (schedule,) = plan(op, "ring", 0, world_size, numel, torch.float32, "int8", CHUNK_BYTES)
+    first, second = schedule.steps[:2]
+    into_sent = dataclasses.replace(
+        second.receives[0], chunk=first.sends[0].chunk, piece=first.sends[0].piece
+    )
+    broken = (first, dataclasses.replace(second, receives=(into_sent,)), *schedule.steps[2:])
+    assert not dataclasses.replace(schedule, steps=broken).receives_ahead
+
+
 # ---------------------------------------------------------------- the checks can fail
 
 

@@ -102,7 +102,7 @@ def execute(
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
     settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
-        chains = window == 1 and schedule.chains_right
+        chains = window == 1 and schedule.receives_ahead
         early = (  # with one step there is nothing left to overlap once the verdict is in
             chains and len(schedule.steps) > 1 and payloads.held_bytes >= EARLY_VERDICT_BYTES
         )
@@ -127,6 +127,9 @@ def execute(
     if multicasts:
         with broadcasts as posted:
             _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
+        return
+    if window == 1 and _may_receive_ahead(schedule, payloads, group):
+        _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
         return
     transport = schedule.transport
     _run_steps(
@@ -157,27 +160,20 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         payloads.move_message(first, scratch[:expected])
     messages = [payloads.send_message(step.sends[0]) for step in steps]
     index = {id(step): k for k, step in enumerate(steps)}
-    # gloo moves a message only once its receive is posted: each later receive is posted
-    # one step ahead, from the moment the left neighbour's first header has agreed (before
-    # that, a message of a size this rank does not expect could end the process). After a
-    # failure (a timeout, a peer gone) one receive may stay posted: as after any failed
-    # collective, the group is not to be used again.
-    ahead: dict[int, tuple[torch.Tensor, p2p.Batch]] = {}  # step -> (buffer, its receive)
-
-    def receive_ahead(k: int) -> None:
-        if k < len(steps):
-            into = payloads.receive_message(steps[k].receives[0])
-            ahead[k] = into, p2p.Batch(group, [], [(into, check.left)])
+    # each later receive is posted one step ahead (:class:`_ReceivesAhead`), from the
+    # moment the left neighbour's first header has agreed (before that, a message of a
+    # size this rank does not expect could end the process)
+    ahead = _ReceivesAhead(steps, payloads.receive_message, group)
 
     def start(step: Step) -> _Transfer:
         k = index[id(step)]
         check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
         if k == 0:
             into = payloads.receive_message(step.receives[0])
-            return _FirstMessage(check, messages[0], scratch, into, lambda: receive_ahead(1))
-        into, received = ahead.pop(k)
+            return _FirstMessage(check, messages[0], scratch, into, lambda: ahead.post(1))
+        into, received = ahead.take(k)
         sent = p2p.Batch(group, [(messages[k], check.right)], [])
-        receive_ahead(k + 1)
+        ahead.post(k + 1)
         if check.early and not check.poisoned and check.agreed_early():
             payloads.release()  # the held decodes, while this transfer is in flight
         return _Noted(check, (received, sent), into)
@@ -190,6 +186,72 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
         check.raise_mismatch()
     check.finish()
     payloads.release()
+
+
+class _ReceivesAhead:
+    """The receives of a chain (one receive from the left neighbour per step), each posted
+    one step ahead: gloo moves a point-to-point message only once its receive is posted
+    (``benchmarks/small_messages_2026-11-26/README.md``), so a receive posted after the
+    sender's send leaves the link idle. After a failure (a timeout, a peer gone) one
+    receive may stay posted: as after any failed collective, the group is not to be used
+    again."""
+
+    def __init__(self, steps, buffer: Callable[[Receive], torch.Tensor], group):
+        """``buffer``: where a step's receive lands."""
+        self._steps, self._buffer, self._group = steps, buffer, group
+        self._posted: dict[int, tuple[torch.Tensor, p2p.Batch]] = {}  # step -> its receive
+
+    def post(self, k: int) -> None:
+        """Post step ``k``'s receive (none past the last step)."""
+        if k < len(self._steps):
+            (receive,) = self._steps[k].receives
+            into = self._buffer(receive)
+            self._posted[k] = into, p2p.Batch(self._group, [], [(into, receive.src)])
+
+    def take(self, k: int) -> tuple[torch.Tensor, p2p.Batch]:
+        """Step ``k``'s receive, posted earlier: ``(its buffer, the batch to wait)``."""
+        return self._posted.pop(k)
+
+
+def _may_receive_ahead(schedule: Schedule, payloads: Payloads, group) -> bool:
+    """Whether an unchecked schedule posts each receive a step ahead: a chain that allows it
+    (:attr:`~commpress.schedules.steps.Schedule.receives_ahead`), of CPU tensors, on a
+    transport that posts sends alone (gloo; NCCL wants each step's send and receive in one
+    group)."""
+    if not schedule.receives_ahead or payloads.device.type != "cpu":
+        return False
+    return p2p.sends_may_go_alone(group)
+
+
+def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[[Step], _Transfer]:
+    """The ``start`` of an unchecked chain: step ``k`` posts its send, then step ``k + 1``'s
+    receive; the first step posts its own receive first."""
+    steps = schedule.steps
+    index = {id(step): k for k, step in enumerate(steps)}
+    ahead = _ReceivesAhead(steps, payloads.receive_buffer, group)
+
+    def start(step: Step) -> _Transfer:
+        k = index[id(step)]
+        if k == 0:
+            ahead.post(0)
+        _, received = ahead.take(k)
+        (send,) = step.sends
+        sent = p2p.Batch(group, [(payloads.send_buffer(send), send.dsts[0])], [])
+        ahead.post(k + 1)
+        return _Both(received, sent)
+
+    return start
+
+
+class _Both:
+    """A step's receive and send, waited in that order."""
+
+    def __init__(self, received: p2p.Batch, sent: p2p.Batch):
+        self._received, self._sent = received, sent
+
+    def wait(self, timeout: timedelta | None) -> None:
+        self._received.wait(timeout)
+        self._sent.wait(timeout)
 
 
 class _FirstMessage:

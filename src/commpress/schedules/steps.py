@@ -151,6 +151,17 @@ class Schedule:
             for step in self.steps
         )
 
+    @functools.cached_property
+    def receives_ahead(self) -> bool:
+        """Whether this chain may post each step's receive one step ahead: no step receives
+        a (chunk, piece) that an earlier step received or that the previous step sends."""
+        if not self.chains_right:
+            return False
+        received = [(s.receives[0].chunk, s.receives[0].piece) for s in self.steps]
+        sent = [(s.sends[0].chunk, s.sends[0].piece) for s in self.steps]
+        distinct = len(set(received)) == len(received)
+        return distinct and all(r != s for r, s in zip(received[1:], sent, strict=False))
+
     def __str__(self) -> str:
         head = (
             f"{self.op} {self.algorithm}, codec {self.codec}, rank {self.rank} of "
