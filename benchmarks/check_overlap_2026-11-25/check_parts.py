@@ -10,7 +10,11 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
 * ``check-noheaders``: the header is neither written nor read (not safe: no check at all,
   but every other part of the in-band path runs);
 * ``check-nohold-noheaders``: both;
-* ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick).
+* ``check-early``: the all-gather takes the early verdict
+  (``executor.EARLY_VERDICT_BYTES`` lowered to 1 MiB for the call);
+* ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick);
+* ``nocheck-late``: no fingerprint, and the ring posts its second receive only once the
+  first has arrived, as the checked ring must (the others it posts a step ahead as usual).
 
 Prints each variant's median and its paired difference from ``nocheck`` with a 95%
 bootstrap interval (``commpress.bench.paired``).
@@ -23,7 +27,8 @@ import sys
 
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
-from commpress.collectives import inband, payloads
+from commpress.collectives import executor, inband, payloads
+from commpress.transport import p2p
 
 WARMUP = 3
 
@@ -41,7 +46,42 @@ def _unsafe(name: str):
         inband.Check.note = lambda self, message: None
         inband.Check.accept_first = lambda self, scratch, into=None: None
         undo.append(lambda: [setattr(inband.Check, n, f) for n, f in saved.items()])
+    if "early" in name:
+        early = executor.EARLY_VERDICT_BYTES
+        executor.EARLY_VERDICT_BYTES = 1 << 20
+        undo.append(lambda: setattr(executor, "EARLY_VERDICT_BYTES", early))
+    if "late" in name:
+        chain_ahead = executor._chain_ahead
+        executor._chain_ahead = _second_receive_late
+        undo.append(lambda: setattr(executor, "_chain_ahead", chain_ahead))
     return lambda: [step() for step in undo]
+
+
+def _second_receive_late(schedule, payloads, group):
+    """``executor._chain_ahead`` with the second receive posted once the first has arrived."""
+    steps = schedule.steps
+    index = {id(step): k for k, step in enumerate(steps)}
+    ahead = executor._ReceivesAhead(steps, payloads.receive_buffer, group)
+
+    class FirstThenPostSecond(executor._Both):
+        def wait(self, timeout):
+            self._received.wait(timeout)
+            ahead.post(1)
+            self._sent.wait(timeout)
+
+    def start(step):
+        k = index[id(step)]
+        if k == 0:
+            ahead.post(0)
+        _, received = ahead.take(k)
+        (send,) = step.sends
+        sent = p2p.Batch(group, [(payloads.send_buffer(send), send.dsts[0])], [])
+        if k == 0:
+            return FirstThenPostSecond(received, sent)
+        ahead.post(k + 1)
+        return executor._Both(received, sent)
+
+    return start
 
 
 def worker(rank, world_size, size, iterations, op, variants):
