@@ -270,8 +270,9 @@ class _FirstMessage:
         of its first message, if cut, has arrived)."""
         self._check, self._scratch, self._into, self._agreed = check, scratch, into, agreed
         first, rest = check.send_first(message)
-        self._sent = p2p.Batch(check.group, [(first, check.right)], [])
+        # the receive first: gloo's sender waits for it to be posted
         self._received = p2p.Batch(check.group, [], [(scratch, check.left)])
+        self._sent = p2p.Batch(check.group, [(first, check.right)], [])
         self._rest = None if rest is None else p2p.Batch(check.group, [(rest, check.right)], [])
 
     def wait(self, timeout: timedelta | None) -> None:
