@@ -38,7 +38,8 @@ class _Recorder:
 
         def posting(group, sends, receives):
             works = post_each(group, sends, receives)
-            for kind, work in zip(["s"] * len(sends) + ["r"] * len(receives), works, strict=True):
+            kinds = ["r"] * len(receives) + ["s"] * len(sends)  # as post_each posts them
+            for kind, work in zip(kinds, works, strict=True):
                 self._names[id(work)] = f"{kind}{self._counts[kind]}"
                 self._counts[kind] += 1
                 self._note(f"post {self._names[id(work)]}")

@@ -24,7 +24,7 @@ def _posts(rank, world_size, op, checked=True):
 
     def recording(group, sends, receives):
         works = post_each(group, sends, receives)
-        kinds = ["send"] * len(sends) + ["receive"] * len(receives)
+        kinds = ["receive"] * len(receives) + ["send"] * len(sends)  # as posted
         for kind, work in zip(kinds, works, strict=True):
             names[id(work)] = (kind, counts[kind])
             events.append(("posted", kind, counts[kind]))

@@ -57,10 +57,12 @@ def post_each(
     sends: Sequence[tuple[torch.Tensor, int]],
     receives: Sequence[tuple[torch.Tensor, int]],
 ) -> list:
-    """Post every send and receive on its own (tag 0, as ``torch.distributed.isend``);
+    """Post every receive, then every send, each on its own (tag 0, as
+    ``torch.distributed.isend``); the works in that order. Receives first: gloo's sender
+    waits for the receive to be posted (``benchmarks/check_overlap_2026-11-25/README.md``).
     ``commpress.testing.silence`` replaces this function to forbid communication."""
-    works = [group.send([tensor], peer, 0) for tensor, peer in sends]
-    return works + [group.recv([tensor], peer, 0) for tensor, peer in receives]
+    works = [group.recv([tensor], peer, 0) for tensor, peer in receives]
+    return works + [group.send([tensor], peer, 0) for tensor, peer in sends]
 
 
 def exchange(
