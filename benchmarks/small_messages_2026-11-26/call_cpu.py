@@ -6,8 +6,8 @@ nothing else meanwhile).
 ``python benchmarks/small_messages_2026-11-26/call_cpu.py [SIZE...]`` (no root, no
 cluster; SIZE bytes of the fp32 all-gather output and reduce-scatter input, default 1 MiB
 and 16 MiB). One process plays rank 1 of 4: torch.distributed's group queries are
-answered by a stand-in group, each point-to-point batch copies what it sends into what it
-receives (every rank of a ring sends the same sizes, so the in-band argument check sees
+answered by a stand-in group, each send is copied into the oldest receive posted and not
+yet filled (every rank of a ring sends the same sizes, so the in-band argument check sees
 agreeing headers), and an all-reduce (the early verdict's) leaves its input as it is.
 Rows, in microseconds of process CPU per call (the best of 5 repeats of ITERATIONS calls):
 
@@ -44,10 +44,15 @@ class _Group:
 
 
 class _LoopedBack:
-    """A point-to-point batch whose receives get what it sends."""
+    """A point-to-point batch whose sends land in the receives posted so far, oldest first
+    (receives are posted ahead of the sends that fill them)."""
+
+    posted: list[torch.Tensor] = []  # receives not yet filled, in the order posted
 
     def __init__(self, group, sends, receives):
-        for (sent, _), (received, _) in zip(sends, receives, strict=False):
+        _LoopedBack.posted.extend(received for received, _ in receives)
+        for sent, _ in sends:
+            received = _LoopedBack.posted.pop(0)
             size = min(sent.numel(), received.numel())  # a first message's buffer is larger
             received[:size].copy_(sent[:size])
 
