@@ -54,7 +54,8 @@ class Payloads(Protocol):
 
     def encode_own(self, send: Send) -> None: ...
     def begin(self) -> None:
-        """After the argument check, before the first transfer."""
+        """After the argument check: before the first transfer, or, in an unchecked chain,
+        while it is on the wire."""
 
     def send_buffer(self, send: Send) -> torch.Tensor: ...
     def receive_buffer(self, receive: Receive) -> torch.Tensor: ...
@@ -123,13 +124,14 @@ def execute(
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     if multicasts:  # the channel is set up (once) before anything touches the output
         broadcasts = multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout)
+    if schedule.steps and window == 1 and _may_receive_ahead(schedule, payloads, group):
+        # the own payloads are written to the output while the first transfer is on the wire
+        _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
+        return
     payloads.begin()
     if multicasts:
         with broadcasts as posted:
             _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
-        return
-    if window == 1 and _may_receive_ahead(schedule, payloads, group):
-        _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
         return
     transport = schedule.transport
     _run_steps(
@@ -225,7 +227,8 @@ def _may_receive_ahead(schedule: Schedule, payloads: Payloads, group) -> bool:
 
 def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[[Step], _Transfer]:
     """The ``start`` of an unchecked chain: step ``k`` posts its send, then step ``k + 1``'s
-    receive; the first step posts its own receive first."""
+    receive; the first step posts its own receive first, and begins the payloads
+    (:meth:`Payloads.begin`) once its transfers are posted."""
     steps = schedule.steps
     index = {id(step): k for k, step in enumerate(steps)}
     ahead = _ReceivesAhead(steps, payloads.receive_buffer, group)
@@ -238,6 +241,8 @@ def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[[Ste
         (send,) = step.sends
         sent = p2p.Batch(group, [(payloads.send_buffer(send), send.dsts[0])], [])
         ahead.post(k + 1)
+        if k == 0:
+            payloads.begin()
         return _Both(received, sent)
 
     return start
