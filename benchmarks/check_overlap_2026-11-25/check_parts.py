@@ -28,7 +28,6 @@ import sys
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
 from commpress.collectives import executor, inband, payloads
-from commpress.transport import p2p
 
 WARMUP = 3
 
@@ -51,37 +50,35 @@ def _unsafe(name: str):
         executor.EARLY_VERDICT_BYTES = 1 << 20
         undo.append(lambda: setattr(executor, "EARLY_VERDICT_BYTES", early))
     if "late" in name:
-        chain_ahead = executor._chain_ahead
-        executor._chain_ahead = _second_receive_late
-        undo.append(lambda: setattr(executor, "_chain_ahead", chain_ahead))
+        receives_ahead = executor._ReceivesAhead
+        executor._ReceivesAhead = _SecondReceiveLate
+        undo.append(lambda: setattr(executor, "_ReceivesAhead", receives_ahead))
     return lambda: [step() for step in undo]
 
 
-def _second_receive_late(schedule, payloads, group):
-    """``executor._chain_ahead`` with the second receive posted once the first has arrived."""
-    steps = schedule.steps
-    index = {id(step): k for k, step in enumerate(steps)}
-    ahead = executor._ReceivesAhead(steps, payloads.receive_buffer, group)
+class _SecondReceiveLate(executor._ReceivesAhead):
+    """The receives of a chain posted ahead, but the second only once the first has
+    arrived (what the checked ring must do)."""
 
-    class FirstThenPostSecond(executor._Both):
-        def wait(self, timeout):
-            self._received.wait(timeout)
-            ahead.post(1)
-            self._sent.wait(timeout)
+    _first_arrived = False
 
-    def start(step):
-        k = index[id(step)]
-        if k == 0:
-            ahead.post(0)
-        _, received = ahead.take(k)
-        (send,) = step.sends
-        sent = p2p.Batch(group, [(payloads.send_buffer(send), send.dsts[0])], [])
-        if k == 0:
-            return FirstThenPostSecond(received, sent)
-        ahead.post(k + 1)
-        return executor._Both(received, sent)
+    def post(self, k: int) -> None:
+        if k != 1 or self._first_arrived:
+            super().post(k)
 
-    return start
+    def take(self, k: int):
+        into, received = super().take(k)
+        if k != 0:
+            return into, received
+        ahead = self
+
+        class ThenPostSecond:
+            def wait(self, timeout=None):
+                received.wait(timeout)
+                ahead._first_arrived = True
+                ahead.post(1)
+
+        return into, ThenPostSecond()
 
 
 def worker(rank, world_size, size, iterations, op, variants):

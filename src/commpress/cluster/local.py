@@ -39,6 +39,10 @@ def _worker(fn, rank, world_size, store_path, backend, timeout, args, results) -
             world_size=world_size,
             timeout=timedelta(seconds=timeout),
         )
+        # every rank's connections are up before any may finish and close its own: a rank
+        # whose fn returns at once (a refused argument) otherwise ends a slower peer's
+        # connectFullMesh with "Connection closed by peer"
+        dist.barrier()
         try:
             value = fn(rank, world_size, *args)
         finally:

@@ -39,8 +39,8 @@ from commpress.transport import collective, multicast, p2p
 EARLY_VERDICT_BYTES = 8 << 20
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
-#: arrived (a checked ring still posts each receive one step ahead); more lets a pipelined
-#: schedule keep its link busy across the per-step latency.
+#: arrived (a chain on gloo still posts each receive one step ahead); more lets a
+#: pipelined schedule keep its link busy across the per-step latency.
 WINDOW = 1
 
 
@@ -103,7 +103,7 @@ def execute(
         window = len(schedule.steps)  # every broadcast posted at once; the transport paces
     settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
-        chains = window == 1 and schedule.receives_ahead
+        chains = window == 1 and schedule.chains_right
         early = (  # with one step there is nothing left to overlap once the verdict is in
             chains and len(schedule.steps) > 1 and payloads.held_bytes >= EARLY_VERDICT_BYTES
         )
@@ -216,11 +216,11 @@ class _ReceivesAhead:
 
 
 def _may_receive_ahead(schedule: Schedule, payloads: Payloads, group) -> bool:
-    """Whether an unchecked schedule posts each receive a step ahead: a chain that allows it
-    (:attr:`~commpress.schedules.steps.Schedule.receives_ahead`), of CPU tensors, on a
+    """Whether an unchecked schedule posts each receive a step ahead: a chain
+    (:attr:`~commpress.schedules.steps.Schedule.chains_right`) of CPU tensors, on a
     transport that posts sends alone (gloo; NCCL wants each step's send and receive in one
     group)."""
-    if not schedule.receives_ahead or payloads.device.type != "cpu":
+    if not schedule.chains_right or payloads.device.type != "cpu":
         return False
     return p2p.sends_may_go_alone(group)
 

@@ -136,26 +136,26 @@ class Schedule:
 
     @functools.cached_property  # schedules are cached, and this is asked on every call
     def chains_right(self) -> bool:
-        """Whether every step is one send to the right neighbour in the ring and one receive
-        from the left, in at least ``n - 1`` steps: a chain of messages that can carry the
-        argument check (:mod:`commpress.collectives.inband`)."""
+        """Whether this is a chain: every step one send to the right neighbour in the ring
+        and one receive from the left, in at least ``n - 1`` steps, each step receiving a
+        (chunk, piece) that no earlier step received and that the previous step does not
+        send. A chain's messages can carry the argument check
+        (:mod:`commpress.collectives.inband`), and with one step in flight at a time each
+        receive can be posted a step ahead without landing in a buffer still in use (the
+        payloads keep one buffer per (chunk, piece):
+        :class:`~commpress.collectives.payloads.Slots`)."""
         n = self.world_size
         if self.transport is not Transport.P2P or len(self.steps) < n - 1:
             return False
         left, right = (self.rank - 1) % n, (self.rank + 1) % n
-        return all(
+        one_each_way = all(
             len(step.sends) == 1
             and step.sends[0].dsts == (right,)
             and len(step.receives) == 1
             and step.receives[0].src == left
             for step in self.steps
         )
-
-    @functools.cached_property
-    def receives_ahead(self) -> bool:
-        """Whether this chain may post each step's receive one step ahead: no step receives
-        a (chunk, piece) that an earlier step received or that the previous step sends."""
-        if not self.chains_right:
+        if not one_each_way:
             return False
         received = [(s.receives[0].chunk, s.receives[0].piece) for s in self.steps]
         sent = [(s.sends[0].chunk, s.sends[0].piece) for s in self.steps]
