@@ -104,11 +104,13 @@ def execute(
     settle = None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
         chains = window == 1 and schedule.chains_right
-        early = (  # with one step there is nothing left to overlap once the verdict is in
-            chains and len(schedule.steps) > 1 and payloads.held_bytes >= EARLY_VERDICT_BYTES
-        )
+        several = len(schedule.steps) > 1  # with one, nothing is left to overlap at the verdict
+        early = chains and several and payloads.held_bytes >= EARLY_VERDICT_BYTES
+        split = chains and several and payloads.held_bytes > 0 and not early
         sizes = schedule.wire_sizes
-        check = inband.Check(group, fingerprint, timeout, payloads.device, chains, early, sizes)
+        check = inband.Check(
+            group, fingerprint, timeout, payloads.device, chains, early, sizes, split
+        )
         if chains:
             _execute_in_band(schedule, payloads, group, timeout, check)
             return
@@ -147,8 +149,10 @@ def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
 
 
 def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband.Check) -> None:
-    """A ring whose messages carry the argument check; ``out`` written only at the end, or
-    once an early verdict has said that every rank agrees."""
+    """A ring whose messages carry the argument check; ``out`` written once the last
+    header has come (its header travels ahead of the rest of its message:
+    :meth:`~commpress.collectives.inband.Check.wire`), or once an early verdict has said
+    that every rank agrees."""
     if check.early:
         check.post_early_verdict()
     _encode_own(schedule, payloads)
@@ -165,20 +169,22 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     # each later receive is posted one step ahead (:class:`_ReceivesAhead`), from the
     # moment the left neighbour's first header has agreed (before that, a message of a
     # size this rank does not expect could end the process)
-    ahead = _ReceivesAhead(steps, payloads.receive_message, group)
+    last = len(steps) - 1
+    ahead = _ReceivesAhead(steps, payloads.receive_message, group, check.wire)
 
     def start(step: Step) -> _Transfer:
         k = index[id(step)]
-        check.stamp(messages[k], messages[k + 1] if k + 1 < len(steps) else None)
+        check.stamp(messages[k], messages[k + 1] if k < last else None)
         if k == 0:
             into = payloads.receive_message(step.receives[0])
             return _FirstMessage(check, messages[0], scratch, into, lambda: ahead.post(1))
         into, received = ahead.take(k)
-        sent = p2p.Batch(group, [(messages[k], check.right)], [])
+        parts = check.wire(messages[k], k == last)
+        sent = p2p.Batch(group, [(part, check.right) for part in parts], [])
         ahead.post(k + 1)
         if check.early and not check.poisoned and check.agreed_early():
             payloads.release()  # the held decodes, while this transfer is in flight
-        return _Noted(check, (received, sent), into)
+        return _Noted(check, received, sent, into, payloads.release)
 
     try:
         _run_steps(schedule, payloads, 1, timeout, start)
@@ -198,20 +204,23 @@ class _ReceivesAhead:
     receive may stay posted: as after any failed collective, the group is not to be used
     again."""
 
-    def __init__(self, steps, buffer: Callable[[Receive], torch.Tensor], group):
-        """``buffer``: where a step's receive lands."""
+    def __init__(self, steps, buffer: Callable[[Receive], torch.Tensor], group, wire=None):
+        """``buffer``: where a step's receive lands; ``wire(buffer, last)``: the parts it
+        arrives in, each received on its own (default: whole)."""
         self._steps, self._buffer, self._group = steps, buffer, group
-        self._posted: dict[int, tuple[torch.Tensor, p2p.Batch]] = {}  # step -> its receive
+        self._wire = wire or (lambda buffer, last: [buffer])
+        self._posted: dict[int, tuple[torch.Tensor, list[p2p.Batch]]] = {}  # step -> receives
 
     def post(self, k: int) -> None:
         """Post step ``k``'s receive (none past the last step)."""
         if k < len(self._steps):
             (receive,) = self._steps[k].receives
             into = self._buffer(receive)
-            self._posted[k] = into, p2p.Batch(self._group, [], [(into, receive.src)])
+            parts = self._wire(into, k == len(self._steps) - 1)
+            self._posted[k] = into, [p2p.Batch(self._group, [], [(p, receive.src)]) for p in parts]
 
-    def take(self, k: int) -> tuple[torch.Tensor, p2p.Batch]:
-        """Step ``k``'s receive, posted earlier: ``(its buffer, the batch to wait)``."""
+    def take(self, k: int) -> tuple[torch.Tensor, list[p2p.Batch]]:
+        """Step ``k``'s receive, posted earlier: ``(its buffer, the batch of each part)``."""
         return self._posted.pop(k)
 
 
@@ -237,7 +246,7 @@ def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[[Ste
         k = index[id(step)]
         if k == 0:
             ahead.post(0)
-        _, received = ahead.take(k)
+        _, (received,) = ahead.take(k)
         (send,) = step.sends
         sent = p2p.Batch(group, [(payloads.send_buffer(send), send.dsts[0])], [])
         ahead.post(k + 1)
@@ -298,15 +307,22 @@ class _FirstMessage:
 
 
 class _Noted:
-    """A later message: its header's poison is noted once it has arrived."""
+    """A later message: its header's poison is noted once it has arrived. The last one's
+    header, travelling alone, completes the verdict: when no poison has come, the output is
+    released while the rest of the message is still on the wire."""
 
-    def __init__(self, check: inband.Check, batches: tuple[p2p.Batch, ...], into: torch.Tensor):
-        self._check, self._batches, self._into = check, batches, into
+    def __init__(self, check, received: list[p2p.Batch], sent: p2p.Batch, into, release):
+        self._check, self._received, self._sent = check, received, sent
+        self._into, self._release = into, release
 
     def wait(self, timeout: timedelta | None) -> None:
-        for batch in self._batches:
-            batch.wait(timeout)
+        header, *rest = self._received
+        header.wait(timeout)
         self._check.note(self._into)
+        if rest and not self._check.poisoned:
+            self._release()
+        for batch in (*rest, self._sent):
+            batch.wait(timeout)
 
 
 def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, start) -> None:

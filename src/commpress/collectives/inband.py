@@ -63,8 +63,8 @@ from commpress.transport import collective, p2p
 #: The largest first message; every rank's first receive is posted this large.
 FIRST_MESSAGE_BYTES = 8 << 20
 _MAGIC = b"cpib"
-# magic, poisoned, digest, this message's bytes, the sender's next message's bytes
-_HEADER = struct.Struct("<4s?3xQQQ")
+# magic, poisoned, split, digest, this message's bytes, the sender's next message's bytes
+_HEADER = struct.Struct("<4s??2xQQQ")
 
 
 class Header(NamedTuple):
@@ -72,6 +72,7 @@ class Header(NamedTuple):
     poisoned: bool
     total: int  # this message's bytes, header included (the whole, when cut in two)
     next_bytes: int  # the sender's next message to this rank, 0 after its last
+    split: bool = False  # the header travels alone, the rest of the message after it
 
 
 def applies(group: dist.ProcessGroup | None, device) -> bool:
@@ -100,8 +101,8 @@ def call_wire_bytes(
 def read(message: torch.Tensor) -> Header | None:
     """``None`` when ``message`` (on the CPU) does not start with a header this version
     writes."""
-    magic, poisoned, digest, total, next_bytes = _HEADER.unpack_from(message.numpy(), 0)
-    return Header(digest, poisoned, total, next_bytes) if magic == _MAGIC else None
+    magic, poisoned, split, digest, total, next_bytes = _HEADER.unpack_from(message.numpy(), 0)
+    return Header(digest, poisoned, total, next_bytes, split) if magic == _MAGIC else None
 
 
 class LeftDisagrees(Exception):
@@ -126,21 +127,27 @@ class Check:
         chains: bool,
         early: bool = False,
         sizes: tuple[int, ...] = (),
+        split_last: bool = False,
     ):
         """``chains``: whether this rank's schedule carries the check in its messages;
         ``early``: whether a chain also takes every rank's verdict from an all-reduce in
         flight (:meth:`post_early_verdict`); ``sizes``: the bytes of every message this
-        rank's schedule sends. All three are part of the digest: ranks whose digests agree
-        exchange messages of the sizes each expects, so no poison can follow."""
+        rank's schedule sends; ``split_last``: whether a chain sends the header of its last
+        message alone, ahead of the rest (:meth:`wire`), so that the verdict it completes
+        is known while the rest is on the wire. All four are part of the digest: ranks
+        whose digests agree exchange messages of the sizes each expects, so no poison can
+        follow."""
         self.group = dist.group.WORLD if group is None else group
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
         self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
         # FIRST_MESSAGE_BYTES too: where a long first message is cut changes what is sent
-        layout = struct.pack(f"<??Q{len(sizes)}Q", chains, early, FIRST_MESSAGE_BYTES, *sizes)
+        layout = struct.pack(
+            f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes
+        )
         self.digest = fingerprints.digest(self.row + layout)
-        self.early = early
+        self.early, self.split_last = early, split_last
         self.poisoned = False
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
         self._verdict: torch.Tensor | None = None
@@ -149,11 +156,21 @@ class Check:
 
     def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
         """Write this rank's header in front of ``message`` (packed in place, through a
-        view: on this path every Python call shows in a small collective's time)."""
+        view: on this path every Python call shows in a small collective's time). The
+        last message (no ``next_message``) says whether it travels split (:meth:`wire`)."""
         following = 0 if next_message is None else next_message.numel()
+        split = self.split_last and next_message is None
+        total = message.numel()
         _HEADER.pack_into(
-            message.numpy(), 0, _MAGIC, self.poisoned, self.digest, message.numel(), following
+            message.numpy(), 0, _MAGIC, self.poisoned, split, self.digest, total, following
         )
+
+    def wire(self, message: torch.Tensor, last: bool) -> list[torch.Tensor]:
+        """The messages on the wire that carry ``message``: itself, or, for the last one of
+        a chain that splits it, its header alone and then the rest."""
+        if last and self.split_last:
+            return [message[:HEADER_BYTES], message[HEADER_BYTES:]]
+        return [message]
 
     # -- the first message, both ways --------------------------------------------------
 
@@ -190,7 +207,7 @@ class Check:
 
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
-        magic, poisoned, _, total, _ = _HEADER.unpack_from(message.numpy(), 0)
+        magic, poisoned, _, _, total, _ = _HEADER.unpack_from(message.numpy(), 0)
         self.poisoned |= magic != _MAGIC or poisoned or total != message.numel()
 
     # -- a header alone, then a verdict, for schedules that are not a chain -----------
@@ -272,10 +289,12 @@ class Check:
         (poisoned), receive and drop the rest of the left's, then raise. ``pending``: sends
         of this rank's already posted, waited only after the drain."""
         self.poisoned = True
+        parts = []
         for index, message in enumerate(remaining):
             following = remaining[index + 1] if index + 1 < len(remaining) else None
             self.stamp(message, following)
-        sends = p2p.Batch(self.group, [(m, self.right) for m in remaining], [])
+            parts += self.wire(message, following is None)
+        sends = p2p.Batch(self.group, [(part, self.right) for part in parts], [])
         readable = first is not None
         if readable:
             rest = max(first.total - FIRST_MESSAGE_BYTES, 0)
@@ -287,16 +306,18 @@ class Check:
                 if header is None:
                     readable = False
                     break
+                if header.split:  # what came was its header alone: the rest follows
+                    self._drop(header.total - HEADER_BYTES, read_header=False)
                 size = header.next_bytes
         if pending is not None:
             pending.wait(self.timeout)
         sends.wait(self.timeout)
         self.raise_mismatch(readable)
 
-    def _drop(self, size: int) -> Header | None:
+    def _drop(self, size: int, read_header: bool = True) -> Header | None:
         buffer = workspace.take("inband.dropped", size, torch.uint8, self.device)
         p2p.Batch(self.group, [], [(buffer, self.left)]).wait(self.timeout)
-        return read(buffer) if size >= HEADER_BYTES else None
+        return read(buffer) if read_header and size >= HEADER_BYTES else None
 
     def raise_mismatch(self, drained: bool = True) -> None:
         self._every_rank_agrees()  # the ranks whose schedule is not a chain wait in it
