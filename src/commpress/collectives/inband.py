@@ -26,8 +26,11 @@ neighbour disagrees, and the poison of each reaches every rank but its own left 
 within the ``n - 1`` rounds (each round's message leaves after the previous round's has
 arrived). Where some ranks run other schedules, each stretch of chain ranks starts with a
 rank whose left neighbour differs, and its poison reaches the whole stretch; the other
-ranks learn from the all-reduce, which every poisoned rank joins. Until the last round,
-nothing is written to the output (:meth:`~commpress.collectives.payloads.Gathered.hold`).
+ranks learn from the all-reduce, which every poisoned rank joins. Until the last round's
+header has come, nothing is written to the output
+(:meth:`~commpress.collectives.payloads.Gathered.hold`); an all-gather's last message
+sends that header alone, ahead of its shard (:meth:`Check.wire`), so that the output is
+written while the shard is on the wire.
 This holds for arguments the digest sees; a setting outside them that changes only the
 later messages' sizes may be noticed by one rank alone, and its peers then time out.
 
