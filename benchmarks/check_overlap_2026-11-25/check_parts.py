@@ -12,6 +12,8 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
 * ``check-nohold-noheaders``: both;
 * ``check-early``: the all-gather takes the early verdict
   (``executor.EARLY_VERDICT_BYTES`` lowered to 1 MiB for the call);
+* ``check-split``, ``check-nosplit``: the all-gather sends its last header alone at any
+  size, or at none (``executor.SPLIT_LAST_BYTES``);
 * ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick);
 * ``nocheck-late``: no fingerprint, and the ring posts its second receive only once the
   first has arrived, as the checked ring must (the others it posts a step ahead as usual).
@@ -49,6 +51,12 @@ def _unsafe(name: str):
         early = executor.EARLY_VERDICT_BYTES
         executor.EARLY_VERDICT_BYTES = 1 << 20
         undo.append(lambda: setattr(executor, "EARLY_VERDICT_BYTES", early))
+    for suffix, threshold in (("nosplit", 1 << 60), ("split", 1)):
+        if suffix in name:
+            split = executor.SPLIT_LAST_BYTES
+            executor.SPLIT_LAST_BYTES = threshold
+            undo.append(lambda split=split: setattr(executor, "SPLIT_LAST_BYTES", split))
+            break
     if "late" in name:
         receives_ahead = executor._ReceivesAhead
         executor._ReceivesAhead = _SecondReceiveLate

@@ -194,16 +194,21 @@ def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
     assert all(fingerprint._digests(same.to_bytes(s))[0].item() >= 0 for s in range(100))
 
 
-def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False, early=False):
+def _one_rank_of_four(
+    rank, world_size, first_bytes=None, ignore_poison=False, early=False, split=False
+):
     """Rank 2 alone calls with more elements. Only ranks 2 and 3 see a neighbour that
     differs (each rank reads its left neighbour's header); ranks 0 and 1 learn of it from
     the poison the ring carries. ``first_bytes`` cuts the first message small, so that its
     rest travels as a second message; ``early`` takes the early verdict too (its
-    disagreement must keep the output held); ``ignore_poison`` is the deliberately broken
-    variant."""
+    disagreement must keep the output held); ``split`` sends every last header alone
+    (those of a disagreeing neighbour are drained by it); ``ignore_poison`` is the
+    deliberately broken variant."""
     from commpress.collectives import executor, inband
     from commpress.transport import p2p
 
+    if split:
+        executor.SPLIT_LAST_BYTES = 0
     if early:  # the verdict lands at once: a release on a disagreeing verdict would show
         executor.EARLY_VERDICT_BYTES = 0
         p2p.Pending.is_completed = lambda self: self.wait() or True
@@ -234,12 +239,12 @@ def _one_rank_of_four(rank, world_size, first_bytes=None, ignore_poison=False, e
 
 
 @pytest.mark.parametrize(
-    "first_bytes, early",
-    [(None, False), (300, False), (None, True)],
-    ids=["whole", "first-message-cut", "early-verdict"],
+    "first_bytes, early, split",
+    [(None, False, False), (300, False, False), (None, True, False), (None, False, True)],
+    ids=["whole", "first-message-cut", "early-verdict", "last-header-alone"],
 )
-def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes, early):
-    results = run_distributed(_one_rank_of_four, 4, first_bytes, False, early, timeout=90)
+def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes, early, split):
+    results = run_distributed(_one_rank_of_four, 4, first_bytes, False, early, split, timeout=90)
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and not error.startswith("other"), f"rank {rank}: {error}"
         assert untouched and recovered, f"rank {rank}: out written or group broken"
@@ -255,7 +260,7 @@ def test_without_the_poison_the_ranks_beside_the_mismatch_would_not_know():
     assert not all(untouched for _, untouched, _ in results)
 
 
-def _early_release(rank, world_size, early_bytes):
+def _early_release(rank, world_size, early_bytes, split_bytes=1 << 60):
     """An all-gather whose early verdict lands at once (``is_completed`` made to wait for
     it): the held decodes are released at the second step, not at the end, and the result
     keeps torch's bits. Returns how many decodes were held at the first release."""
@@ -263,6 +268,7 @@ def _early_release(rank, world_size, early_bytes):
     from commpress.transport import p2p
 
     executor.EARLY_VERDICT_BYTES = early_bytes
+    executor.SPLIT_LAST_BYTES = split_bytes
     p2p.Pending.is_completed = lambda self: self.wait() or True
     held_at_release = []
     release = payloads.Gathered.release
@@ -283,11 +289,14 @@ def _early_release(rank, world_size, early_bytes):
 def test_an_early_verdict_releases_the_output_while_the_ring_runs():
     for held, exact in run_distributed(_early_release, 4, 0, timeout=60):
         assert held == [1] and exact  # only the own shard's decode was waiting
-    # without the early verdict (this output is far below the default threshold), the
-    # decodes wait for the last header, which travels ahead of its shard: the own one and
-    # two received are waiting then, not the last (a release at the end would see four)
-    for held, exact in run_distributed(_early_release, 4, 1 << 40, timeout=60):
+    # without it, the decodes wait for the last header; sent alone, ahead of its shard, it
+    # releases the own one and two received, not the last
+    for held, exact in run_distributed(_early_release, 4, 1 << 40, 0, timeout=60):
         assert held == [3] and exact
+    # with neither (this output is far below both thresholds), every decode waits for the
+    # end: the count the assertions above would see if they were broken
+    for held, exact in run_distributed(_early_release, 4, 1 << 40, timeout=60):
+        assert held == [4] and exact
 
 
 def _early_on_one_rank(rank, world_size):

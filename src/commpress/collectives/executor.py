@@ -38,6 +38,12 @@ from commpress.transport import collective, multicast, p2p
 #: than the all-reduce (``benchmarks/check_overlap_2026-11-25/README.md``).
 EARLY_VERDICT_BYTES = 8 << 20
 
+#: Output bytes from which a chain whose writes are held (an all-gather) sends its last
+#: header alone, ahead of the last shard, to write the output while that shard is on the
+#: wire: below it, the extra message costs more than the overlap wins (on 4 emulated
+#: hosts: more at 1 and 2 MiB, less at 3 and 4; ``benchmarks/check_overlap_2026-11-25/``).
+SPLIT_LAST_BYTES = 3 << 20
+
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
 #: pipelined schedule keep its link busy across the per-step latency.
@@ -106,7 +112,7 @@ def execute(
         chains = window == 1 and schedule.chains_right
         several = len(schedule.steps) > 1  # with one, nothing is left to overlap at the verdict
         early = chains and several and payloads.held_bytes >= EARLY_VERDICT_BYTES
-        split = chains and several and payloads.held_bytes > 0 and not early
+        split = chains and several and not early and payloads.held_bytes >= SPLIT_LAST_BYTES
         sizes = schedule.wire_sizes
         check = inband.Check(
             group, fingerprint, timeout, payloads.device, chains, early, sizes, split
