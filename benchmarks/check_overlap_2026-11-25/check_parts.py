@@ -10,8 +10,8 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
 * ``check-noheaders``: the header is neither written nor read (not safe: no check at all,
   but every other part of the in-band path runs);
 * ``check-nohold-noheaders``: both;
-* ``check-early``: the all-gather takes the early verdict
-  (``executor.EARLY_VERDICT_BYTES`` lowered to 1 MiB for the call);
+* ``check-early``, ``check-noearly``: the all-gather takes the early verdict from 1 MiB,
+  or never (``executor.EARLY_VERDICT_BYTES``);
 * ``check-split``, ``check-nosplit``: the all-gather sends its last header alone at any
   size, or at none (``executor.SPLIT_LAST_BYTES``);
 * ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick);
@@ -47,10 +47,12 @@ def _unsafe(name: str):
         inband.Check.note = lambda self, message: None
         inband.Check.accept_first = lambda self, scratch, into=None: None
         undo.append(lambda: [setattr(inband.Check, n, f) for n, f in saved.items()])
-    if "early" in name:
-        early = executor.EARLY_VERDICT_BYTES
-        executor.EARLY_VERDICT_BYTES = 1 << 20
-        undo.append(lambda: setattr(executor, "EARLY_VERDICT_BYTES", early))
+    for suffix, threshold in (("noearly", 1 << 60), ("early", 1 << 20)):
+        if suffix in name:
+            early = executor.EARLY_VERDICT_BYTES
+            executor.EARLY_VERDICT_BYTES = threshold
+            undo.append(lambda early=early: setattr(executor, "EARLY_VERDICT_BYTES", early))
+            break
     for suffix, threshold in (("nosplit", 1 << 60), ("split", 1)):
         if suffix in name:
             split = executor.SPLIT_LAST_BYTES
