@@ -270,33 +270,40 @@ def _early_release(rank, world_size, early_bytes, split_bytes=1 << 60):
     executor.EARLY_VERDICT_BYTES = early_bytes
     executor.SPLIT_LAST_BYTES = split_bytes
     p2p.Pending.is_completed = lambda self: self.wait() or True
-    held_at_release = []
-    release = payloads.Gathered.release
+    held_at_release, waits = [], []
+    release, wait = payloads.Gathered.release, p2p.wait
 
     def spy(self):
         if self._held and not held_at_release:
             held_at_release.append(len(self._held))
+            waits.append("release")
         release(self)
 
-    payloads.Gathered.release = spy
+    def waiting(work, timeout):
+        waits.append("wait")
+        return wait(work, timeout)
+
+    payloads.Gathered.release, p2p.wait = spy, waiting
     inp = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
     out, expected = torch.empty(1000 * world_size), torch.empty(1000 * world_size)
     cp.all_gather_into_tensor(out, inp, codec="none", timeout=TIMEOUT)
     torch.distributed.all_gather_into_tensor(expected, inp)
-    return held_at_release, torch.equal(out, expected)
+    waits_after = len(waits) - waits.index("release") - 1 if "release" in waits else 0
+    return held_at_release, torch.equal(out, expected), waits_after
 
 
 def test_an_early_verdict_releases_the_output_while_the_ring_runs():
-    for held, exact in run_distributed(_early_release, 4, 0, timeout=60):
+    for held, exact, _ in run_distributed(_early_release, 4, 0, timeout=60):
         assert held == [1] and exact  # only the own shard's decode was waiting
     # without it, the decodes wait for the last header; sent alone, ahead of its shard, it
-    # releases the own one and two received, not the last
-    for held, exact in run_distributed(_early_release, 4, 1 << 40, 0, timeout=60):
-        assert held == [3] and exact
+    # releases the own one and two received, not the last, before the shard's receive
+    # and the last send are waited
+    for held, exact, waits_after in run_distributed(_early_release, 4, 1 << 40, 0, timeout=60):
+        assert held == [3] and exact and waits_after >= 2
     # with neither (this output is far below both thresholds), every decode waits for the
-    # end: the count the assertions above would see if they were broken
-    for held, exact in run_distributed(_early_release, 4, 1 << 40, timeout=60):
-        assert held == [4] and exact
+    # end: what the assertions above would see if they were broken
+    for held, exact, waits_after in run_distributed(_early_release, 4, 1 << 40, timeout=60):
+        assert held == [4] and exact and waits_after == 0
 
 
 def _early_on_one_rank(rank, world_size):
@@ -320,6 +327,29 @@ def _early_on_one_rank(rank, world_size):
 
 def test_ranks_that_differ_only_in_taking_an_early_verdict_raise():
     _every_rank_says_the_messages_differ(run_distributed(_early_on_one_rank, 3, timeout=60))
+
+
+def _split_on_one_rank(rank, world_size):
+    """Same arguments everywhere, but rank 0 alone sends its last header alone (a
+    process-wide setting): its digest differs, so every rank raises, and none is ended by
+    a message of a size it did not expect."""
+    from commpress.collectives import executor
+
+    same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
+    default = executor.SPLIT_LAST_BYTES
+
+    def call(rank):
+        executor.SPLIT_LAST_BYTES = 0 if rank == 0 else default
+        try:
+            return same(rank)
+        finally:
+            executor.SPLIT_LAST_BYTES = default
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_ranks_that_differ_only_in_sending_the_last_header_alone_raise():
+    _every_rank_says_the_messages_differ(run_distributed(_split_on_one_rank, 3, timeout=60))
 
 
 def _sizes_differ_on_one_rank(rank, world_size):

@@ -60,7 +60,9 @@ def all_gather_into_tensor(
     raises on every other rank.
     Ranks that disagree on the arguments (size, dtype, codec, algorithm) all raise
     :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` before ``out`` is
-    written (``native`` excepted: that is torch's own collective).
+    written (``native`` excepted: that is torch's own collective). A peer that dies or
+    stalls once every rank is known to agree can leave ``out`` partly written, as a failing
+    torch collective does.
     """
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm)

@@ -13,8 +13,9 @@ schedule names. The executor only orders them:
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's
    transfer is on the wire, unless that step sends what the handling produces
    (:attr:`~commpress.schedules.Then.rewrites_payload`); with the in-band check, the
-   writes into the output (an all-gather's decodes) wait for the last step instead, or for
-   an early verdict (:data:`EARLY_VERDICT_BYTES`).
+   writes into the output (an all-gather's decodes) wait for the last step's header
+   instead (sent alone, ahead of its shard, from :data:`SPLIT_LAST_BYTES`), or for an
+   early verdict (:data:`EARLY_VERDICT_BYTES`).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
 
 def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband.Check) -> None:
     """A ring whose messages carry the argument check; ``out`` written once the last
-    header has come (its header travels ahead of the rest of its message:
+    header has come (from :data:`SPLIT_LAST_BYTES`, ahead of the rest of its message:
     :meth:`~commpress.collectives.inband.Check.wire`), or once an early verdict has said
     that every rank agrees."""
     if check.early:

@@ -17,7 +17,9 @@ longer first payload continues in a second message). From the first header on, a
 knows whether its left neighbour agrees: if so, every later message should be the size
 its own schedule says (a header that says otherwise poisons, a larger message would still
 end the process); if not, the headers announce each next size, and the rank receives and
-drops them all.
+drops them all (after a header that says it travelled alone, the rest of its message
+too). :data:`FIRST_MESSAGE_BYTES` must be the same on every rank: a rank whose first
+receive is smaller than a peer's cut can still be ended by gloo.
 
 Why every rank learns of a mismatch: a rank whose left neighbour disagrees poisons every
 message it sends, and so does every rank that has received a poisoned one. Among ranks
@@ -28,17 +30,21 @@ arrived). Where some ranks run other schedules, each stretch of chain ranks star
 rank whose left neighbour differs, and its poison reaches the whole stretch; the other
 ranks learn from the all-reduce, which every poisoned rank joins. Until the last round's
 header has come, nothing is written to the output
-(:meth:`~commpress.collectives.payloads.Gathered.hold`); an all-gather's last message
-sends that header alone, ahead of its shard (:meth:`Check.wire`), so that the output is
-written while the shard is on the wire.
+(:meth:`~commpress.collectives.payloads.Gathered.hold`); an all-gather of
+:data:`~commpress.collectives.executor.SPLIT_LAST_BYTES` to
+:data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` of output on three ranks or
+more sends that header alone, ahead of its last shard (:meth:`Check.wire`), so that the
+output is written while the shard is on the wire; a failure after that (a peer that dies
+or stalls) can leave the output partly written, as a failing torch collective does.
 This holds for arguments the digest sees; a setting outside them that changes only the
 later messages' sizes may be noticed by one rank alone, and its peers then time out.
 
 An all-gather of :data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` or more also
 puts that all-reduce in flight at its start (:meth:`Check.post_early_verdict`) and writes
 its output as soon as the verdict says every rank agrees: the digest covers whether a rank
-runs a chain, whether it takes the early verdict, where it cuts a long first message and
-the size of every message it sends, so agreeing digests leave no poison to come. A failure
+runs a chain, whether it takes the early verdict, whether it sends its last header alone,
+where it cuts a long first message and the size of every message it sends, so agreeing
+digests leave no poison to come. A failure
 after the verdict (a peer that dies or stalls) can then leave the output partly written,
 as a failing torch collective does.
 
@@ -65,7 +71,7 @@ from commpress.transport import collective, p2p
 
 #: The largest first message; every rank's first receive is posted this large.
 FIRST_MESSAGE_BYTES = 8 << 20
-_MAGIC = b"cpib"
+_MAGIC = b"cpi2"  # the second layout: a header may say it travelled alone
 # magic, poisoned, split, digest, this message's bytes, the sender's next message's bytes
 _HEADER = struct.Struct("<4s??2xQQQ")
 
@@ -137,7 +143,8 @@ class Check:
         flight (:meth:`post_early_verdict`); ``sizes``: the bytes of every message this
         rank's schedule sends; ``split_last``: whether a chain sends the header of its last
         message alone, ahead of the rest (:meth:`wire`), so that the verdict it completes
-        is known while the rest is on the wire. All four are part of the digest: ranks
+        is known while the rest is on the wire. All four, and :data:`FIRST_MESSAGE_BYTES`,
+        are part of the digest: ranks
         whose digests agree exchange messages of the sizes each expects, so no poison can
         follow."""
         self.group = dist.group.WORLD if group is None else group
@@ -150,7 +157,7 @@ class Check:
             f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes
         )
         self.digest = fingerprints.digest(self.row + layout)
-        self.early, self.split_last = early, split_last
+        self.early, self.split_last = early, split_last and chains  # only a chain splits
         self.poisoned = False
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
         self._verdict: torch.Tensor | None = None
