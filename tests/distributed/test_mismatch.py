@@ -306,50 +306,31 @@ def test_an_early_verdict_releases_the_output_while_the_ring_runs():
         assert held == [4] and exact and waits_after == 0
 
 
-def _early_on_one_rank(rank, world_size):
-    """Same arguments everywhere, but rank 0 alone takes an early verdict (a process-wide
-    setting): its digest differs, so every rank raises instead of waiting for a verdict
-    that only rank 0 joined."""
+def _threshold_on_one_rank(rank, world_size, setting):
+    """Same arguments everywhere, but rank 0 alone sets ``executor.<setting>`` (a
+    process-wide threshold) to 0: with ``EARLY_VERDICT_BYTES`` it alone takes an early
+    verdict, with ``SPLIT_LAST_BYTES`` it alone sends its last header alone. Its digest
+    differs, so every rank raises, instead of waiting for a verdict only rank 0 joined,
+    or being ended by a message of a size it did not expect."""
     from commpress.collectives import executor
 
     same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
-    default = executor.EARLY_VERDICT_BYTES
+    default = getattr(executor, setting)
 
     def call(rank):
-        executor.EARLY_VERDICT_BYTES = 0 if rank == 0 else default
+        setattr(executor, setting, 0 if rank == 0 else default)
         try:
             return same(rank)
         finally:
-            executor.EARLY_VERDICT_BYTES = default
+            setattr(executor, setting, default)
 
     return _mismatched(rank, world_size, call)
 
 
-def test_ranks_that_differ_only_in_taking_an_early_verdict_raise():
-    _every_rank_says_the_messages_differ(run_distributed(_early_on_one_rank, 3, timeout=60))
-
-
-def _split_on_one_rank(rank, world_size):
-    """Same arguments everywhere, but rank 0 alone sends its last header alone (a
-    process-wide setting): its digest differs, so every rank raises, and none is ended by
-    a message of a size it did not expect."""
-    from commpress.collectives import executor
-
-    same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
-    default = executor.SPLIT_LAST_BYTES
-
-    def call(rank):
-        executor.SPLIT_LAST_BYTES = 0 if rank == 0 else default
-        try:
-            return same(rank)
-        finally:
-            executor.SPLIT_LAST_BYTES = default
-
-    return _mismatched(rank, world_size, call)
-
-
-def test_ranks_that_differ_only_in_sending_the_last_header_alone_raise():
-    _every_rank_says_the_messages_differ(run_distributed(_split_on_one_rank, 3, timeout=60))
+@pytest.mark.parametrize("setting", ["EARLY_VERDICT_BYTES", "SPLIT_LAST_BYTES"])
+def test_ranks_that_differ_only_in_a_threshold_of_the_check_raise(setting):
+    results = run_distributed(_threshold_on_one_rank, 3, setting, timeout=60)
+    _every_rank_says_the_messages_differ(results)
 
 
 def _sizes_differ_on_one_rank(rank, world_size):
