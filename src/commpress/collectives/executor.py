@@ -140,12 +140,11 @@ def execute(
     payloads.begin()
     if multicasts:
         with broadcasts as posted:
-            _run_steps(schedule, payloads, window, timeout, lambda step: posted.of(_root(step)))
+            _run_steps(schedule, payloads, window, timeout, lambda k, step: posted.of(_root(step)))
         return
     transport = schedule.transport
-    _run_steps(
-        schedule, payloads, window, timeout, lambda step: _start(transport, step, payloads, group)
-    )
+    start = lambda k, step: _start(transport, step, payloads, group)  # noqa: E731
+    _run_steps(schedule, payloads, window, timeout, start)
 
 
 def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
@@ -172,15 +171,13 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     if expected <= inband.FIRST_MESSAGE_BYTES:  # the payload stays where it arrives
         payloads.move_message(first, scratch[:expected])
     messages = [payloads.send_message(step.sends[0]) for step in steps]
-    index = {id(step): k for k, step in enumerate(steps)}
     # each later receive is posted one step ahead (:class:`_ReceivesAhead`), from the
     # moment the left neighbour's first header has agreed (before that, a message of a
     # size this rank does not expect could end the process)
     last = len(steps) - 1
     ahead = _ReceivesAhead(steps, payloads.receive_message, group, check.wire)
 
-    def start(step: Step) -> _Transfer:
-        k = index[id(step)]
+    def start(k: int, step: Step) -> _Transfer:
         check.stamp(messages[k], messages[k + 1] if k < last else None)
         if k == 0:
             into = payloads.receive_message(step.receives[0])
@@ -241,16 +238,13 @@ def _may_receive_ahead(schedule: Schedule, payloads: Payloads, group) -> bool:
     return p2p.sends_may_go_alone(group)
 
 
-def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[[Step], _Transfer]:
+def _chain_ahead(schedule: Schedule, payloads: Payloads, group) -> Callable[..., _Transfer]:
     """The ``start`` of an unchecked chain: step ``k`` posts its send, then step ``k + 1``'s
     receive; the first step posts its own receive first, and begins the payloads
     (:meth:`Payloads.begin`) once its transfers are posted."""
-    steps = schedule.steps
-    index = {id(step): k for k, step in enumerate(steps)}
-    ahead = _ReceivesAhead(steps, payloads.receive_buffer, group)
+    ahead = _ReceivesAhead(schedule.steps, payloads.receive_buffer, group)
 
-    def start(step: Step) -> _Transfer:
-        k = index[id(step)]
+    def start(k: int, step: Step) -> _Transfer:
         if k == 0:
             ahead.post(0)
         _, (received,) = ahead.take(k)
@@ -333,7 +327,7 @@ class _Noted:
 
 
 def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, start) -> None:
-    """Post each step's transfer (``start(step)``), at most ``window`` in flight, and handle
+    """Post each step's transfer (``start(index, step)``), at most ``window`` in flight, and handle
     what arrives in step order, overlapped with the transfers still in flight."""
     in_flight: deque[tuple[_Transfer, Step]] = deque()
     arrived: deque[Receive] = deque()  # not handled yet, in step order
@@ -355,11 +349,11 @@ def _run_steps(schedule: Schedule, payloads: Payloads, window: int, timeout, sta
         for _ in range(max(rewritten, default=-1) + 1):
             payloads.handle(arrived.popleft())
 
-    for step in schedule.steps:
+    for index, step in enumerate(schedule.steps):
         make_ready({_key(s) for s in step.sends if s.prepare is Prepare.FORWARD})
         while len(in_flight) >= window:
             complete_oldest()
-        in_flight.append((start(step), step))
+        in_flight.append((start(index, step), step))
         while arrived:  # overlaps with the transfers in flight
             payloads.handle(arrived.popleft())
     while in_flight:
