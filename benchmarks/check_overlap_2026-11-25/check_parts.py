@@ -77,10 +77,10 @@ class _SecondReceiveLate(executor._ReceivesAhead):
             super().post(k)
 
     def take(self, k: int):
-        into, received = super().take(k)
+        into, parts = super().take(k)
         if k != 0:
-            return into, received
-        ahead = self
+            return into, parts
+        ahead, (received,) = self, parts
 
         class ThenPostSecond:
             def wait(self, timeout=None):
@@ -88,7 +88,7 @@ class _SecondReceiveLate(executor._ReceivesAhead):
                 ahead._first_arrived = True
                 ahead.post(1)
 
-        return into, ThenPostSecond()
+        return into, [ThenPostSecond()]
 
 
 def worker(rank, world_size, size, iterations, op, variants):

@@ -504,3 +504,31 @@ def _pieces(rank, world_size):
 
 def test_an_all_reduce_piece_size_outside_the_fingerprint_raises_on_every_rank():
     _every_rank_says_the_messages_differ(run_distributed(_pieces, 2, timeout=60))
+
+
+def _one_rank_counts_one_call_more(rank, world_size):
+    """Same arguments everywhere, but rank 0 counts one checked collective more on the
+    group (as if the others had skipped one): the sequence number is part of every call's
+    digest, so the ring's headers disagree."""
+    from commpress.collectives import fingerprint
+
+    same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
+    counts = fingerprint._sequences
+    group = torch.distributed.group.WORLD
+
+    def call(rank):
+        counts[group] = counts.get(group, 0) + (rank == 0)
+        try:
+            return same(rank)
+        finally:  # in step again for the recovering call
+            counts[group] -= rank == 0
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_a_rank_that_skipped_a_collective_is_named_by_the_ring():
+    # fails if the in-band digest leaves the sequence number out (every rank would agree)
+    results = run_distributed(_one_rank_counts_one_call_more, 3, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and "a rank skipped or added" in error, (rank, error)
+        assert untouched and recovered
