@@ -10,8 +10,9 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
 * ``check-noheaders``: the header is neither written nor read (not safe: no check at all,
   but every other part of the in-band path runs);
 * ``check-nohold-noheaders``: both;
-* ``check-early``, ``check-noearly``: the all-gather takes the early verdict from 1 MiB,
-  or never (``executor.EARLY_VERDICT_BYTES``);
+* ``check-early``, ``check-noearly``: the all-gather takes the early verdict from 1 MiB
+  on any number of ranks, or never (``executor.EARLY_VERDICT_BYTES``,
+  ``EARLY_VERDICT_MIN_RANKS``);
 * ``check-split``, ``check-nosplit``: the all-gather sends its last header alone at any
   size, or at none (``executor.SPLIT_LAST_BYTES``);
 * ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick);
@@ -49,9 +50,13 @@ def _unsafe(name: str):
         undo.append(lambda: [setattr(inband.Check, n, f) for n, f in saved.items()])
     for suffix, threshold in (("noearly", 1 << 60), ("early", 1 << 20)):
         if suffix in name:
-            early = executor.EARLY_VERDICT_BYTES
-            executor.EARLY_VERDICT_BYTES = threshold
-            undo.append(lambda early=early: setattr(executor, "EARLY_VERDICT_BYTES", early))
+            early = executor.EARLY_VERDICT_BYTES, executor.EARLY_VERDICT_MIN_RANKS
+            executor.EARLY_VERDICT_BYTES, executor.EARLY_VERDICT_MIN_RANKS = threshold, 0
+
+            def undo_early(early=early):
+                executor.EARLY_VERDICT_BYTES, executor.EARLY_VERDICT_MIN_RANKS = early
+
+            undo.append(undo_early)
             break
     for suffix, threshold in (("nosplit", 1 << 60), ("split", 1)):
         if suffix in name:

@@ -210,7 +210,7 @@ def _one_rank_of_four(
     if split:
         executor.SPLIT_LAST_BYTES = 0
     if early:  # the verdict lands at once: a release on a disagreeing verdict would show
-        executor.EARLY_VERDICT_BYTES = 0
+        executor.EARLY_VERDICT_BYTES = executor.EARLY_VERDICT_MIN_RANKS = 0
         p2p.Pending.is_completed = lambda self: self.wait() or True
     if first_bytes is not None:
         inband.FIRST_MESSAGE_BYTES = first_bytes
@@ -267,7 +267,7 @@ def _early_release(rank, world_size, early_bytes, split_bytes=1 << 60):
     from commpress.collectives import executor, payloads
     from commpress.transport import p2p
 
-    executor.EARLY_VERDICT_BYTES = early_bytes
+    executor.EARLY_VERDICT_BYTES, executor.EARLY_VERDICT_MIN_RANKS = early_bytes, 0
     executor.SPLIT_LAST_BYTES = split_bytes
     p2p.Pending.is_completed = lambda self: self.wait() or True
     held_at_release, waits = [], []
@@ -314,6 +314,7 @@ def _threshold_on_one_rank(rank, world_size, setting):
     or being ended by a message of a size it did not expect."""
     from commpress.collectives import executor
 
+    executor.EARLY_VERDICT_MIN_RANKS = 0  # on every rank: the threshold alone differs
     same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
     default = getattr(executor, setting)
 
@@ -341,7 +342,7 @@ def _sizes_differ_on_one_rank(rank, world_size):
     from commpress.collectives import executor
     from commpress.schedules import steps
 
-    executor.EARLY_VERDICT_BYTES = 0
+    executor.EARLY_VERDICT_BYTES = executor.EARLY_VERDICT_MIN_RANKS = 0
     same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
     sizes = steps.Schedule.wire_sizes
 
@@ -532,3 +533,30 @@ def test_a_rank_that_skipped_a_collective_is_named_by_the_ring():
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and "a rank skipped or added" in error, (rank, error)
         assert untouched and recovered
+
+
+def _how_the_verdict_comes(rank, world_size, min_ranks):
+    """(early verdict, last header alone) of an 8 MiB all-gather, as its check was made."""
+    from commpress.collectives import executor, inband
+
+    executor.EARLY_VERDICT_MIN_RANKS = min_ranks
+    made, init = [], inband.Check.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append((self.early, self.split_last))
+
+    inband.Check.__init__ = spy
+    numel = executor.EARLY_VERDICT_BYTES // 4 // world_size
+    inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    out, expected = torch.empty(numel * world_size), torch.empty(numel * world_size)
+    cp.all_gather_into_tensor(out, inp, codec="none", timeout=TIMEOUT)
+    torch.distributed.all_gather_into_tensor(expected, inp)
+    return made, torch.equal(out, expected)
+
+
+def test_below_the_early_verdicts_world_size_the_last_header_travels_alone():
+    for made, exact in run_distributed(_how_the_verdict_comes, 4, 8, timeout=60):
+        assert made == [(False, True)] and exact
+    for made, exact in run_distributed(_how_the_verdict_comes, 4, 4, timeout=60):
+        assert made == [(True, False)] and exact

@@ -31,15 +31,16 @@ rank whose left neighbour differs, and its poison reaches the whole stretch; the
 ranks learn from the all-reduce, which every poisoned rank joins. Until the last round's
 header has come, nothing is written to the output
 (:meth:`~commpress.collectives.payloads.Gathered.hold`); an all-gather of
-:data:`~commpress.collectives.executor.SPLIT_LAST_BYTES` to
-:data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` of output on three ranks or
-more sends that header alone, ahead of its last shard (:meth:`Check.wire`), so that the
-output is written while the shard is on the wire; a failure after that (a peer that dies
-or stalls) can leave the output partly written, as a failing torch collective does.
+:data:`~commpress.collectives.executor.SPLIT_LAST_BYTES` of output or more on three ranks
+or more (but those that take the early verdict, below) sends that header alone, ahead of
+its last shard (:meth:`Check.wire`), so that the output is written while the shard is on
+the wire; a failure after that (a peer that dies or stalls) can leave the output partly
+written, as a failing torch collective does.
 This holds for arguments the digest sees; a setting outside them that changes only the
 later messages' sizes may be noticed by one rank alone, and its peers then time out.
 
-An all-gather of :data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` or more also
+An all-gather of :data:`~commpress.collectives.executor.EARLY_VERDICT_BYTES` or more, on
+:data:`~commpress.collectives.executor.EARLY_VERDICT_MIN_RANKS` ranks or more, instead
 puts that all-reduce in flight at its start (:meth:`Check.post_early_verdict`) and writes
 its output as soon as the verdict says every rank agrees: the digest covers whether a rank
 runs a chain, whether it takes the early verdict, whether it sends its last header alone,
