@@ -56,8 +56,6 @@ every message has been received, so the group stays usable.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import struct
 from datetime import timedelta
 from typing import NamedTuple
@@ -113,28 +111,8 @@ def call_wire_bytes(
 def read(message: torch.Tensor) -> Header | None:
     """``None`` when ``message`` (on the CPU) does not start with a header this version
     writes."""
-    magic, poisoned, split, digest, total, next_bytes = _HEADER.unpack(_header_of(message))
+    magic, poisoned, split, digest, total, next_bytes = _HEADER.unpack_from(message.numpy(), 0)
     return Header(digest, poisoned, total, next_bytes, split) if magic == _MAGIC else None
-
-
-# The header is read and written at the message's address: on this path every Python
-# call shows in a small collective's time, and a numpy view costs more than the copy.
-def _header_of(message: torch.Tensor) -> bytes:
-    """The first :data:`HEADER_BYTES` of ``message``, a contiguous uint8 CPU tensor at
-    least that long (every message of this module is one)."""
-    return ctypes.string_at(message.data_ptr(), HEADER_BYTES)
-
-
-def _write_header(message: torch.Tensor, header: bytes) -> None:
-    ctypes.memmove(message.data_ptr(), header, HEADER_BYTES)
-
-
-@functools.lru_cache(maxsize=1024)
-def _arguments_digest(mine: Fingerprint, layout: tuple) -> bytes:
-    """What a call's digest says beside its sequence number: the fingerprint and how its
-    messages travel (``layout``); the same for every call with these arguments."""
-    packed = struct.pack(f"<???Q{len(layout) - 4}Q", *layout)
-    return fingerprints.digest(mine.to_bytes(0) + packed).to_bytes(8, "little")
 
 
 class LeftDisagrees(Exception):
@@ -174,11 +152,12 @@ class Check:
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
-        self._mine, self._sequence = mine, fingerprints.next_sequence(self.group)
+        self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
         # FIRST_MESSAGE_BYTES too: where a long first message is cut changes what is sent
-        layout = (chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes)
-        arguments = _arguments_digest(mine, layout)
-        self.digest = fingerprints.digest(arguments + self._sequence.to_bytes(8, "little"))
+        layout = struct.pack(
+            f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes
+        )
+        self.digest = fingerprints.digest(self.row + layout)
         self.early, self.split_last = early, split_last and chains  # only a chain splits
         self.poisoned = False
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
@@ -187,13 +166,15 @@ class Check:
         self._scratch: torch.Tensor | None = None
 
     def stamp(self, message: torch.Tensor, next_message: torch.Tensor | None) -> None:
-        """Write this rank's header in front of ``message``. The last message (no
-        ``next_message``) says whether it travels split (:meth:`wire`)."""
+        """Write this rank's header in front of ``message`` (packed in place, through a
+        view: on this path every Python call shows in a small collective's time). The
+        last message (no ``next_message``) says whether it travels split (:meth:`wire`)."""
         following = 0 if next_message is None else next_message.numel()
         split = self.split_last and next_message is None
         total = message.numel()
-        header = _HEADER.pack(_MAGIC, self.poisoned, split, self.digest, total, following)
-        _write_header(message, header)
+        _HEADER.pack_into(
+            message.numpy(), 0, _MAGIC, self.poisoned, split, self.digest, total, following
+        )
 
     def wire(self, message: torch.Tensor, last: bool) -> list[torch.Tensor]:
         """The messages on the wire that carry ``message``: itself, or, for the last one of
@@ -237,7 +218,7 @@ class Check:
 
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
-        magic, poisoned, _, _, total, _ = _HEADER.unpack(_header_of(message))
+        magic, poisoned, _, _, total, _ = _HEADER.unpack_from(message.numpy(), 0)
         self.poisoned |= magic != _MAGIC or poisoned or total != message.numel()
 
     # -- a header alone, then a verdict, for schedules that are not a chain -----------
@@ -351,8 +332,7 @@ class Check:
 
     def raise_mismatch(self, drained: bool = True) -> None:
         self._every_rank_agrees()  # the ranks whose schedule is not a chain wait in it
-        row = self._mine.to_bytes(self._sequence)
-        rows = fingerprints.every_fingerprint(self.group, row, self.device, self.timeout)
+        rows = fingerprints.every_fingerprint(self.group, self.row, self.device, self.timeout)
         if len(set(rows)) == 1:
             message = (
                 f"every rank of a group of {self.world_size} called the collective with the "
