@@ -240,8 +240,14 @@ def _one_rank_of_four(
 
 @pytest.mark.parametrize(
     "first_bytes, early, split",
-    [(None, False, False), (300, False, False), (None, True, False), (None, False, True)],
-    ids=["whole", "first-message-cut", "early-verdict", "last-header-alone"],
+    [
+        (None, False, False),
+        (300, False, False),
+        (None, True, False),
+        (None, False, True),
+        (300, False, True),
+    ],
+    ids=["whole", "first-message-cut", "early-verdict", "last-header-alone", "cut-and-alone"],
 )
 def test_a_mismatch_far_from_a_rank_reaches_it_through_the_ring(first_bytes, early, split):
     results = run_distributed(_one_rank_of_four, 4, first_bytes, False, early, split, timeout=90)

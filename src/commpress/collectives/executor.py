@@ -14,8 +14,9 @@ schedule names. The executor only orders them:
    transfer is on the wire, unless that step sends what the handling produces
    (:attr:`~commpress.schedules.Then.rewrites_payload`); with the in-band check, the
    writes into the output (an all-gather's decodes) wait for the last step's header
-   instead (sent alone, ahead of its shard, from :data:`SPLIT_LAST_BYTES`), or for an
-   early verdict (:data:`EARLY_VERDICT_BYTES`).
+   instead (sent alone, ahead of its shard, from :data:`SPLIT_LAST_BYTES`), or, on
+   :data:`EARLY_VERDICT_MIN_RANKS` ranks or more, for an early verdict
+   (:data:`EARLY_VERDICT_BYTES`).
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ EARLY_VERDICT_BYTES = 8 << 20
 
 #: Ranks from which the early verdict is taken; below, the last header travels alone
 #: (:data:`SPLIT_LAST_BYTES`) at any size, and the ``n - 2`` held decodes overlap the last
-#: shard's transfer. On 4 emulated hosts at 16 MiB the split cost nothing measurable
-#: where the all-reduce cost about 1 ms; on 8 the two measured the same.
+#: shard's transfer. On 4 emulated hosts at 1 Gbit/s and 16 MiB the split cost nothing
+#: measurable where the all-reduce cost about 1 ms; on 8 the two measured the same; other
+#: world sizes and faster links (where a shard's transfer can be shorter than the decodes
+#: it has to hide) were not measured.
 EARLY_VERDICT_MIN_RANKS = 8
 
 #: Output bytes from which a chain whose writes are held (an all-gather) sends its last
 #: header alone, ahead of the last shard, to write the output while that shard is on the
-#: wire: below it, the extra message costs more than the overlap wins (on 4 emulated
-#: hosts: more at 1 and 2 MiB, less at 3 and 4; ``benchmarks/check_overlap_2026-11-25/``).
+#: wire (unless it takes the early verdict): below it, the extra message costs more than
+#: the overlap wins (on 4 emulated hosts: more at 1 and 2 MiB, less at 3 and 4;
+#: ``benchmarks/check_overlap_2026-11-25/``).
 SPLIT_LAST_BYTES = 3 << 20
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
