@@ -314,13 +314,17 @@ def test_an_early_verdict_releases_the_output_while_the_ring_runs():
 
 def _threshold_on_one_rank(rank, world_size, setting):
     """Same arguments everywhere, but rank 0 alone sets ``executor.<setting>`` (a
-    process-wide threshold) to 0: with ``EARLY_VERDICT_BYTES`` it alone takes an early
-    verdict, with ``SPLIT_LAST_BYTES`` it alone sends its last header alone. Its digest
+    process-wide threshold) to 0: with ``EARLY_VERDICT_BYTES`` or
+    ``EARLY_VERDICT_MIN_RANKS`` it alone takes an early verdict, with ``SPLIT_LAST_BYTES``
+    it alone sends its last header alone. Its digest
     differs, so every rank raises, instead of waiting for a verdict only rank 0 joined,
     or being ended by a message of a size it did not expect."""
     from commpress.collectives import executor
 
-    executor.EARLY_VERDICT_MIN_RANKS = 0  # on every rank: the threshold alone differs
+    if setting == "EARLY_VERDICT_MIN_RANKS":  # every rank large enough for the verdict
+        executor.EARLY_VERDICT_BYTES = 0
+    else:  # on every rank: the threshold alone differs
+        executor.EARLY_VERDICT_MIN_RANKS = 0
     same = _all_gather({r: 1000 for r in range(world_size)}, {r: "int8" for r in range(world_size)})
     default = getattr(executor, setting)
 
@@ -334,7 +338,9 @@ def _threshold_on_one_rank(rank, world_size, setting):
     return _mismatched(rank, world_size, call)
 
 
-@pytest.mark.parametrize("setting", ["EARLY_VERDICT_BYTES", "SPLIT_LAST_BYTES"])
+@pytest.mark.parametrize(
+    "setting", ["EARLY_VERDICT_BYTES", "EARLY_VERDICT_MIN_RANKS", "SPLIT_LAST_BYTES"]
+)
 def test_ranks_that_differ_only_in_a_threshold_of_the_check_raise(setting):
     results = run_distributed(_threshold_on_one_rank, 3, setting, timeout=60)
     _every_rank_says_the_messages_differ(results)
