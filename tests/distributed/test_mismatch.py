@@ -316,9 +316,9 @@ def _threshold_on_one_rank(rank, world_size, setting):
     """Same arguments everywhere, but rank 0 alone sets ``executor.<setting>`` (a
     process-wide threshold) to 0: with ``EARLY_VERDICT_BYTES`` or
     ``EARLY_VERDICT_MIN_RANKS`` it alone takes an early verdict, with ``SPLIT_LAST_BYTES``
-    it alone sends its last header alone. Its digest
-    differs, so every rank raises, instead of waiting for a verdict only rank 0 joined,
-    or being ended by a message of a size it did not expect."""
+    it alone sends its last header alone. Its digest differs, so every rank raises,
+    instead of waiting for a verdict only rank 0 joined, or being ended by a message of a
+    size it did not expect."""
     from commpress.collectives import executor
 
     if setting == "EARLY_VERDICT_MIN_RANKS":  # every rank large enough for the verdict

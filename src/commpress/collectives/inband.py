@@ -45,9 +45,8 @@ puts that all-reduce in flight at its start (:meth:`Check.post_early_verdict`) a
 its output as soon as the verdict says every rank agrees: the digest covers whether a rank
 runs a chain, whether it takes the early verdict, whether it sends its last header alone,
 where it cuts a long first message and the size of every message it sends, so agreeing
-digests leave no poison to come. A failure
-after the verdict (a peer that dies or stalls) can then leave the output partly written,
-as a failing torch collective does.
+digests leave no poison to come. A failure after the verdict (a peer that dies or stalls)
+can then leave the output partly written, as a failing torch collective does.
 
 Then every rank raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError`
 after the all-reduce and an all-gather of the whole fingerprints, to name both sides;
@@ -145,9 +144,8 @@ class Check:
         rank's schedule sends; ``split_last``: whether a chain sends the header of its last
         message alone, ahead of the rest (:meth:`wire`), so that the verdict it completes
         is known while the rest is on the wire. All four, and :data:`FIRST_MESSAGE_BYTES`,
-        are part of the digest: ranks
-        whose digests agree exchange messages of the sizes each expects, so no poison can
-        follow."""
+        are part of the digest: ranks whose digests agree exchange messages of the sizes
+        each expects, so no poison can follow."""
         self.group = dist.group.WORLD if group is None else group
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
