@@ -30,6 +30,12 @@ SHARD = 300_000  # float32 elements: 1.2 MB, about 830 datagrams of MTU 1500
 LOSSES = (0.0, 0.01, 0.05, 0.2)
 
 
+def _kernel_segments_udp() -> bool:
+    """Linux 5.0 or later: UDP segmentation offload on send and coalescing on receipt."""
+    major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    return (major, minor) >= (5, 0)
+
+
 def _inputs(rank: int, numel: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 + rank)
     return torch.randn(numel, generator=generator)
@@ -45,7 +51,8 @@ def _gather_at_every_loss(rank, world_size, link_bits):
     results = {}
     for loss in LOSSES:
         multicast.configure(None, rate_bits=link_bits, loss=loss, seed=11)
-        engine = multicast.channel_for(None).engine
+        channel = multicast.channel_for(None)
+        engine = channel.engine
         out_none = torch.full((world_size * SHARD,), float("nan"))
         out_int8 = torch.full((world_size * SHARD,), float("nan"))
         cp.all_gather_into_tensor(out_none, inp, codec="none", algorithm="multicast")
@@ -59,6 +66,11 @@ def _gather_at_every_loss(rank, world_size, link_bits):
             "repairs": stats.repairs_sent,
             "refused": sum(stats.refused.values()),
             "duplicates": stats.duplicates,
+            # cumulative, read at loss 0 (the first): system calls against datagrams
+            "send_calls": channel.network.send_calls,
+            "read_calls": channel.network.read_calls,
+            "datagrams_sent": stats.datagrams_sent,
+            "datagrams_received": stats.datagrams_received,
         }
     return results
 
@@ -73,6 +85,11 @@ def test_exact_on_every_host_at_every_loss_rate(prefix):
             assert row["int8_as_ring"], f"rank {rank}, loss {loss}: int8 differs from the ring"
             assert torch.equal(row["int8_bits"], results[0][loss]["int8_bits"])
             assert row["refused"] == 0, "a datagram failed its checksum on a clean network"
+            if loss == 0 and _kernel_segments_udp():
+                # several datagrams per system call each way: a receiver that read a
+                # coalesced batch as one datagram would refuse it (tried: "truncated")
+                assert 4 * row["send_calls"] < row["datagrams_sent"], row
+                assert 4 * row["read_calls"] < row["datagrams_received"], row
         injected = sum(r[loss]["injected"] for r in results)
         repairs = sum(r[loss]["repairs"] for r in results)
         if loss:

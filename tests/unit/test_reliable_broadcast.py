@@ -9,9 +9,13 @@ emulated cluster (``tests/cluster/test_multicast.py``).
 from __future__ import annotations
 
 import collections
+import errno
+import os
 import random
+import struct
 import threading
 import time
+import types
 
 import pytest
 
@@ -24,6 +28,7 @@ from commpress.transport.reliable_broadcast import (
     Options,
     newer,
 )
+from commpress.transport.udp import UdpNetwork, _segment_size
 
 CHANNEL = 0xC0FE
 FAST = dict(rate_bits=50 * 10**9, retry_s=0.005)
@@ -63,6 +68,13 @@ class Endpoint:
         for dst in range(self.world_size):
             if dst != self.rank:
                 self.hub.deliver(self.rank, dst, datagram)
+
+    def multicast_many(self, datagrams) -> None:
+        for head, payload in datagrams:
+            self.multicast(head, payload)
+
+    def batch_limit(self, datagram_bytes) -> int:
+        return 4  # batches, as the kernel's segmentation makes them
 
     def unicast(self, rank, head, payload) -> None:
         datagram = bytes(head) + bytes(payload)
@@ -472,3 +484,91 @@ def test_datagram_format_round_trip_and_refusals():
         (7, 9),
     ]
     assert datagrams.chunk_bytes_for(1500) == 1446 and datagrams.chunk_bytes_for(9000) == 8946
+
+
+class _RecordingSocket:
+    """Stands in for a UDP socket: records what each ``sendmsg`` is given, and can refuse
+    the segmented kind with an errno."""
+
+    def __init__(self, refuse_segmented: int | None = None):
+        self.calls: list[tuple[bytes, list]] = []
+        self.refuse_segmented = refuse_segmented
+
+    def sendmsg(self, parts, control, flags, address):
+        if control and self.refuse_segmented is not None:
+            raise OSError(self.refuse_segmented, os.strerror(self.refuse_segmented))
+        self.calls.append((b"".join(bytes(part) for part in parts), list(control)))
+
+
+def _network_over(sock) -> UdpNetwork:
+    network = UdpNetwork.__new__(UdpNetwork)  # no interface needed: only the send path runs
+    network._own, network.group = sock, ("239.255.0.1", 5000)
+    network._segmentation, network.send_calls = True, 0
+    return network
+
+
+DATAGRAMS = [(bytes([k]) * 26, bytes([k]) * 100) for k in range(3)] + [(b"z" * 26, b"z" * 40)]
+
+
+def test_a_batch_leaves_in_one_segmented_send():
+    sock = _RecordingSocket()
+    network = _network_over(sock)
+    network.multicast_many(DATAGRAMS)
+    ((sent, control),) = sock.calls
+    assert sent == b"".join(head + payload for head, payload in DATAGRAMS)
+    assert control == [(17, 103, struct.pack("H", 126))]  # SOL_UDP, UDP_SEGMENT, each size
+    assert network.send_calls == 1
+    assert network.batch_limit(9000) == 7 and network.batch_limit(1500) == 43
+
+
+@pytest.mark.parametrize("refusal", [errno.EINVAL, errno.EIO])
+def test_a_kernel_that_refuses_segmentation_gets_the_datagrams_one_by_one(refusal):
+    sock = _RecordingSocket(refuse_segmented=refusal)
+    network = _network_over(sock)
+    network.multicast_many(DATAGRAMS)
+    assert [sent for sent, _ in sock.calls] == [head + payload for head, payload in DATAGRAMS]
+    assert network._segmentation is False and network.batch_limit(1500) == 1
+    network.multicast_many(DATAGRAMS)  # no second try
+    assert len(sock.calls) == 2 * len(DATAGRAMS)
+
+
+def test_a_full_queue_loses_the_batch_and_a_real_error_is_raised():
+    network = _network_over(_RecordingSocket(refuse_segmented=errno.ENOBUFS))
+    network.multicast_many(DATAGRAMS)  # lost, as a dropped datagram is: repaired later
+    assert network._segmentation is True
+    network = _network_over(_RecordingSocket(refuse_segmented=errno.ENETUNREACH))
+    with pytest.raises(OSError, match="unreachable"):
+        network.multicast_many(DATAGRAMS)
+
+
+def test_a_coalesced_read_is_cut_at_the_size_its_control_message_gives():
+    assert _segment_size([(17, 104, struct.pack("i", 1472))]) == 1472
+    assert _segment_size([]) is None
+    assert _segment_size([(0, 104, struct.pack("i", 1472))]) is None  # another level
+
+
+class _CoalescingSocket:
+    """Hands out ``reads``: each ``(bytes, segment size or None)``, as ``recvmsg_into``."""
+
+    def __init__(self, reads):
+        self.reads = list(reads)
+
+    def recvmsg_into(self, buffers, control_size, flags):
+        if not self.reads:
+            raise BlockingIOError
+        data, segment = self.reads.pop(0)
+        buffers[0][: len(data)] = data
+        control = [] if segment is None else [(17, 104, struct.pack("i", segment))]
+        return len(data), control, 0, None
+
+
+def test_a_coalesced_read_reaches_the_protocol_as_its_datagrams():
+    sock = _CoalescingSocket([(b"a" * 5 + b"b" * 5 + b"c" * 3, 5), (b"single", None)])
+    network = UdpNetwork.__new__(UdpNetwork)
+    network._buffer, network._wake_read, network.read_calls = bytearray(64), -1, 0
+    key = types.SimpleNamespace(fileobj=sock)
+    network._selector = types.SimpleNamespace(select=lambda timeout: [(key, 1)])
+    received = []
+    network.receive(0.0, lambda view: received.append(bytes(view)))
+    assert received == [b"aaaaa", b"bbbbb", b"ccc", b"single"]
+    assert network.read_calls == 2

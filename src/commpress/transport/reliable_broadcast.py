@@ -45,6 +45,7 @@ from typing import Protocol
 
 from commpress.transport.datagrams import (
     FRAME_OVERHEAD,
+    HEADER_BYTES,
     Header,
     Kind,
     Refused,
@@ -90,6 +91,13 @@ class Network(Protocol):
     mtu: int
 
     def multicast(self, head: bytes, payload) -> None: ...
+    def multicast_many(self, datagrams: Sequence[tuple[bytes, object]]) -> None:
+        """Multicast each ``(head, payload)`` in order (every one but the last of the same
+        size), at once where the network can."""
+
+    def batch_limit(self, datagram_bytes: int) -> int:
+        """The most datagrams of that size one :meth:`multicast_many` takes (1 or more)."""
+
     def unicast(self, rank: int, head: bytes, payload) -> None: ...
     def receive(self, timeout: float, handle: Callable[[memoryview], None]) -> None:
         """Wait up to ``timeout`` s for datagrams; ``handle`` each (the view is valid only
@@ -268,6 +276,7 @@ class Engine:
             min(self._pace * options.burst_s, MAX_BURST_BYTES),
         )
         self._allowance, self._refilled = self._burst, time.monotonic()
+        self._batch_limit = network.batch_limit(self.chunk_bytes + HEADER_BYTES)
         self._losses = random.Random(options.seed * 1_000_003 + self.rank)
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[Operation] = collections.deque()
@@ -601,25 +610,34 @@ class Engine:
         return self._allowance
 
     def _send(self, now: float) -> None:
+        """Send what the pacing allows: repairs first, each alone to its receiver, then the
+        next chunks, multicast :attr:`_batch_limit` at a time."""
         running = self._running
         cost = self.chunk_bytes + FRAME_OVERHEAD
+        batch = []
         while self._has_data_to_send(running) and self._refill(now) >= cost:
             if running.repairs:
                 (to, chunk), _ = running.repairs.popitem(last=False)
-                self._send_chunk(running, chunk, to)
+                self.network.unicast(to, *self._data_datagram(running, chunk))
                 self.stats.repairs_sent += 1
             else:
-                self._send_chunk(running, running.next_chunk, None)
+                batch.append(self._data_datagram(running, running.next_chunk))
                 self.stats.data_sent += 1
                 running.next_chunk += 1
+                if len(batch) == self._batch_limit:
+                    self.network.multicast_many(batch)
+                    batch = []
             self._allowance -= cost
             now = time.monotonic()
+        if batch:
+            self.network.multicast_many(batch)
         sent_all = running.started and running.next_chunk == running.own_count
         idle = not running.repairs and running.end_due == math.inf and not running.own_done
         if sent_all and idle:
             running.end_due = now  # the END right after the last chunk or repair
 
-    def _send_chunk(self, running: _Running, chunk: int, to: int | None) -> None:
+    def _data_datagram(self, running: _Running, chunk: int) -> tuple[bytes, memoryview]:
+        """``(head, payload)`` of this rank's chunk ``chunk``, counted as sent."""
         start = chunk * self.chunk_bytes
         payload = running.own[start : start + self.chunk_bytes]
         header = Header(
@@ -632,11 +650,8 @@ class Engine:
             running.own_count,
         )
         head = pack_header(header, payload)
-        if to is None:
-            self.network.multicast(head, payload)
-        else:
-            self.network.unicast(to, head, payload)
         self._count_sent(len(head) + len(payload))
+        return head, payload
 
     def _send_control(
         self, kind: Kind, root: int, operation: int, *, to=None, count=0, payload=b""

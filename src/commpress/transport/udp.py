@@ -6,6 +6,12 @@ through it (``IP_MULTICAST_IF``) with TTL 1 by default (one layer-2 network, as 
 cluster's), and is received on it only (``IP_ADD_MEMBERSHIP`` with that address). A rank's
 own multicast is not looped back unless another rank shares its address; the protocol
 drops its own datagrams by their sender field either way.
+
+Consecutive datagrams of a broadcast leave in one system call where the kernel segments
+them (UDP segmentation offload, ``UDP_SEGMENT``), and arrive in one where it coalesces them
+(``UDP_GRO``): each datagram is still a datagram on the wire, with its own header and
+checksum, but the stack (and, on the emulated cluster, every port of the bridge) handles
+a batch at once. Where the kernel refuses either, datagrams go one by one.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import selectors
 import socket
 import struct
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 _SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
 _IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
@@ -26,6 +33,19 @@ _IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
 #: burst from the roots sending at once waits there rather than being dropped.
 RECEIVE_BUFFER_BYTES = 8 << 20
 _DRAIN_AT_MOST = 512  # datagrams handled per socket before the caller gets to send
+# UDP segmentation offload (Linux 4.18+): one sendmsg of several equal datagrams back to
+# back, which the kernel cuts (in the NIC, where it can) instead of each taking its own
+# trip through the stack; for a multicast, through every port of a software bridge.
+_SOL_UDP, _UDP_SEGMENT = 17, 103
+# ... and its twin on receipt (Linux 5.0+): datagrams that travelled segmented come up in
+# one read, with their size in a control message.
+_UDP_GRO = 104
+_GRO_CONTROL = socket.CMSG_SPACE(4)
+_SEGMENT_SIZE = struct.Struct("i")
+_SEGMENTS_AT_MOST = 64  # the kernel's UDP_MAX_SEGMENTS (64 before Linux 5.5)
+_SEGMENTED_BYTES_AT_MOST = 65000  # one UDP message (< 64 KiB with its headers)
+#: errnos that say this socket, route or kernel cannot segment: datagrams go one by one
+_NO_SEGMENTATION = (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
 
 class MulticastSetupError(RuntimeError):
@@ -94,6 +114,8 @@ class UdpNetwork:
         self.rank, self.world_size, self.group = rank, world_size, group
         self.interface, self.mtu = interface_of(local_address)
         self._peers: list[tuple[str, int]] = []
+        self._segmentation = True  # until the kernel refuses it once
+        self.send_calls = self.read_calls = 0  # system calls, against the datagrams they move
         self._sockets: list[socket.socket] = []
         try:
             self._joined = self._socket()
@@ -131,6 +153,8 @@ class UdpNetwork:
     def _socket(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sockets.append(sock)
+        with contextlib.suppress(OSError):  # an older kernel: one datagram per read
+            sock.setsockopt(_SOL_UDP, _UDP_GRO, 1)
         for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
             if option is None:
                 continue
@@ -169,12 +193,40 @@ class UdpNetwork:
     def multicast(self, head: bytes, payload) -> None:
         self._send(head, payload, self.group)
 
+    def batch_limit(self, datagram_bytes: int) -> int:
+        """How many datagrams of ``datagram_bytes`` :meth:`multicast_many` sends in one call."""
+        if not self._segmentation:
+            return 1
+        return max(1, min(_SEGMENTS_AT_MOST, _SEGMENTED_BYTES_AT_MOST // datagram_bytes))
+
+    def multicast_many(self, datagrams: Sequence[tuple[bytes, Any]]) -> None:
+        """Multicast ``datagrams`` (``(head, payload)`` each, every one but the last of the
+        same size, at most :meth:`batch_limit`), in order, in one system call where the
+        kernel segments them; one by one where it cannot (learnt at the first refusal)."""
+        if len(datagrams) > 1 and self._segmentation:
+            size = len(datagrams[0][0]) + len(datagrams[0][1])
+            parts = [part for datagram in datagrams for part in datagram]
+            control = [(_SOL_UDP, _UDP_SEGMENT, struct.pack("H", size))]
+            try:
+                self._own.sendmsg(parts, control, 0, self.group)
+                self.send_calls += 1
+                return
+            except OSError as error:
+                if error.errno in (errno.ENOBUFS, errno.EAGAIN):
+                    return  # a full local queue: every datagram of the batch lost, repaired
+                if error.errno not in _NO_SEGMENTATION:
+                    raise
+                self._segmentation = False
+        for head, payload in datagrams:
+            self._send(head, payload, self.group)
+
     def unicast(self, rank: int, head: bytes, payload) -> None:
         self._send(head, payload, self._peers[rank])
 
     def _send(self, head: bytes, payload, address) -> None:
         try:
             self._own.sendmsg([head, payload], (), 0, address)
+            self.send_calls += 1
         except OSError as error:  # a full local queue drops the datagram: loss, repaired
             if error.errno not in (errno.ENOBUFS, errno.EAGAIN):
                 raise
@@ -189,10 +241,15 @@ class UdpNetwork:
             sock = key.fileobj
             for _ in range(_DRAIN_AT_MOST):
                 try:
-                    size = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+                    size, control, _, _ = sock.recvmsg_into(
+                        [self._buffer], _GRO_CONTROL, socket.MSG_DONTWAIT
+                    )
                 except BlockingIOError:
                     break
-                handle(view[:size])
+                self.read_calls += 1
+                segment = _segment_size(control) or size
+                for start in range(0, size, segment):
+                    handle(view[start : min(start + segment, size)])
 
     def wake(self) -> None:
         if self._wake_write is None:  # closed
@@ -212,3 +269,11 @@ class UdpNetwork:
             if descriptor is not None:
                 os.close(descriptor)
                 setattr(self, name, None)
+
+
+def _segment_size(control: list[tuple[int, int, bytes]]) -> int | None:
+    """The size of each datagram of a coalesced read, from its control message."""
+    for level, kind, data in control:
+        if level == _SOL_UDP and kind == _UDP_GRO and len(data) >= _SEGMENT_SIZE.size:
+            return _SEGMENT_SIZE.unpack_from(data)[0]
+    return None
