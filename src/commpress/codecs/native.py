@@ -1,12 +1,15 @@
-"""Native CPU kernels (``blockquant.c``): built once per machine with the system C compiler.
+"""Native CPU code (``blockquant.c``, the codecs' kernels, and the C sources of other
+packages, such as the multicast's receive path): built once per machine with the system C
+compiler.
 
 The shared library is cached under ``$XDG_CACHE_HOME/commpress`` (default
 ``~/.cache/commpress``), keyed by the source, the flags and the CPU, so a
 ``-march=native`` build is never loaded on a different processor. Calls go
 through ctypes, which releases the GIL while a kernel runs.
 
-Where no compiler is found or the build fails, :func:`kernel` returns None after
-one ``RuntimeWarning``, and codecs use their torch.compile path instead.
+Where no compiler is found or the build fails, :func:`load` (and so :func:`kernel`)
+returns None after one ``RuntimeWarning``, and the caller uses its Python path instead
+(the codecs: torch.compile).
 """
 
 from __future__ import annotations
@@ -39,8 +42,7 @@ FLAGS = (
 )
 
 _lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_failed = False
+_libraries: dict[Path, ctypes.CDLL | None] = {}  # by source; None where the build failed
 
 
 def _cpu_identity() -> str:
@@ -56,22 +58,22 @@ def _cache_dir() -> Path:
     return Path(base) / "commpress"
 
 
-def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Compile (or find in the cache) and load the kernels; ``extra_flags`` go after FLAGS."""
+def build(extra_flags: tuple[str, ...] = (), source: Path = SOURCE) -> ctypes.CDLL:
+    """Compile (or find in the cache) and load ``source``; ``extra_flags`` go after FLAGS."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
     flags = FLAGS + extra_flags
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_identity().encode())
-    target = _cache_dir() / f"blockquant-{key.hexdigest()[:16]}.so"
+    text = source.read_bytes()
+    key = hashlib.sha256(text + " ".join(flags).encode() + _cpu_identity().encode())
+    target = _cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".so")
         os.close(handle)
         try:
             subprocess.run(
-                [compiler, *flags, "-o", partial, str(SOURCE), "-lm"],
+                [compiler, *flags, "-o", partial, str(source), "-lm"],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -85,26 +87,25 @@ def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
-def _load() -> ctypes.CDLL | None:
-    global _library, _failed
-    if _library is not None:  # on every encode and decode: no lock once built
-        return _library
+def load(source: Path = SOURCE, instead: str = "torch.compile kernels") -> ctypes.CDLL | None:
+    """``source`` built and loaded once per process; None, after one warning that names
+    what is used ``instead``, where it cannot be built."""
+    library = _libraries.get(source)
+    if library is not None:  # on every encode and decode: no lock once built
+        return library
     with _lock:
-        if _library is None and not _failed:
+        if source not in _libraries:
             try:
-                _library = build()
+                _libraries[source] = build(source=source)
             except (OSError, RuntimeError) as error:
-                _failed = True
-                warn_once(
-                    f"commpress: native codec kernels unavailable ({error}); "
-                    "using torch.compile kernels"
-                )
-        return _library
+                _libraries[source] = None
+                warn_once(f"commpress: native {source.stem} unavailable ({error}); using {instead}")
+        return _libraries[source]
 
 
 def kernel(name: str) -> Callable[..., bool] | None:
     """The C function ``commpress_<name>`` taking tensors, or None where unavailable."""
-    library = _load()
+    library = load()
     return None if library is None else wrap(library, name)
 
 

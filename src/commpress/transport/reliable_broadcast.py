@@ -29,10 +29,15 @@ stale, truncated or corrupted ones are counted in :class:`Stats` and dropped, wh
 protocol sees as loss. ``loss`` drops received datagrams at random (seeded) to test all of
 this. The thread only touches the buffers of the operation it is running: once
 :meth:`Engine.abandon` has returned, it never writes to them again.
+
+The running operation's DATA datagrams, the bulk of what arrives, are checked and copied in
+C where it is built (:mod:`commpress.transport.native_receive`, :data:`NATIVE_RECEIVE`),
+a whole read at a time; it stops at anything else, which the Python code below handles.
 """
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import math
@@ -43,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from commpress.transport import native_receive
 from commpress.transport.datagrams import (
     FRAME_OVERHEAD,
     HEADER_BYTES,
@@ -58,6 +64,8 @@ from commpress.transport.datagrams import (
 
 #: How long the thread sleeps when nothing is due (a post or a datagram wakes it sooner).
 IDLE_S = 0.05
+#: Take the running operation's DATA datagrams in C where it is built (read at each start).
+NATIVE_RECEIVE = True
 #: Datagrams of operations not posted yet kept per engine, at most (bytes).
 STASH_BYTES = 64 << 20
 #: Operations whose END is still ACKed once done (a root that missed an ACK repeats it).
@@ -99,9 +107,10 @@ class Network(Protocol):
         """The most datagrams of that size one :meth:`multicast_many` takes (1 or more)."""
 
     def unicast(self, rank: int, head: bytes, payload) -> None: ...
-    def receive(self, timeout: float, handle: Callable[[memoryview], None]) -> None:
-        """Wait up to ``timeout`` s for datagrams; ``handle`` each (the view is valid only
-        during the call). Returns early when :meth:`wake` is called."""
+    def receive(self, timeout: float, handle: Callable[[memoryview, int], None]) -> None:
+        """Wait up to ``timeout`` s for datagrams; ``handle(batch, size)`` each read: one
+        datagram, or several back to back, each ``size`` bytes but the last (the view is
+        valid only during the call). Returns early when :meth:`wake` is called."""
 
     def wake(self) -> None: ...
     def close(self) -> None: ...
@@ -164,6 +173,7 @@ class Stats:
     acks_sent: int = 0
     ends_sent: int = 0
     datagrams_received: int = 0
+    taken_natively: int = 0  # of them, new chunks that the C path took (native_receive)
     duplicates: int = 0
     injected_losses: int = 0
     stale: int = 0
@@ -211,14 +221,25 @@ class Operation:
 class _Incoming:
     """A root's payload arriving here."""
 
-    def __init__(self, buffer: memoryview, chunk_bytes: int):
+    def __init__(self, buffer: memoryview, chunk_bytes: int, missing: array.array, root: int):
+        """``missing[root]`` counts the chunks still to come (an array that the native
+        receive path updates too)."""
         self.buffer, self.chunk_bytes = buffer, chunk_bytes
         self.count = max(1, math.ceil(len(buffer) / chunk_bytes))
         self.bitmap = bytearray(self.count)
+        self._missing, self._root = missing, root
         self.missing = self.count
         self.end_seen = False
         self.nacked_at = -math.inf
         self.progress_at = -math.inf  # when the last new chunk arrived
+
+    @property
+    def missing(self) -> int:
+        return self._missing[self._root]
+
+    @missing.setter
+    def missing(self, value: int) -> None:
+        self._missing[self._root] = value
 
     def length_of(self, chunk: int) -> int:
         return min(self.chunk_bytes, len(self.buffer) - chunk * self.chunk_bytes)
@@ -239,8 +260,10 @@ class _Running:
 
     def __init__(self, operation: Operation, rank: int, world_size: int, chunk_bytes: int):
         self.operation = operation
+        self.missing = array.array("q", bytes(8 * world_size))
         self.incoming = {
-            root: _Incoming(buffer, chunk_bytes) for root, buffer in operation.incoming.items()
+            root: _Incoming(buffer, chunk_bytes, self.missing, root)
+            for root, buffer in operation.incoming.items()
         }
         self.own = operation.own
         self.own_count = max(1, math.ceil(len(self.own) / chunk_bytes))
@@ -252,6 +275,22 @@ class _Running:
         self.acked: set[int] = set()
         self.receivers = world_size - 1
         self.passed: set[int] = set()  # roots done sending, as far as this rank knows
+
+    def native_taker(self, channel: int, rank: int, chunk_bytes: int):
+        """This operation's :func:`~commpress.transport.native_receive.taker`, or None."""
+        roots = range(len(self.missing))
+        empty = memoryview(bytearray())
+        incoming = [self.incoming.get(root) for root in roots]
+        return native_receive.taker(
+            channel,
+            self.operation.id,
+            rank,
+            chunk_bytes,
+            [empty if i is None else i.buffer for i in incoming],
+            [0 if i is None else i.count for i in incoming],
+            [bytearray() if i is None else i.bitmap for i in incoming],
+            self.missing,
+        )
 
     @property
     def own_done(self) -> bool:
@@ -281,6 +320,7 @@ class Engine:
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[Operation] = collections.deque()
         self._running: _Running | None = None
+        self._take: native_receive.Taker | None = None  # the running operation's, if native
         # finished here: an END of one is ACKed again (its root missed the ACK)
         self._finished: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
         # given up by the caller: this rank lacks their data, so their ENDs get no ACK
@@ -355,7 +395,7 @@ class Engine:
                 self._take_requests()
                 if self._closing and time.monotonic() >= self._linger_until:
                     break
-                self.network.receive(self._next_wakeup(), self._on_datagram)
+                self.network.receive(self._next_wakeup(), self._on_batch)
                 now = time.monotonic()
                 self._take_requests()
                 if self._running is not None:
@@ -408,6 +448,9 @@ class Engine:
 
     def _start(self, operation: Operation) -> None:
         self._running = _Running(operation, self.rank, self.world_size, self.chunk_bytes)
+        native = NATIVE_RECEIVE and not self.options.loss  # injected loss is drawn in Python
+        if native:
+            self._take = self._running.native_taker(self.channel, self.rank, self.chunk_bytes)
         self._latest = operation.id
         stash = self._stash
         self._stash = [(o, d) for o, d in stash if newer(o, operation.id)]  # still later
@@ -419,7 +462,7 @@ class Engine:
 
     def _retire(self, abandoned: bool = False) -> None:
         (self._abandoned if abandoned else self._finished).append(self._running.operation.id)
-        self._running = None
+        self._running = self._take = None
 
     def _finish_if_done(self) -> None:
         running = self._running
@@ -450,6 +493,37 @@ class Engine:
         return min(IDLE_S, max(0.0, wakeup))
 
     # -- receiving ------------------------------------------------------------------------
+
+    def _on_batch(self, batch: memoryview, size: int) -> None:
+        """One read: the running operation's DATA datagrams in C while it takes them, each
+        other one in Python."""
+        start, end = 0, len(batch)
+        if end == 0 or size <= 0:  # an empty datagram: refused as truncated
+            self._on_datagram(batch)
+            return
+        while start < end:
+            take = self._take
+            if take is not None:
+                taken = take(batch[start:], size)
+                if taken:
+                    self.stats.datagrams_received += taken
+                    self.stats.taken_natively += taken
+                    start += taken * size
+                    self._native_arrivals(take.touched)
+                    continue
+            self._on_datagram(batch[start : start + size])
+            start += size
+
+    def _native_arrivals(self, touched: bytearray) -> None:
+        """What the Python path does after each new chunk, once per root the C side wrote."""
+        running, now = self._running, time.monotonic()
+        for root in range(len(touched)):
+            if touched[root]:
+                touched[root] = 0
+                incoming = running.incoming[root]
+                incoming.progress_at = now
+                if incoming.missing == 0:
+                    self._received_all(running, root)
 
     def _on_datagram(self, view: memoryview, replayed: bool = False) -> None:
         if not replayed:
@@ -521,9 +595,12 @@ class Engine:
         incoming.missing -= 1
         incoming.progress_at = time.monotonic()
         if incoming.missing == 0:
-            running.passed.add(header.root)
-            self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
-            running.operation._finish(header.root)
+            self._received_all(running, header.root)
+
+    def _received_all(self, running: _Running, root: int) -> None:
+        running.passed.add(root)
+        self._send_control(Kind.ACK, root, running.operation.id, to=root)
+        running.operation._finish(root)
 
     def _on_end(self, running: _Running, header: Header) -> None:
         incoming = running.incoming.get(header.root)

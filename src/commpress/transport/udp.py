@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from commpress.transport.datagrams import FRAME_OVERHEAD
+
 _SIOCGIFFLAGS, _SIOCGIFADDR, _SIOCGIFMTU = 0x8913, 0x8915, 0x8921
 _IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
 #: Receive buffer asked for each socket: several milliseconds of a fast link, so that a
@@ -43,7 +45,10 @@ _UDP_GRO = 104
 _GRO_CONTROL = socket.CMSG_SPACE(4)
 _SEGMENT_SIZE = struct.Struct("i")
 _SEGMENTS_AT_MOST = 64  # the kernel's UDP_MAX_SEGMENTS (64 before Linux 5.5)
-_SEGMENTED_BYTES_AT_MOST = 65000  # one UDP message (< 64 KiB with its headers)
+# A batch is one buffer in the stack until it is cut: kept under 64 KiB with every
+# datagram's IP, UDP and Ethernet headers, so that a shaper whose bucket holds 64 KiB (tbf
+# cuts a larger one, at a cost) passes it whole.
+_SEGMENTED_FRAME_BYTES = 60000
 #: errnos that say this socket, route or kernel cannot segment: datagrams go one by one
 _NO_SEGMENTATION = (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
@@ -197,7 +202,8 @@ class UdpNetwork:
         """How many datagrams of ``datagram_bytes`` :meth:`multicast_many` sends in one call."""
         if not self._segmentation:
             return 1
-        return max(1, min(_SEGMENTS_AT_MOST, _SEGMENTED_BYTES_AT_MOST // datagram_bytes))
+        per_frame = datagram_bytes + FRAME_OVERHEAD
+        return max(1, min(_SEGMENTS_AT_MOST, _SEGMENTED_FRAME_BYTES // per_frame))
 
     def multicast_many(self, datagrams: Sequence[tuple[bytes, Any]]) -> None:
         """Multicast ``datagrams`` (``(head, payload)`` each, every one but the last of the
@@ -231,7 +237,7 @@ class UdpNetwork:
             if error.errno not in (errno.ENOBUFS, errno.EAGAIN):
                 raise
 
-    def receive(self, timeout: float, handle: Callable[[memoryview], None]) -> None:
+    def receive(self, timeout: float, handle: Callable[[memoryview, int], None]) -> None:
         view = memoryview(self._buffer)
         for key, _ in self._selector.select(timeout):
             if key.fileobj == self._wake_read:
@@ -247,9 +253,7 @@ class UdpNetwork:
                 except BlockingIOError:
                     break
                 self.read_calls += 1
-                segment = _segment_size(control) or size
-                for start in range(0, size, segment):
-                    handle(view[start : min(start + segment, size)])
+                handle(view[:size], _segment_size(control) or size)
 
     def wake(self) -> None:
         if self._wake_write is None:  # closed
