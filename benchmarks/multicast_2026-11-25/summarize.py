@@ -2,15 +2,16 @@
 from the JSON files that ``sweep.sh`` wrote, as a markdown table; plus the multicast rows'
 repairs and CPU per call.
 
-    python benchmarks/multicast_2026-11-25/summarize.py
+    python benchmarks/multicast_2026-11-25/summarize.py [DIR]   (default: this folder)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 NETWORKS = (
     "racks_200m_100m_mtu9000",
     "racks_200m_100m_mtu1500",

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The multicast all-gather against the rack-ordered ring, on emulated clusters; one
 # `commpress bench` invocation per network. Run as root from the repository root:
-#   bash benchmarks/multicast_2026-11-25/sweep.sh [NAME...]   (default: every network)
+#   [OUT=DIR] bash benchmarks/multicast_2026-11-25/sweep.sh [NAME...]   (default: every network)
 set -euo pipefail
-here=benchmarks/multicast_2026-11-25
+here=${OUT:-benchmarks/multicast_2026-11-25}  # OUT=DIR writes there instead
 bench() {  # NAME, then commpress bench arguments
   local name=$1; shift
   echo "== $name: commpress bench $*" >&2

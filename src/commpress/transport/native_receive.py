@@ -1,6 +1,6 @@
 """The multicast's DATA datagrams taken in C (``receive.c``): checked, copied into their
-root's buffer and marked received, a coalesced read at a time, where Python would spend
-several microseconds on each. Everything else stays with the Python protocol
+root's buffer and marked received, a coalesced read at a time (measured:
+``benchmarks/multicast_2026-11-26/``). Everything else stays with the Python protocol
 (:mod:`commpress.transport.reliable_broadcast`), which the C side stops for.
 
 Needs a C compiler (as the codecs' native kernels) and zlib's ``crc32`` (the library
@@ -59,6 +59,11 @@ def _library() -> tuple[ctypes._CFuncPtr, int] | None:
     return function, crc32
 
 
+def available() -> bool:
+    """Whether the C path can run here (built on the first call, then cached)."""
+    return _library() is not None
+
+
 def _zlib_crc32() -> int | None:
     for name in ("libz.so.1", ctypes.util.find_library("z")):
         if name is None:
@@ -71,11 +76,27 @@ def _zlib_crc32() -> int | None:
 
 
 def _address(buffer) -> int | None:
-    """Where a writable buffer's bytes start; None for an empty or read-only one."""
+    """Where a writable, contiguous buffer's bytes start; None for any other (or an empty
+    one)."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, BufferError):
         return None
+
+
+def _pinned(buffer) -> ctypes.Array | None:
+    """``buffer``'s bytes as a ctypes array that holds an export of it (so that a bytearray
+    cannot be resized under C), or None where it is not writable and contiguous."""
+    if not len(buffer):
+        return None
+    try:
+        return (ctypes.c_char * memoryview(buffer).nbytes).from_buffer(buffer)
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
+def _address_of(pinned: ctypes.Array | None) -> int | None:
+    return None if pinned is None else ctypes.addressof(pinned)
 
 
 class Taker:
@@ -88,10 +109,12 @@ class Taker:
                  bitmaps: Sequence[bytearray], missing: array.array):  # fmt: skip
         world_size = len(buffers)
         self._function = function
-        self._keep = (buffers, bitmaps)  # the addresses below are theirs
+        pinned_buffers = [_pinned(b) for b in buffers]
+        pinned_bitmaps = [_pinned(b) for b in bitmaps]
+        self._pins = pinned_buffers + pinned_bitmaps  # C holds their addresses
         pointers = ctypes.c_void_p * world_size
-        self._buffers = pointers(*(_address(b) if len(b) else None for b in buffers))
-        self._bitmaps = pointers(*(_address(b) if len(b) else None for b in bitmaps))
+        self._buffers = pointers(*(_address_of(pin) for pin in pinned_buffers))
+        self._bitmaps = pointers(*(_address_of(pin) for pin in pinned_bitmaps))
         self._buffer_bytes = (ctypes.c_int64 * world_size)(*(len(b) for b in buffers))
         self._counts = (ctypes.c_int64 * world_size)(*counts)
         self._missing = missing  # the protocol's own counts: C and Python update the same
@@ -102,7 +125,8 @@ class Taker:
             ctypes.cast(missing_at, ctypes.POINTER(ctypes.c_int64)), crc32,
         )  # fmt: skip
         self.touched = bytearray(world_size)
-        self._touched_at = _address(self.touched)
+        self._pins += [_pinned(self.touched), _pinned(missing)]
+        self._touched_at = ctypes.addressof(self._pins[-2])
 
     def __call__(self, batch, segment: int) -> int:
         start = _address(batch)
@@ -122,6 +146,8 @@ def taker(channel: int, operation: int, rank: int, chunk_bytes: int, buffers: Se
     found = _library()
     if found is None:
         return None
+    if any(len(b) and _pinned(b) is None for b in (*buffers, *bitmaps)):
+        return None  # C writes through raw addresses: writable, contiguous buffers only
     function, crc32 = found
     return Taker(
         function, crc32, channel, operation, rank, chunk_bytes, buffers, counts, bitmaps, missing

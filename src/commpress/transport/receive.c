@@ -3,7 +3,8 @@
  * coalesced read). Everything else (another kind, operation or channel, a duplicate, a
  * datagram that fails a check) is left to the Python protocol, which counts and answers
  * it: commpress_take_data stops before it. The checks are those of
- * commpress.transport.datagrams.parse and Engine._on_data, in the same order.
+ * commpress.transport.datagrams.parse and Engine._on_data (in another order: C only ever
+ * stops, and Python checks again in its own).
  *
  * Header, little-endian, 26 bytes: magic u8 | version << 4 | kind u8 | sender u16 |
  * root u16 | channel u16 | operation u32 | chunk u32 | count u32 | length u16 |

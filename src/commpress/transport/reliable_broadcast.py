@@ -316,6 +316,8 @@ class Engine:
         )
         self._allowance, self._refilled = self._burst, time.monotonic()
         self._batch_limit = network.batch_limit(self.chunk_bytes + HEADER_BYTES)
+        if NATIVE_RECEIVE:
+            native_receive.available()  # built now, not while the first operation runs
         self._losses = random.Random(options.seed * 1_000_003 + self.rank)
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[Operation] = collections.deque()

@@ -11,7 +11,8 @@ Consecutive datagrams of a broadcast leave in one system call where the kernel s
 them (UDP segmentation offload, ``UDP_SEGMENT``), and arrive in one where it coalesces them
 (``UDP_GRO``): each datagram is still a datagram on the wire, with its own header and
 checksum, but the stack (and, on the emulated cluster, every port of the bridge) handles
-a batch at once. Where the kernel refuses either, datagrams go one by one.
+a batch at once. Where the kernel lacks either (UDP_SEGMENT: Linux 4.18, probed at setup;
+UDP_GRO: 5.0), or refuses a segmented send once, datagrams go one by one from then on.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ _IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
 #: Receive buffer asked for each socket: several milliseconds of a fast link, so that a
 #: burst from the roots sending at once waits there rather than being dropped.
 RECEIVE_BUFFER_BYTES = 8 << 20
-_DRAIN_AT_MOST = 512  # datagrams handled per socket before the caller gets to send
+_DRAIN_AT_MOST = 512  # datagrams handled per socket and wait before the caller gets to send
 # UDP segmentation offload (Linux 4.18+): one sendmsg of several equal datagrams back to
 # back, which the kernel cuts (in the NIC, where it can) instead of each taking its own
 # trip through the stack; for a multicast, through every port of a software bridge.
@@ -119,8 +120,9 @@ class UdpNetwork:
         self.rank, self.world_size, self.group = rank, world_size, group
         self.interface, self.mtu = interface_of(local_address)
         self._peers: list[tuple[str, int]] = []
-        self._segmentation = True  # until the kernel refuses it once
+        self._segmentation = True  # until the kernel refuses it once (probed below)
         self.send_calls = self.read_calls = 0  # system calls, against the datagrams they move
+        self.send_drops = 0  # datagrams the local queue refused (lost, to be repaired)
         self._sockets: list[socket.socket] = []
         try:
             self._joined = self._socket()
@@ -135,6 +137,7 @@ class UdpNetwork:
             self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, interface)
             self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
             self._own.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, int(shared_host))
+            self._segmentation = _kernel_segments(self._own)
             self._wake_read, self._wake_write = os.pipe()
             os.set_blocking(self._wake_read, False)
             os.set_blocking(self._wake_write, False)
@@ -209,8 +212,9 @@ class UdpNetwork:
         """Multicast ``datagrams`` (``(head, payload)`` each, every one but the last of the
         same size, at most :meth:`batch_limit`), in order, in one system call where the
         kernel segments them; one by one where it cannot (learnt at the first refusal)."""
-        if len(datagrams) > 1 and self._segmentation:
-            size = len(datagrams[0][0]) + len(datagrams[0][1])
+        sizes = [len(head) + len(payload) for head, payload in datagrams]
+        if len(datagrams) > 1 and self._segmentation and _segmentable(sizes):
+            size = sizes[0]
             parts = [part for datagram in datagrams for part in datagram]
             control = [(_SOL_UDP, _UDP_SEGMENT, struct.pack("H", size))]
             try:
@@ -219,7 +223,8 @@ class UdpNetwork:
                 return
             except OSError as error:
                 if error.errno in (errno.ENOBUFS, errno.EAGAIN):
-                    return  # a full local queue: every datagram of the batch lost, repaired
+                    self.send_drops += len(datagrams)  # every one lost, to be repaired
+                    return
                 if error.errno not in _NO_SEGMENTATION:
                     raise
                 self._segmentation = False
@@ -236,6 +241,7 @@ class UdpNetwork:
         except OSError as error:  # a full local queue drops the datagram: loss, repaired
             if error.errno not in (errno.ENOBUFS, errno.EAGAIN):
                 raise
+            self.send_drops += 1
 
     def receive(self, timeout: float, handle: Callable[[memoryview, int], None]) -> None:
         view = memoryview(self._buffer)
@@ -244,8 +250,8 @@ class UdpNetwork:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_read, 4096)
                 continue
-            sock = key.fileobj
-            for _ in range(_DRAIN_AT_MOST):
+            sock, handled = key.fileobj, 0
+            while handled < _DRAIN_AT_MOST:
                 try:
                     size, control, _, _ = sock.recvmsg_into(
                         [self._buffer], _GRO_CONTROL, socket.MSG_DONTWAIT
@@ -253,7 +259,9 @@ class UdpNetwork:
                 except BlockingIOError:
                     break
                 self.read_calls += 1
-                handle(view[:size], _segment_size(control) or size)
+                segment = _segment_size(control) or size
+                handle(view[:size], segment)
+                handled += -(-size // segment) if segment else 1
 
     def wake(self) -> None:
         if self._wake_write is None:  # closed
@@ -273,6 +281,22 @@ class UdpNetwork:
             if descriptor is not None:
                 os.close(descriptor)
                 setattr(self, name, None)
+
+
+def _kernel_segments(sock: socket.socket) -> bool:
+    """Whether this kernel knows UDP_SEGMENT (4.18+); an older one would ignore the
+    control message and send a batch as one fragmented datagram."""
+    try:
+        sock.getsockopt(_SOL_UDP, _UDP_SEGMENT)
+    except OSError:
+        return False
+    return True
+
+
+def _segmentable(sizes: list[int]) -> bool:
+    """Whether the kernel cuts datagrams of these sizes back apart: all of one size but the
+    last, which may be shorter."""
+    return all(size == sizes[0] for size in sizes[:-1]) and 0 < sizes[-1] <= sizes[0]
 
 
 def _segment_size(control: list[tuple[int, int, bytes]]) -> int | None:
