@@ -13,6 +13,8 @@ from commpress.cli import main
 from commpress.cluster import Layout, present
 from commpress.schedules import algorithms, wire
 from commpress.schedules.wire import HEADER_BYTES as CHECK_HEADER_BYTES
+from commpress.transport.datagrams import HEADER_BYTES as DATAGRAM_HEADER_BYTES
+from commpress.transport.datagrams import chunk_bytes_for
 
 #: Most bytes of headers one packet carries: Ethernet 14, IPv4 20, TCP 20 + at most 40 of
 #: options. The interface counts one header per segmentation-offload packet (up to 64 KiB),
@@ -72,9 +74,16 @@ def _bench_rows(prefix, tmp_path, op: str) -> dict:
 
 def _slack(row: dict, host: int) -> float:
     # Segments TCP sent again (a shaped link dropped them: three senders to one host in an
-    # all-to-all) cross the interface twice; measured per host, one MTU each at most.
-    resent = row["tx_retransmitted"][host] * MTU
-    return HEADER_BYTES * row["tx_packets"][host] + CONTROL_BYTES + resent
+    # all-to-all) cross the interface twice; measured per host, one MTU each at most. So do
+    # the datagrams a multicast root sent again (a receiver overran: counted over all ranks).
+    resent = (row["tx_retransmitted"][host] + row.get("repairs", 0)) * MTU
+    # A multicast datagram carries the protocol's own header in its UDP payload; the
+    # interfaces count a batch of them as one packet (one set of IP and UDP headers).
+    datagram_headers = 0
+    if row["algorithm"] == "multicast":
+        datagrams = -(-row["wire_bytes"] // chunk_bytes_for(MTU))
+        datagram_headers = datagrams * DATAGRAM_HEADER_BYTES
+    return HEADER_BYTES * row["tx_packets"][host] + CONTROL_BYTES + resent + datagram_headers
 
 
 def _assert_sends(row: dict, payload: int) -> None:

@@ -52,14 +52,14 @@ int64_t commpress_take_data(const take_state *state, const uint8_t *batch, int64
         if (datagram[1] >> 4 != VERSION || (datagram[1] & 0xF) != KIND_DATA) return taken;
         int64_t payload_bytes = le16(datagram + 20);
         if (length != HEADER_BYTES + payload_bytes) return taken;
-        const uint8_t *payload = datagram + HEADER_BYTES;
-        unsigned long crc = state->crc32(0, datagram, CRC_AT);
-        if (state->crc32(crc, payload, (unsigned int)payload_bytes) != le32(datagram + CRC_AT))
-            return taken;
         int64_t sender = le16(datagram + 2), root = le16(datagram + 4);
         if (le16(datagram + 6) != state->channel || sender == state->rank) return taken;
         if (sender >= state->world_size || root >= state->world_size) return taken;
         if (le32(datagram + 8) != state->operation) return taken;
+        const uint8_t *payload = datagram + HEADER_BYTES;
+        unsigned long crc = state->crc32(0, datagram, CRC_AT);
+        if (state->crc32(crc, payload, (unsigned int)payload_bytes) != le32(datagram + CRC_AT))
+            return taken;
         uint8_t *buffer = state->buffers[root];
         int64_t chunk = le32(datagram + 12), count = le32(datagram + 16);
         if (root == state->rank || count != state->counts[root] || chunk >= count) return taken;

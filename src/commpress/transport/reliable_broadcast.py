@@ -177,6 +177,7 @@ class Stats:
     duplicates: int = 0
     injected_losses: int = 0
     stale: int = 0
+    late_acks: int = 0  # ACKs of a finished operation: a repeated END's second answer
     stashed: int = 0
     stash_dropped: int = 0
     refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -450,8 +451,7 @@ class Engine:
 
     def _start(self, operation: Operation) -> None:
         self._running = _Running(operation, self.rank, self.world_size, self.chunk_bytes)
-        native = NATIVE_RECEIVE and not self.options.loss  # injected loss is drawn in Python
-        if native:
+        if NATIVE_RECEIVE:
             self._take = self._running.native_taker(self.channel, self.rank, self.chunk_bytes)
         self._latest = operation.id
         stash = self._stash
@@ -459,7 +459,7 @@ class Engine:
         self._stash_bytes = sum(len(d) for _, d in self._stash)
         for operation_id, datagram in stash:
             if operation_id == operation.id:
-                self._on_datagram(memoryview(datagram), replayed=True)
+                self._on_datagram(memoryview(datagram))
         self._finish_if_done()
 
     def _retire(self, abandoned: bool = False) -> None:
@@ -497,18 +497,35 @@ class Engine:
     # -- receiving ------------------------------------------------------------------------
 
     def _on_batch(self, batch: memoryview, size: int) -> None:
-        """One read: the running operation's DATA datagrams in C while it takes them, each
-        other one in Python."""
-        start, end = 0, len(batch)
-        if end == 0 or size <= 0:  # an empty datagram: refused as truncated
-            self._on_datagram(batch)
+        """One read of one datagram or several of ``size`` bytes (the last may be shorter):
+        each counted, and dropped at the injected loss rate (one draw each, in order); the
+        running operation's DATA datagrams among the rest taken in C while it takes them,
+        each other one in Python."""
+        end = len(batch)
+        size = size if size > 0 else max(end, 1)  # an empty datagram: refused as truncated
+        count = max(1, -(-end // size))
+        self.stats.datagrams_received += count
+        if not self.options.loss:
+            self._take_run(batch, size)
             return
+        kept_from = 0  # the first datagram of the run not yet handed on
+        for index in range(count):
+            if self._losses.random() < self.options.loss:
+                self.stats.injected_losses += 1
+                if index > kept_from:
+                    self._take_run(batch[kept_from * size : index * size], size)
+                kept_from = index + 1
+        if kept_from < count:
+            self._take_run(batch[kept_from * size :], size)
+
+    def _take_run(self, batch: memoryview, size: int) -> None:
+        """Datagrams back to back, already counted: C first, Python for what it stops at."""
+        start, end = 0, max(len(batch), 1)
         while start < end:
             take = self._take
             if take is not None:
                 taken = take(batch[start:], size)
                 if taken:
-                    self.stats.datagrams_received += taken
                     self.stats.taken_natively += taken
                     start += taken * size
                     self._native_arrivals(take.touched)
@@ -527,12 +544,8 @@ class Engine:
                 if incoming.missing == 0:
                     self._received_all(running, root)
 
-    def _on_datagram(self, view: memoryview, replayed: bool = False) -> None:
-        if not replayed:
-            self.stats.datagrams_received += 1
-            if self.options.loss and self._losses.random() < self.options.loss:
-                self.stats.injected_losses += 1
-                return
+    def _on_datagram(self, view: memoryview) -> None:
+        """One datagram (counted already, or replayed from the stash), in Python."""
         try:
             header, payload = parse(view)
         except Refused as refused:
@@ -563,6 +576,8 @@ class Engine:
         if header.operation in self._finished:
             if header.kind is Kind.END:  # the root missed our ACK
                 self._send_control(Kind.ACK, header.root, header.operation, to=header.root)
+            elif header.kind is Kind.ACK:  # the answer to an END this rank repeated
+                self.stats.late_acks += 1
             else:
                 self.stats.stale += 1
             return
