@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+from commpress.bench import report
 from commpress.bench.report import format_table, markdown_table
 
 COLUMNS = (("run", "run", ""), ("ms", "step(ms)", ".1f"), ("hidden", "hidden", ".0%"))
@@ -16,3 +19,14 @@ def test_tables_show_missing_measurements_as_a_dash():
     assert len({len(line) for line in text}) == 1  # right-aligned columns
     markdown = markdown_table(ROWS, COLUMNS).splitlines()
     assert markdown[2] == "| plain | 12.3 | - |"
+
+
+def test_provenance_names_the_commit_that_ran(monkeypatch, tmp_path):
+    """A figure is reproducible only at the code that made it: the checkout's commit (``+``
+    with uncommitted changes), or ``unknown`` where commpress is not a git checkout."""
+    commit = report.provenance()["commit"]
+    assert re.fullmatch(r"[0-9a-f]{7,40}\+?|unknown", commit), commit
+    fake_package = tmp_path / "commpress"
+    fake_package.mkdir()
+    monkeypatch.setattr(report.commpress, "__file__", str(fake_package / "__init__.py"))
+    assert report.provenance()["commit"] == "unknown"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,7 +60,23 @@ def provenance() -> dict[str, str]:
             f"commpress {commpress.__version__}, torch {torch.__version__}, "
             f"Python {platform.python_version()}"
         ),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str:
+    """The commit of the commpress checkout that ran (``+`` when it had uncommitted changes),
+    or ``unknown`` (an installed wheel, no git)."""
+    where = Path(commpress.__file__).parent
+    try:
+        run = functools.partial(
+            subprocess.run, cwd=where, capture_output=True, text=True, timeout=10, check=True
+        )
+        commit = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no", "."]).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+" if dirty else "")
 
 
 def publish(rows: Sequence[dict], columns, title: str, args, plot) -> None:
