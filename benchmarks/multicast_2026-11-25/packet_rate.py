@@ -14,7 +14,6 @@ datagram. Medians of REPEATS.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -23,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from commpress.bench.report import provenance
+from commpress.bench.report import write_json
 from commpress.cluster import Emulated
 from commpress.transport import multicast
 from commpress.transport.reliable_broadcast import Operation
@@ -105,8 +104,7 @@ def main() -> int:
     for row in rows:
         print(" | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()))
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"where": where, "provenance": provenance(), "rows": rows}, file, indent=2)
+        write_json(args.json, rows, where=where)
     return 0
 
 

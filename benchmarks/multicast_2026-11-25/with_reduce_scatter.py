@@ -15,7 +15,6 @@ them at once. Times are medians over ITERATIONS of the slowest rank.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
-from commpress.bench.report import provenance
+from commpress.bench.report import write_json
 from commpress.cluster import Emulated
 from commpress.cluster.commands import multicast_options
 from commpress.codecs import get_codec
@@ -124,8 +123,7 @@ def main() -> int:
     for row in rows:
         print(" | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()))
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"where": where, "provenance": provenance(), "rows": rows}, file, indent=2)
+        write_json(args.json, rows, where=where)
     return 0
 
 

@@ -18,7 +18,6 @@ Run as root (it makes an emulated cluster), nothing else running.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
-from commpress.bench.report import provenance
+from commpress.bench.report import write_json
 from commpress.cluster import Emulated
 from commpress.cluster.commands import multicast_options
 from commpress.codecs import get_codec
@@ -145,8 +144,7 @@ def main() -> int:
                 f"{reads:.0f} reads, {native:.0f} taken in C of {received:.0f} received"
             )
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"where": where, "provenance": provenance(), "rows": rows}, file, indent=2)
+        write_json(args.json, rows, where=where)
     return 0
 
 

@@ -103,8 +103,10 @@ def pyplot():
     return plt
 
 
-def write_json(path: str | Path, rows: Sequence[dict]) -> None:
-    Path(path).write_text(json.dumps({"provenance": provenance(), "rows": list(rows)}, indent=2))
+def write_json(path: str | Path, rows: Sequence[dict], **fields) -> None:
+    """``rows`` with their provenance, and any other top-level ``fields`` (``where=``...)."""
+    record = {**fields, "provenance": provenance(), "rows": list(rows)}
+    Path(path).write_text(json.dumps(record, indent=2))
 
 
 def write_markdown(

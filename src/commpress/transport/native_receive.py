@@ -102,31 +102,30 @@ def _address_of(pinned: ctypes.Array | None) -> int | None:
 class Taker:
     """One operation's :func:`taker`: ``taker(batch, segment)`` takes DATA datagrams of
     ``segment`` bytes (the last may be shorter) from the start of ``batch`` and returns how
-    many it took, and the roots each of them came from (``touched``, cleared by the caller)."""
+    many it took, and the roots each of them came from (``touched``, cleared by the caller).
+    The buffers come pinned (:func:`_pinned`, None where empty): C writes to their
+    addresses."""
 
     def __init__(self, function, crc32: int, channel: int, operation: int, rank: int,
-                 chunk_bytes: int, buffers: Sequence, counts: Sequence[int],
-                 bitmaps: Sequence[bytearray], missing: array.array):  # fmt: skip
+                 chunk_bytes: int, buffers: Sequence[ctypes.Array | None],
+                 buffer_bytes: Sequence[int], counts: Sequence[int],
+                 bitmaps: Sequence[ctypes.Array | None], missing: array.array):  # fmt: skip
         world_size = len(buffers)
         self._function = function
-        pinned_buffers = [_pinned(b) for b in buffers]
-        pinned_bitmaps = [_pinned(b) for b in bitmaps]
-        self._pins = pinned_buffers + pinned_bitmaps  # C holds their addresses
+        self.touched = bytearray(world_size)
+        touched, missing_counts = _pinned(self.touched), _pinned(missing)
+        self._pins = [*buffers, *bitmaps, touched, missing_counts]  # C holds their addresses
         pointers = ctypes.c_void_p * world_size
-        self._buffers = pointers(*(_address_of(pin) for pin in pinned_buffers))
-        self._bitmaps = pointers(*(_address_of(pin) for pin in pinned_bitmaps))
-        self._buffer_bytes = (ctypes.c_int64 * world_size)(*(len(b) for b in buffers))
+        self._buffers = pointers(*map(_address_of, buffers))
+        self._bitmaps = pointers(*map(_address_of, bitmaps))
+        self._buffer_bytes = (ctypes.c_int64 * world_size)(*buffer_bytes)
         self._counts = (ctypes.c_int64 * world_size)(*counts)
-        self._missing = missing  # the protocol's own counts: C and Python update the same
-        missing_at = missing.buffer_info()[0]
         self._state = _State(
             channel, operation, rank, world_size, chunk_bytes,
             self._buffers, self._buffer_bytes, self._counts, self._bitmaps,
-            ctypes.cast(missing_at, ctypes.POINTER(ctypes.c_int64)), crc32,
+            ctypes.cast(missing_counts, ctypes.POINTER(ctypes.c_int64)), crc32,
         )  # fmt: skip
-        self.touched = bytearray(world_size)
-        self._pins += [_pinned(self.touched), _pinned(missing)]
-        self._touched_at = ctypes.addressof(self._pins[-2])
+        self._touched_at = ctypes.addressof(touched)
 
     def __call__(self, batch, segment: int) -> int:
         start = _address(batch)
@@ -146,9 +145,12 @@ def taker(channel: int, operation: int, rank: int, chunk_bytes: int, buffers: Se
     found = _library()
     if found is None:
         return None
-    if any(len(b) and _pinned(b) is None for b in (*buffers, *bitmaps)):
+    pinned_buffers, pinned_bitmaps = [*map(_pinned, buffers)], [*map(_pinned, bitmaps)]
+    pins = zip((*buffers, *bitmaps), (*pinned_buffers, *pinned_bitmaps), strict=True)
+    if any(len(b) and pin is None for b, pin in pins):
         return None  # C writes through raw addresses: writable, contiguous buffers only
     function, crc32 = found
     return Taker(
-        function, crc32, channel, operation, rank, chunk_bytes, buffers, counts, bitmaps, missing
-    )
+        function, crc32, channel, operation, rank, chunk_bytes, pinned_buffers,
+        [len(b) for b in buffers], counts, pinned_bitmaps, missing,
+    )  # fmt: skip

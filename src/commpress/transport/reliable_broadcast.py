@@ -536,13 +536,14 @@ class Engine:
     def _native_arrivals(self, touched: bytearray) -> None:
         """What the Python path does after each new chunk, once per root the C side wrote."""
         running, now = self._running, time.monotonic()
-        for root in range(len(touched)):
-            if touched[root]:
-                touched[root] = 0
-                incoming = running.incoming[root]
-                incoming.progress_at = now
-                if incoming.missing == 0:
-                    self._received_all(running, root)
+        root = touched.find(1)  # in C: a read touches a root or two, the group may be large
+        while root >= 0:
+            touched[root] = 0
+            incoming = running.incoming[root]
+            incoming.progress_at = now
+            if incoming.missing == 0:
+                self._received_all(running, root)
+            root = touched.find(1, root + 1)
 
     def _on_datagram(self, view: memoryview) -> None:
         """One datagram (counted already, or replayed from the stash), in Python."""

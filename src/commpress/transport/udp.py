@@ -50,6 +50,8 @@ _SEGMENTS_AT_MOST = 64  # the kernel's UDP_MAX_SEGMENTS (64 before Linux 5.5)
 # datagram's IP, UDP and Ethernet headers, so that a shaper whose bucket holds 64 KiB (tbf
 # cuts a larger one, at a cost) passes it whole.
 _SEGMENTED_FRAME_BYTES = 60000
+#: errnos of a full local queue: the datagrams are lost, as on the wire, and repaired
+_QUEUE_FULL = (errno.ENOBUFS, errno.EAGAIN)
 #: errnos that say this socket, route or kernel cannot segment: datagrams go one by one
 _NO_SEGMENTATION = (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
 
@@ -222,7 +224,7 @@ class UdpNetwork:
                 self.send_calls += 1
                 return
             except OSError as error:
-                if error.errno in (errno.ENOBUFS, errno.EAGAIN):
+                if error.errno in _QUEUE_FULL:
                     self.send_drops += len(datagrams)  # every one lost, to be repaired
                     return
                 if error.errno not in _NO_SEGMENTATION:
@@ -239,7 +241,7 @@ class UdpNetwork:
             self._own.sendmsg([head, payload], (), 0, address)
             self.send_calls += 1
         except OSError as error:  # a full local queue drops the datagram: loss, repaired
-            if error.errno not in (errno.ENOBUFS, errno.EAGAIN):
+            if error.errno not in _QUEUE_FULL:
                 raise
             self.send_drops += 1
 
