@@ -40,7 +40,7 @@ def _engine_cpu() -> float:
 
 
 def _worker(rank, world_size, rates):
-    rows = []
+    rows, calls = [], 0
     for rate in rates:
         multicast.configure(None, rate_bits=rate)
         channel = multicast.channel_for(None)
@@ -49,7 +49,8 @@ def _worker(rank, world_size, rates):
         for _ in range(REPEATS):
             payload = bytearray(PAYLOAD_BYTES if rank == 0 else 0)
             incoming = {1 - rank: memoryview(bytearray(0 if rank == 0 else PAYLOAD_BYTES))}
-            operation_id = channel.next_operation_id()
+            operation_id = channel.operation_id(calls)
+            calls += 1
             operation = Operation(operation_id, [0, 1], memoryview(payload), incoming)
             repairs, received = engine.stats.repairs_sent, engine.stats.datagrams_received
             cpu = _engine_cpu()

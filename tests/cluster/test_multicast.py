@@ -23,6 +23,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.cli import main
 from commpress.cluster import Emulated
+from commpress.collectives import executor
 from commpress.transport import multicast, native_receive
 from commpress.transport.datagrams import Header, Kind, pack
 
@@ -216,6 +217,63 @@ def test_a_peer_that_stops_mid_operation_is_an_error_on_every_rank(prefix):
             assert "multicast all-gather" in error and "within" in error, error
         else:  # the rank whose network went away
             assert "multicast" in error, error
+
+
+def _mismatches_then_a_match(rank, world_size, check_beside):
+    """A multicast all-gather (the channel set up), then two calls where rank 2 differs
+    (it calls the ring, then sends int4 where the others send int8), each entered by rank
+    2 half a second late, then one where every rank agrees. Per call: the error, whether
+    ``out`` is untouched, and the datagrams this rank read during it."""
+    executor.CHECK_BESIDE_BROADCASTS = check_beside
+    channel = multicast.channel_for(None)
+    inp = _inputs(rank, SHARD)
+    shards = torch.cat([_inputs(r, SHARD) for r in range(world_size)])
+    out = torch.empty(world_size * SHARD)
+    cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
+    first_exact = torch.equal(out, shards)
+    odd = rank == 2
+    calls = [("multicast", "int8"), ("ring" if odd else "multicast", "int8"),
+             ("multicast", "int4" if odd else "int8"), ("multicast", "none")]  # fmt: skip
+    results = []
+    for algorithm, codec in calls:
+        out.fill_(float("nan"))
+        received = channel.engine.stats.datagrams_received
+        dist.barrier()
+        if odd:
+            time.sleep(0.5)
+        try:
+            cp.all_gather_into_tensor(
+                out, inp, codec=codec, algorithm=algorithm, timeout=timedelta(seconds=20)
+            )
+            error = None
+        except RuntimeError as raised:
+            error = f"{type(raised).__name__}: {raised}"
+        untouched = bool(out.isnan().all())
+        results.append((error, untouched, channel.engine.stats.datagrams_received - received))
+    return first_exact, results, torch.equal(out, shards)
+
+
+@pytest.mark.parametrize("check_beside", [True, False])
+def test_a_mismatch_leaves_out_untouched_and_the_channels_in_step(prefix, check_beside):
+    """The argument check settles while the broadcasts are on the wire: the agreeing ranks
+    receive each other's payloads while they wait for the late rank's verdict (with the
+    check before the broadcasts, they receive nothing), yet ``out`` stays untouched on a
+    mismatch; operation ids follow the group's call numbers, so a rank that called the
+    ring instead leaves no channel behind, and the next call is exact everywhere."""
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_mismatches_then_a_match, check_beside, timeout=300)
+    for rank, (first_exact, calls, last_exact) in enumerate(results):
+        assert first_exact and last_exact, rank
+        (agreed, _, _), *mismatches, (matched, _, _) = calls
+        assert agreed is None and matched is None, (rank, agreed, matched)
+        for error, untouched, received in mismatches:
+            assert error is not None and "CollectiveMismatchError" in error, (rank, error)
+            assert "rank 2" in error or rank == 2, error
+            assert untouched, f"rank {rank} wrote out before the check had passed"
+            if rank < 2 and check_beside:  # the other agreeing rank's payload came meanwhile
+                assert received >= SHARD // 1446, (rank, received)  # int8: > SHARD bytes
+            elif rank < 2:
+                assert received < 20, (rank, received)  # no payload, at most stray ENDs
 
 
 def _setup_error(rank, world_size, case):

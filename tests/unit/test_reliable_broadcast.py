@@ -19,9 +19,10 @@ import types
 
 import pytest
 
-from commpress.transport import datagrams, native_receive, reliable_broadcast
+from commpress.transport import datagrams, multicast, native_receive, reliable_broadcast
 from commpress.transport.datagrams import Header, Kind
 from commpress.transport.reliable_broadcast import (
+    OPERATION_IDS,
     BroadcastError,
     Engine,
     Operation,
@@ -699,3 +700,14 @@ def test_well_formed_datagrams_that_do_not_fit_the_operation_are_refused(receive
         engine.abandon(operation)
     finally:
         engine.close()
+
+
+def test_a_channel_refuses_operation_ids_that_do_not_increase():
+    """Ids come from the group's call numbers, 32 bits on the wire: they wrap around, but a
+    number that does not come after the last one would pass a stale operation for new."""
+    channel = object.__new__(multicast.Channel)
+    channel._last_operation = None
+    assert channel.operation_id(5) == 5
+    assert channel.operation_id(OPERATION_IDS + 7) == 7
+    with pytest.raises(ValueError, match="must increase"):
+        channel.operation_id(6)

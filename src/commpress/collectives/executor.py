@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from commpress.collectives import fingerprint as fingerprints
 from commpress.collectives import inband
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
@@ -55,6 +56,11 @@ EARLY_VERDICT_MIN_RANKS = 8
 #: the overlap wins (on 4 emulated hosts: more at 1 and 2 MiB, less at 3 and 4;
 #: ``benchmarks/check_overlap_2026-11-25/``).
 SPLIT_LAST_BYTES = 3 << 20
+
+#: A multicast all-gather's argument check runs while its broadcasts are on the wire (from
+#: a group's second multicast call on); False: before they are posted, as every other
+#: non-chain schedule's.
+CHECK_BESIDE_BROADCASTS = True
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
@@ -117,9 +123,8 @@ def execute(
     :data:`WINDOW`) are in flight at once; received payloads are handled in step order, so
     the codec sees the same calls in the same order whatever the window."""
     window = WINDOW if window is None else window
-    if schedule.transport is Transport.MULTICAST:
-        window = len(schedule.steps)  # every broadcast posted at once; the transport paces
-    settle = None  # waits for the argument check, raising on a mismatch
+    multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
+    settle, call = None, None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
         chains = window == 1 and schedule.chains_right
         several = len(schedule.steps) > 1  # with one, nothing is left to overlap at the verdict
@@ -138,29 +143,60 @@ def execute(
             _execute_in_band(schedule, payloads, group, timeout, check)
             return
         check.post_header()
-        settle = check.settle
+        settle, call = check.settle, check.sequence
     elif fingerprint is not None:
-        settle = Agreement(group, fingerprint, timeout, payloads.device).check
+        agreement = Agreement(group, fingerprint, timeout, payloads.device)
+        settle, call = agreement.check, agreement.sequence
+    if multicasts:
+        _execute_multicast(schedule, payloads, group, timeout, settle, call)
+        return
     if settle is not None and payloads.encodes_change_state:
         settle()
     _encode_own(schedule, payloads)
     if settle is not None:
         settle()
-    multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
-    if multicasts:  # the channel is set up (once) before anything touches the output
-        broadcasts = multicast.Broadcasts(group, _broadcasts(schedule, payloads), timeout)
     if schedule.steps and window == 1 and _may_receive_ahead(schedule, payloads, group):
         # the own payloads are written to the output while the first transfer is on the wire
         _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
         return
     payloads.begin()
-    if multicasts:
-        with broadcasts as posted:
-            _run_steps(schedule, payloads, window, timeout, lambda k, step: posted.of(_root(step)))
-        return
     transport = schedule.transport
     start = lambda k, step: _start(transport, step, payloads, group)  # noqa: E731
     _run_steps(schedule, payloads, window, timeout, start)
+
+
+def _execute_multicast(
+    schedule: Schedule,
+    payloads: Payloads,
+    group,
+    timeout,
+    settle: Callable[[], None] | None,
+    call: int | None,
+) -> None:
+    """Every broadcast of the schedule posted at once (the transport paces them and passes
+    the token between roots), the payloads received handled as they complete.
+
+    The argument check settles while the broadcasts are on the wire
+    (:data:`CHECK_BESIDE_BROADCASTS`): they land in buffers of their own, and nothing is
+    written to the output before it has passed; on a mismatch every rank leaves the
+    operation. Not on a group's first multicast call: setting its channel up is itself
+    collective, so only once every rank is known to multicast. The operation's id is the
+    call's sequence number on the group (``call``), the same on every rank whatever each
+    called, so a rank that called another algorithm leaves no channel out of step."""
+    if call is None:  # an unchecked call still takes its number in the group's sequence
+        call = fingerprints.next_sequence(dist.group.WORLD if group is None else group)
+    beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
+    if settle is not None and (payloads.encodes_change_state or not beside):
+        settle()
+        settle = None
+    _encode_own(schedule, payloads)
+    buffers = _broadcasts(schedule, payloads)
+    with multicast.Broadcasts(group, buffers, call, timeout) as posted:
+        if settle is not None:
+            settle()
+        payloads.begin()
+        window = len(schedule.steps)
+        _run_steps(schedule, payloads, window, timeout, lambda k, step: posted.of(_root(step)))
 
 
 def _encode_own(schedule: Schedule, payloads: Payloads) -> None:

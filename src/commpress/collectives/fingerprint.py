@@ -22,9 +22,9 @@ Two carriers, chosen by the group's backend and the tensors' device:
 Either way, only on a mismatch do the ranks all-gather their whole 128-byte fingerprints,
 to name both sides' arguments.
 
-The sequence number counts this process's checked collectives per group: a rank
-that skipped or added one is named ("rank 1 called ... as its collective #8 on this
-group").
+The sequence number counts this process's checked collectives per group (and its
+multicast ones, whose operation ids it gives): a rank that skipped or added one is named
+("rank 1 called ... as its collective #8 on this group").
 """
 
 from __future__ import annotations
@@ -164,11 +164,11 @@ class Agreement:
         group = dist.group.WORLD if group is None else group
         self._group, self._timeout = group, timeout
         self._world_size = dist.get_world_size(group)
-        sequence = next_sequence(group)
+        self.sequence = next_sequence(group)  # this call's, on the group
         self._batch: Pending | None = None
         if self._world_size == 1:
             return
-        self._row = mine.to_bytes(sequence)
+        self._row = mine.to_bytes(self.sequence)
         self._device = _fingerprint_device(group, device)
         self._digests = _digests(self._row).to(self._device)
         self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))

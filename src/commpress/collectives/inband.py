@@ -150,7 +150,8 @@ class Check:
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)
-        self.row = mine.to_bytes(fingerprints.next_sequence(self.group))
+        self.sequence = fingerprints.next_sequence(self.group)  # this call's, on the group
+        self.row = mine.to_bytes(self.sequence)
         # FIRST_MESSAGE_BYTES too: where a long first message is cut changes what is sent
         layout = struct.pack(
             f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes

@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 
 from commpress.spec_options import parse_options
-from commpress.transport.reliable_broadcast import OPERATION_IDS, Engine, Operation, Options
+from commpress.transport.reliable_broadcast import (
+    OPERATION_IDS,
+    Engine,
+    Operation,
+    Options,
+    newer,
+)
 from commpress.transport.udp import MulticastSetupError, UdpNetwork, route_source
 from commpress.units import parse_rate_bits
 
@@ -83,6 +89,11 @@ def set_default_options(options: Options | None) -> None:
     _default = options
 
 
+def is_set_up(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` has its channel already (this rank's view; no communication)."""
+    return _group(group) in _channels
+
+
 def channel_for(group: dist.ProcessGroup | None) -> Channel:
     """The group's channel, set up on first use (collectively: call on every rank)."""
     group = _group(group)
@@ -108,7 +119,7 @@ class Channel:
             raise MulticastSetupError(
                 f"multicast numbers ranks in 16 bits: a group of {self.world_size} is too large"
             )
-        self.operations = 0
+        self._last_operation: int | None = None
         index, _created = _created, _created + 1  # the same on every rank: set up collectively
         local, chosen, failure = None, None, None
         try:
@@ -149,10 +160,17 @@ class Channel:
         self.engine = Engine(network, channel_number, options)
         self._close = weakref.finalize(self, Engine.close, self.engine)  # also at exit
 
-    def next_operation_id(self) -> int:
-        """Every rank numbers its multicast collectives on the group alike (32 bits, wrapping
-        around)."""
-        operation, self.operations = self.operations, (self.operations + 1) % OPERATION_IDS
+    def operation_id(self, call: int) -> int:
+        """The id of the operation of collective call number ``call`` on the group (the same
+        on every rank; 32 bits, wrapping around). Ids must increase: the protocol tells a
+        faster peer's next operation from a stale one by them."""
+        operation = call % OPERATION_IDS
+        if self._last_operation is not None and not newer(operation, self._last_operation):
+            raise ValueError(
+                f"multicast call number {call} comes after operation {self._last_operation} "
+                "on this channel: call numbers must increase"
+            )
+        self._last_operation = operation
         return operation
 
     def close(self) -> None:
@@ -175,13 +193,16 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
 class Broadcasts:
-    """One schedule's broadcasts, posted together: ``with Broadcasts(group, buffers, timeout)
-    as posted: posted.of(root).wait(timeout)``. ``buffers`` maps each root, in the
+    """One schedule's broadcasts, posted together: ``with Broadcasts(group, buffers, call,
+    timeout) as posted: posted.of(root).wait(timeout)``. ``buffers`` maps each root, in the
     schedule's order, to its payload (uint8, on the CPU): this rank's own is sent, the
-    others are received into. Leaving the ``with`` block, finished or not, stops the
-    transport's writes into them."""
+    others are received into. ``call``: the collective's sequence number on the group, the
+    same on every rank (:meth:`Channel.operation_id`). Leaving the ``with`` block, finished
+    or not, stops the transport's writes into them."""
 
-    def __init__(self, group, buffers: dict[int, torch.Tensor], timeout: timedelta | None):
+    def __init__(
+        self, group, buffers: dict[int, torch.Tensor], call: int, timeout: timedelta | None
+    ):
         for root, buffer in buffers.items():
             if buffer.device.type != "cpu":
                 raise ValueError(
@@ -193,7 +214,8 @@ class Broadcasts:
         views = {root: memoryview(buffer.numpy()).cast("B") for root, buffer in buffers.items()}
         own = views.pop(rank)
         self._timeout = timeout or _group_timeout(group)
-        self.operation = Operation(self._channel.next_operation_id(), list(buffers), own, views)
+        operation = self._channel.operation_id(call)
+        self.operation = Operation(operation, list(buffers), own, views)
 
     def __enter__(self) -> Broadcasts:
         self._channel.engine.post(self.operation)

@@ -1,0 +1,127 @@
+"""The multicast all-gather with its argument check before the broadcasts and beside them,
+and the ring, paired in one cluster: rounds rotate between the three on the same
+processes and buffers; each round's time is the slowest rank's.
+
+* ``ring``: the rack-ordered ring all-gather (its check rides in its messages);
+* ``multicast, check first``: the check (a header to the right neighbour and an
+  all-reduce of the digests) settles before the broadcasts are posted (the code before
+  this change; ``executor.CHECK_BESIDE_BROADCASTS = False``);
+* ``multicast, check beside``: the broadcasts posted first, the check settled while they
+  are on the wire (what ships).
+
+    python benchmarks/multicast_check_2026-11-26/check_beside.py --hosts 8 --racks 2 \
+        --link 1gbit --uplink 500mbit --mtu 1500 --sizes 4M,8M,16M --codecs int8,none \
+        --rounds 12 --json PATH
+
+Run as root (it makes an emulated cluster), nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from commpress.bench.arguments import byte_size
+from commpress.bench.report import write_json
+from commpress.cluster import Emulated
+from commpress.cluster.commands import multicast_options
+from commpress.codecs import get_codec
+from commpress.collectives import executor
+from commpress.collectives.all_gather import gather
+from commpress.collectives.fingerprint import Fingerprint
+from commpress.transport import multicast
+
+VARIANTS = ("ring", "multicast, check first", "multicast, check beside")
+
+
+def _slowest(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
+
+
+def _call(variant: str, out, inp, codec) -> None:
+    algorithm = "ring" if variant == "ring" else "multicast"
+    executor.CHECK_BESIDE_BROADCASTS = variant == VARIANTS[2]
+    fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
+    gather(out, inp, None, codec, algorithm, None, fingerprint)
+
+
+def _worker(rank, world_size, options, sizes, codecs, rounds):
+    multicast.configure(None, multicast.Options(**options))
+    rows = []
+    for size in sizes:
+        for name in codecs:
+            codec = get_codec(name)
+            shard = size // 4 // world_size
+            inp, out = torch.randn(shard), torch.empty(shard * world_size)
+            for variant in VARIANTS:  # warm-up; the first sets the channel up
+                _call(variant, out, inp, codec)
+            times = {variant: [] for variant in VARIANTS}
+            for round_ in range(rounds):
+                shift = round_ % len(VARIANTS)
+                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                    dist.barrier()
+                    start = time.perf_counter()
+                    _call(variant, out, inp, codec)
+                    times[variant].append(_slowest(time.perf_counter() - start) * 1e3)
+            row = {"size_bytes": size, "codec": name}
+            for variant in VARIANTS:
+                row[variant] = statistics.median(times[variant])
+                row[f"{variant}: every round"] = times[variant]
+            first, beside = times[VARIANTS[1]], times[VARIANTS[2]]
+            deltas = [b - a for a, b in zip(first, beside, strict=True)]
+            deciles = statistics.quantiles(deltas, n=10)
+            row["beside - first"] = (statistics.median(deltas), deciles[0], deciles[-1])
+            rows.append(row)
+    return rows if rank == 0 else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--racks", type=int, default=1)
+    parser.add_argument("--link", default="1gbit")
+    parser.add_argument("--uplink")
+    parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--sizes", default="4M,8M,16M")
+    parser.add_argument("--codecs", default="int8,none")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--prefix", default="mcc")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    sizes = [byte_size(size) for size in args.sizes.split(",")]
+    with Emulated(
+        args.hosts, args.link, racks=args.racks, uplink=args.uplink, mtu=args.mtu,
+        prefix=args.prefix,
+    ) as cluster:  # fmt: skip
+        rows = cluster.run(
+            _worker, multicast_options(cluster), sizes, args.codecs.split(","), args.rounds,
+            timeout=1800,
+        )[0]  # fmt: skip
+        where = cluster.describe()
+    print(f"# all-gather, {where}: medians of {args.rounds} rounds, ms (slowest rank)")
+    print(f"| size | codec | {' | '.join(VARIANTS)} | beside - first | ring / first | ring / beside |")
+    print("|---:|---|---:|---:|---:|---|---:|---:|")
+    for row in rows:
+        ring, first, beside = (row[variant] for variant in VARIANTS)
+        median, low, high = row["beside - first"]
+        cells = [f"{row['size_bytes'] >> 20} MiB", row["codec"], f"{ring:.1f}", f"{first:.1f}"]
+        cells += [f"{beside:.1f}", f"{median:+.1f} ({low:+.1f} .. {high:+.1f})"]
+        cells += [f"{ring / first:.2f}", f"{ring / beside:.2f}"]
+        print("| " + " | ".join(cells) + " |")
+    if args.json:
+        write_json(args.json, rows, where=where)
+    return 0
+
+
+if __name__ == "__main__":  # run from the module, so that the ranks can import _worker
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    import check_beside
+
+    sys.exit(check_beside.main())
