@@ -106,7 +106,8 @@ def main() -> int:
         )[0]  # fmt: skip
         where = cluster.describe()
     print(f"# all-gather, {where}: medians of {args.rounds} rounds, ms (slowest rank)")
-    print(f"| size | codec | {' | '.join(VARIANTS)} | beside - first | ring / first | ring / beside |")
+    columns = " | ".join(VARIANTS)
+    print(f"| size | codec | {columns} | beside - first | ring / first | ring / beside |")
     print("|---:|---|---:|---:|---:|---|---:|---:|")
     for row in rows:
         ring, first, beside = (row[variant] for variant in VARIANTS)
