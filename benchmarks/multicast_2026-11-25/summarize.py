@@ -1,6 +1,8 @@
 """Ring time over multicast time (above 1: multicast is faster) per network, size and codec,
 from the JSON files that ``sweep.sh`` wrote, as a markdown table; plus the multicast rows'
-repairs and CPU per call.
+repairs, the share of the machine's cores that the ranks' processes kept busy during them
+(``nprocs`` x process CPU per call / (cores x time per call); near 1, the call is
+CPU-bound, not network-bound) and CPU per call.
 
     python benchmarks/multicast_2026-11-25/summarize.py [DIR]   (default: this folder)
 """
@@ -8,6 +10,7 @@ repairs and CPU per call.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +27,10 @@ NETWORKS = (
     "switch4_1g_mtu9000_roots4",
     "switch4_1g_mtu9000",
     "switch4_1g_mtu1500",
+    "switch8_200m_mtu9000",
+    "switch8_200m_mtu9000_roots8",
+    "switch4_200m_mtu9000",
+    "switch4_200m_mtu9000_roots4",
 )
 
 
@@ -31,9 +38,21 @@ def rows_of(name: str) -> list[dict]:
     return json.loads((HERE / f"{name}.json").read_text())["rows"]
 
 
+def cores_of(name: str) -> int:
+    machine = json.loads((HERE / f"{name}.json").read_text())["provenance"]["machine"]
+    return int(re.search(r"(\d+) cores", machine).group(1))
+
+
+def busy(row: dict, cores: int) -> str:
+    return f"{row['nprocs'] * row['cpu_process_us'] / (cores * row['time_us']):.2f}"
+
+
 def main() -> None:
-    print("| network | size | ring/multicast, none | ring/multicast, int8 | repairs/call |")
-    print("|---|---|---|---|---|")
+    print(
+        "| network | size | ring/multicast, none | ring/multicast, int8 | repairs/call "
+        "| cores busy, multicast none/int8 |"
+    )
+    print("|---|---|---|---|---|---|")
     for name in NETWORKS:
         if not (HERE / f"{name}.json").exists():
             continue
@@ -49,8 +68,16 @@ def main() -> None:
                 for c in ("none", "int8")
                 if ("multicast", c, size) in times
             ]
-            cells = [name, f"{size >> 20} MiB", *ratios, "/".join(repairs)]
+            cores = cores_of(name)
+            shares = [
+                busy(times[("multicast", c, size)], cores)
+                for c in ("none", "int8")
+                if ("multicast", c, size) in times
+            ]
+            cells = [name, f"{size >> 20} MiB", *ratios, "/".join(repairs), "/".join(shares)]
             print("| " + " | ".join(cells) + " |")
+    if not (HERE / "racks_1g_500m_mtu9000.json").exists():
+        return
     print()
     print("CPU per call, ms (mean over ranks): caller thread, communication thread, multicast")
     print("thread, whole process; racks_1g_500m_mtu9000")
