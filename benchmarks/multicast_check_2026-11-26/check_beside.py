@@ -4,14 +4,22 @@ processes and buffers; each round's time is the slowest rank's.
 
 * ``ring``: the rack-ordered ring all-gather (its check rides in its messages);
 * ``multicast, check first``: the check (a header to the right neighbour and an
-  all-reduce of the digests) settles before the broadcasts are posted (the code before
-  this change; ``executor.CHECK_BESIDE_BROADCASTS = False``);
+  all-reduce of the digests) is put in flight, the own payload encoded, and the check
+  settled before the broadcasts are posted (the order of the code before this change;
+  ``executor.CHECK_BESIDE_BROADCASTS = False``; operation ids from the call numbers, as
+  shipped);
 * ``multicast, check beside``: the broadcasts posted first, the check settled while they
   are on the wire (what ships).
 
     python benchmarks/multicast_check_2026-11-26/check_beside.py --hosts 8 --racks 2 \
         --link 1gbit --uplink 500mbit --mtu 1500 --sizes 4M,8M,16M --codecs int8,none \
-        --rounds 12 --json PATH
+        --rounds 12 [--calls 4] --json PATH
+
+With ``--calls M`` each round times M calls back to back (no barrier between them, as
+FSDP issues its all-gathers) and reports the time per call: a rank that posts its
+broadcasts early then sends into peers still finishing the previous call, which keep
+(stash) those datagrams and replay them in Python; the datagrams stashed per call on
+rank 0 are reported too.
 
 Run as root (it makes an emulated cluster), nothing else running.
 """
@@ -52,7 +60,7 @@ def _call(variant: str, out, inp, codec) -> None:
     gather(out, inp, None, codec, algorithm, None, fingerprint)
 
 
-def _worker(rank, world_size, options, sizes, codecs, rounds):
+def _worker(rank, world_size, options, sizes, codecs, rounds, calls):
     multicast.configure(None, multicast.Options(**options))
     rows = []
     for size in sizes:
@@ -62,18 +70,25 @@ def _worker(rank, world_size, options, sizes, codecs, rounds):
             inp, out = torch.randn(shard), torch.empty(shard * world_size)
             for variant in VARIANTS:  # warm-up; the first sets the channel up
                 _call(variant, out, inp, codec)
+            stats = multicast.channel_for(None).engine.stats
             times = {variant: [] for variant in VARIANTS}
+            stashed = dict.fromkeys(VARIANTS, 0)
             for round_ in range(rounds):
                 shift = round_ % len(VARIANTS)
                 for variant in VARIANTS[shift:] + VARIANTS[:shift]:
                     dist.barrier()
+                    before = stats.stashed
                     start = time.perf_counter()
-                    _call(variant, out, inp, codec)
-                    times[variant].append(_slowest(time.perf_counter() - start) * 1e3)
-            row = {"size_bytes": size, "codec": name}
+                    for _ in range(calls):
+                        _call(variant, out, inp, codec)
+                    seconds = (time.perf_counter() - start) / calls
+                    times[variant].append(_slowest(seconds) * 1e3)
+                    stashed[variant] += stats.stashed - before
+            row = {"size_bytes": size, "codec": name, "calls per round": calls}
             for variant in VARIANTS:
                 row[variant] = statistics.median(times[variant])
                 row[f"{variant}: every round"] = times[variant]
+                row[f"{variant}: stashed per call (rank 0)"] = stashed[variant] / rounds / calls
             first, beside = times[VARIANTS[1]], times[VARIANTS[2]]
             deltas = [b - a for a, b in zip(first, beside, strict=True)]
             deciles = statistics.quantiles(deltas, n=10)
@@ -92,6 +107,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="4M,8M,16M")
     parser.add_argument("--codecs", default="int8,none")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--calls", type=int, default=1, help="calls back to back per round")
     parser.add_argument("--prefix", default="mcc")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -102,10 +118,13 @@ def main() -> int:
     ) as cluster:  # fmt: skip
         rows = cluster.run(
             _worker, multicast_options(cluster), sizes, args.codecs.split(","), args.rounds,
-            timeout=1800,
+            args.calls, timeout=1800,
         )[0]  # fmt: skip
         where = cluster.describe()
-    print(f"# all-gather, {where}: medians of {args.rounds} rounds, ms (slowest rank)")
+    per = f"{args.calls} calls back to back per round, " if args.calls > 1 else ""
+    print(
+        f"# all-gather, {where}: {per}medians of {args.rounds} rounds, ms per call (slowest rank)"
+    )
     columns = " | ".join(VARIANTS)
     print(f"| size | codec | {columns} | beside - first | ring / first | ring / beside |")
     print("|---:|---|---:|---:|---:|---|---:|---:|")
@@ -116,6 +135,12 @@ def main() -> int:
         cells += [f"{beside:.1f}", f"{median:+.1f} ({low:+.1f} .. {high:+.1f})"]
         cells += [f"{ring / first:.2f}", f"{ring / beside:.2f}"]
         print("| " + " | ".join(cells) + " |")
+    print("\ndatagrams stashed per call on rank 0 (a later operation's, kept and replayed):")
+    for row in rows:
+        counts = ", ".join(
+            f"{v} {row[f'{v}: stashed per call (rank 0)']:.0f}" for v in VARIANTS[1:]
+        )
+        print(f"{row['size_bytes'] >> 20} MiB {row['codec']}: {counts}")
     if args.json:
         write_json(args.json, rows, where=where)
     return 0

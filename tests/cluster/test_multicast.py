@@ -220,18 +220,26 @@ def test_a_peer_that_stops_mid_operation_is_an_error_on_every_rank(prefix):
 
 
 def _mismatches_then_a_match(rank, world_size, check_beside):
-    """A multicast all-gather (the channel set up), then two calls where rank 2 differs
-    (it calls the ring, then sends int4 where the others send int8), each entered by rank
-    2 half a second late, then one where every rank agrees. Per call: the error, whether
-    ``out`` is untouched, and the datagrams this rank read during it."""
+    """Rank 2 calls the ring where the others multicast, on the group's first multicast
+    call (no channel yet); then a multicast all-gather (the channel set up); then two calls
+    where rank 2 differs (the ring again, then int4 where the others send int8), each
+    entered by rank 2 half a second late; then one where every rank agrees. Per call: the
+    error, whether ``out`` is untouched, and the datagrams this rank read during it."""
     executor.CHECK_BESIDE_BROADCASTS = check_beside
-    channel = multicast.channel_for(None)
+    multicast.configure(None, concurrent_roots=2)  # roots 0 and 1 send at once (3 ranks)
     inp = _inputs(rank, SHARD)
     shards = torch.cat([_inputs(r, SHARD) for r in range(world_size)])
-    out = torch.empty(world_size * SHARD)
-    cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
-    first_exact = torch.equal(out, shards)
+    out = torch.full((world_size * SHARD,), float("nan"))
     odd = rank == 2
+    try:
+        cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="ring" if odd else "multicast")
+        first = None
+    except RuntimeError as raised:
+        first = f"{type(raised).__name__}: {raised}"
+    first = (first, bool(out.isnan().all()), multicast.is_set_up(None))
+    cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
+    set_up_exact = torch.equal(out, shards)
+    channel = multicast.channel_for(None)
     calls = [("multicast", "int8"), ("ring" if odd else "multicast", "int8"),
              ("multicast", "int4" if odd else "int8"), ("multicast", "none")]  # fmt: skip
     results = []
@@ -250,7 +258,8 @@ def _mismatches_then_a_match(rank, world_size, check_beside):
             error = f"{type(raised).__name__}: {raised}"
         untouched = bool(out.isnan().all())
         results.append((error, untouched, channel.engine.stats.datagrams_received - received))
-    return first_exact, results, torch.equal(out, shards)
+    payload_datagrams = SHARD // channel.engine.chunk_bytes  # int8: more than SHARD bytes
+    return first, set_up_exact, results, torch.equal(out, shards), payload_datagrams
 
 
 @pytest.mark.parametrize("check_beside", [True, False])
@@ -259,11 +268,16 @@ def test_a_mismatch_leaves_out_untouched_and_the_channels_in_step(prefix, check_
     receive each other's payloads while they wait for the late rank's verdict (with the
     check before the broadcasts, they receive nothing), yet ``out`` stays untouched on a
     mismatch; operation ids follow the group's call numbers, so a rank that called the
-    ring instead leaves no channel behind, and the next call is exact everywhere."""
+    ring instead leaves no channel behind, and the next call is exact everywhere. On the
+    group's first multicast call the check comes first: a mismatch there sets no channel
+    up (setting it up is collective)."""
     with Emulated(3, "1gbit", prefix=prefix) as cluster:
         results = cluster.run(_mismatches_then_a_match, check_beside, timeout=300)
-    for rank, (first_exact, calls, last_exact) in enumerate(results):
-        assert first_exact and last_exact, rank
+    for rank, (first, set_up_exact, calls, last_exact, payload) in enumerate(results):
+        error, untouched, set_up = first
+        assert error is not None and "CollectiveMismatchError" in error, (rank, error)
+        assert untouched and not set_up, (rank, untouched, set_up)
+        assert set_up_exact and last_exact, rank
         (agreed, _, _), *mismatches, (matched, _, _) = calls
         assert agreed is None and matched is None, (rank, agreed, matched)
         for error, untouched, received in mismatches:
@@ -271,7 +285,7 @@ def test_a_mismatch_leaves_out_untouched_and_the_channels_in_step(prefix, check_
             assert "rank 2" in error or rank == 2, error
             assert untouched, f"rank {rank} wrote out before the check had passed"
             if rank < 2 and check_beside:  # the other agreeing rank's payload came meanwhile
-                assert received >= SHARD // 1446, (rank, received)  # int8: > SHARD bytes
+                assert received >= payload, (rank, received, payload)
             elif rank < 2:
                 assert received < 20, (rank, received)  # no payload, at most stray ENDs
 

@@ -186,14 +186,15 @@ def _execute_multicast(
     if call is None:  # an unchecked call still takes its number in the group's sequence
         call = fingerprints.next_sequence(dist.group.WORLD if group is None else group)
     beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
-    if settle is not None and (payloads.encodes_change_state or not beside):
+    if settle is not None and payloads.encodes_change_state:
         settle()
-        settle = None
-    _encode_own(schedule, payloads)
+    _encode_own(schedule, payloads)  # while the check is in flight
+    if settle is not None and not beside:
+        settle()
     buffers = _broadcasts(schedule, payloads)
     with multicast.Broadcasts(group, buffers, call, timeout) as posted:
         if settle is not None:
-            settle()
+            settle()  # at once where it has settled already
         payloads.begin()
         window = len(schedule.steps)
         _run_steps(schedule, payloads, window, timeout, lambda k, step: posted.of(_root(step)))
