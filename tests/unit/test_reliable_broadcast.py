@@ -253,16 +253,20 @@ def test_consecutive_operations_at_loss():
         close_all(engines_)
 
 
-def test_a_late_rank_gets_what_was_sent_before_it_posted():
+def test_a_late_rank_gets_what_was_sent_before_it_posted(receive_path):
     """Datagrams of an operation this rank has not posted yet are kept and replayed: no
     loss here, so without them the late rank would need repairs (the END retry interval is
-    longer than the test, so a lost chunk could not even be asked for in time)."""
+    longer than the test, so a lost chunk could not even be asked for in time). Replayed
+    DATA go through the C path where it is on, as arriving ones do."""
     hub = Hub(3)
     engines_ = engines(hub, retry_s=30.0)
     try:
         shards = random_shards(3, 50_000, seed=1)
         check_exact(late_rank_gather(engines_, shards, 0), shards)
         assert engines_[2].stats.stashed > 0
+        chunks = 2 * -(-50_000 // engines_[2].chunk_bytes)  # the late rank's new chunks
+        expected = chunks if receive_path == "native" else 0
+        assert engines_[2].stats.taken_natively == expected
         assert sum(e.stats.repairs_sent for e in engines_) == 0
         assert sum(e.stats.nacks_sent for e in engines_) == 0
     finally:

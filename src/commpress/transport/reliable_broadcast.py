@@ -32,7 +32,8 @@ this. The thread only touches the buffers of the operation it is running: once
 
 The running operation's DATA datagrams, the bulk of what arrives, are checked and copied in
 C where it is built (:mod:`commpress.transport.native_receive`, :data:`NATIVE_RECEIVE`),
-a whole read at a time; it stops at anything else, which the Python code below handles.
+a whole read at a time, and so are those kept for it before it was posted, when they are
+replayed; it stops at anything else, which the Python code below handles.
 """
 
 from __future__ import annotations
@@ -329,7 +330,7 @@ class Engine:
         # given up by the caller: this rank lacks their data, so their ENDs get no ACK
         self._abandoned: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
         self._latest: int | None = None  # the id of the operation started last
-        self._stash: list[tuple[int, bytes]] = []  # (operation, datagram) of later operations
+        self._stash: list[tuple[int, bytearray]] = []  # (operation, datagram) of later operations
         self._stash_bytes = 0
         self._closing = False
         self._linger_until = math.inf
@@ -458,8 +459,8 @@ class Engine:
         self._stash = [(o, d) for o, d in stash if newer(o, operation.id)]  # still later
         self._stash_bytes = sum(len(d) for _, d in self._stash)
         for operation_id, datagram in stash:
-            if operation_id == operation.id:
-                self._on_datagram(memoryview(datagram))
+            if operation_id == operation.id:  # counted when it came; C takes it if it can
+                self._take_run(memoryview(datagram), len(datagram))
         self._finish_if_done()
 
     def _retire(self, abandoned: bool = False) -> None:
@@ -587,7 +588,7 @@ class Engine:
             if self._stash_bytes + len(view) > STASH_BYTES:
                 self.stats.stash_dropped += 1
                 return
-            self._stash.append((header.operation, bytes(view)))
+            self._stash.append((header.operation, bytearray(view)))  # writable: C takes it
             self._stash_bytes += len(view)
             self.stats.stashed += 1
             return
