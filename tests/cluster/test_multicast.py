@@ -24,6 +24,7 @@ import commpress as cp
 from commpress.cli import main
 from commpress.cluster import Emulated
 from commpress.collectives import executor
+from commpress.collectives.workspace import workspace
 from commpress.transport import multicast, native_receive
 from commpress.transport.datagrams import Header, Kind, pack
 
@@ -288,6 +289,35 @@ def test_a_mismatch_leaves_out_untouched_and_the_channels_in_step(prefix, check_
                 assert received >= payload, (rank, received, payload)
             elif rank < 2:
                 assert received < 20, (rank, received)  # no payload, at most stray ENDs
+
+
+def _staged_like_cuda_payloads(rank, world_size):
+    """The int8 all-gather on the ring, on multicast, and on multicast with its payloads
+    staged through host buffers as CUDA tensors' are (forced here on CPU tensors), twice;
+    each call on inputs of its own, so that no payload slot holds the right bits already."""
+    out, ring = torch.empty(world_size * SHARD), torch.empty(world_size * SHARD)
+    exact = []
+    for call in range(3):
+        inp = _inputs(100 * call + rank, SHARD)
+        cp.all_gather_into_tensor(ring, inp, codec="int8", algorithm="ring")
+        executor.stages_through_host = lambda device, staged=call > 0: staged
+        out.fill_(float("nan"))
+        cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="multicast")
+        exact.append(torch.equal(out, ring))
+    used = ("multicast.host", torch.device("cpu")) in workspace._buffers
+    return exact, used
+
+
+def test_payloads_staged_through_host_memory_gather_the_same_bits(prefix):
+    """The path CUDA tensors take (their payloads copied to host buffers for the transport,
+    received ones copied back before the decode), run on CPU tensors: the same bits as the
+    ring and as the unstaged multicast. Fails when a received payload is not copied back
+    (``out`` holds the decode of stale slots) or the own one not copied out."""
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_staged_like_cuda_payloads, timeout=120)
+    for rank, (exact, used) in enumerate(results):
+        assert all(exact), (rank, exact)  # unstaged, then staged twice
+        assert used, f"rank {rank} did not stage"
 
 
 def _setup_error(rank, world_size, case):

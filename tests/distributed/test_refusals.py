@@ -45,7 +45,7 @@ def _refused(rank, world_size):
 def test_multicast_refuses_tensors_off_the_cpu():
     errors = run_distributed(_refused, 2, timeout=60)[0]
     kind, message = errors["multicast off the CPU"]
-    assert kind == "ValueError" and "CPU tensors only" in message and "meta" in message
+    assert kind == "ValueError" and "CPU or CUDA tensors" in message and "meta" in message
 
 
 def _accepted(rank, world_size):

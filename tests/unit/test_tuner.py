@@ -101,13 +101,15 @@ def test_bad_requests_are_named():
         tuner.configure(algorithms=("ring", "mesh"))
 
 
-def test_error_feedback_and_gpu_tensors_narrow_the_candidates():
+def test_error_feedback_and_cpu_tensors_on_nccl_narrow_the_candidates():
     choice = tuner.choose("reduce_scatter", 1 << 20, torch.float32, 4, "int8", error_feedback=True)
     assert choice.algorithm in ("alltoall", "backend")
     tuner.configure(link="1gbit", algorithms=("multicast",))
     assert tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8").algorithm == "multicast"
+    on_gpu = tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False)
+    assert on_gpu.algorithm == "multicast"  # its CUDA payloads are staged through host memory
     with pytest.raises(ValueError, match="no algorithm of \\['multicast'\\]"):
-        tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False)
+        tuner.choose("all_gather", 1 << 21, torch.float32, 4, "int8", backend="nccl")
 
 
 def test_each_choice_is_logged_once(caplog):

@@ -8,8 +8,9 @@
 * ``backend``: each rank encodes its shard once; the backend's own all-gather (gloo's or
   NCCL's, in native code) moves the payloads; each is decoded once it has arrived.
 * ``multicast``: each rank encodes its shard once and injects it once; the network
-  replicates it (reliable UDP multicast, :mod:`commpress.transport.multicast`; CPU
-  tensors). Pays where a shared link is the bottleneck (racks behind a slow uplink).
+  replicates it (reliable UDP multicast, :mod:`commpress.transport.multicast`; CUDA
+  payloads staged through host memory). Pays where a shared link is the bottleneck (racks
+  behind a slow uplink).
 
 In every one the owner keeps the *decoded* copy of its own shard, so all ranks end
 bitwise identical. The schedules are in :mod:`commpress.schedules`.

@@ -19,17 +19,17 @@ def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
 
 
 def check_device(algorithm: str, op: str, tensor: torch.Tensor, group) -> None:
-    """An algorithm whose transport moves host memory only refuses CUDA tensors, and a group
-    whose backend moves only CUDA tensors (NCCL), up front."""
-    if algorithm == NATIVE or not get_algorithm(algorithm, op).cpu_only:
+    """An algorithm whose transport moves host memory takes CPU tensors, and CUDA tensors
+    (their payloads staged through host memory); it refuses any other device, and CPU
+    tensors on a group whose backend moves only CUDA tensors (NCCL), up front."""
+    if algorithm == NATIVE or not get_algorithm(algorithm, op).host_transport:
         return
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"algorithm {algorithm!r} moves CPU tensors only; inp is on {tensor.device}: "
-            "copy it to the CPU, or use algorithm 'ring' or 'backend'"
+            f"algorithm {algorithm!r} moves CPU or CUDA tensors; inp is on {tensor.device}"
         )
     backend = dist.get_backend(group)
-    if backend == "nccl":
+    if tensor.device.type == "cpu" and backend == "nccl":
         raise ValueError(
             f"algorithm {algorithm!r} moves CPU tensors, which a {backend} group cannot "
             "(its argument check runs on the group): use a gloo group, e.g. "

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from commpress.collectives import fingerprint as fingerprints
 from commpress.collectives import inband
 from commpress.collectives.fingerprint import Agreement, Fingerprint
+from commpress.collectives.workspace import workspace
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.transport import collective, multicast, p2p
 
@@ -192,12 +193,49 @@ def _execute_multicast(
     if settle is not None and not beside:
         settle()
     buffers = _broadcasts(schedule, payloads)
-    with multicast.Broadcasts(group, buffers, call, timeout) as posted:
+    staged = buffers
+    if stages_through_host(payloads.device):
+        staged = _staged_through_host(buffers, schedule.rank)
+    with multicast.Broadcasts(group, staged, call, timeout) as posted:
         if settle is not None:
             settle()  # at once where it has settled already
         payloads.begin()
-        window = len(schedule.steps)
-        _run_steps(schedule, payloads, window, timeout, lambda k, step: posted.of(_root(step)))
+
+        def start(k: int, step: Step) -> _Transfer:
+            root = _root(step)
+            if staged is buffers or not step.receives:
+                return posted.of(root)
+            return _CopiedIn(posted.of(root), staged[root], buffers[root])
+
+        _run_steps(schedule, payloads, len(schedule.steps), timeout, start)
+
+
+def stages_through_host(device: torch.device) -> bool:
+    """Whether the multicast's payloads on ``device`` travel through copies in host memory
+    (CUDA tensors: the transport moves host memory)."""
+    return device.type != "cpu"
+
+
+def _staged_through_host(buffers: dict[int, torch.Tensor], own: int) -> dict[int, torch.Tensor]:
+    """A host buffer for each root's payload, in the same order, the ``own`` one filled (the
+    copy waits for the encode queued on the current stream, as any blocking device-to-host
+    copy does)."""
+    sizes = [buffer.numel() for buffer in buffers.values()]
+    staged = dict(zip(buffers, workspace.take_pieces("multicast.host", sizes, "cpu"), strict=True))
+    staged[own].copy_(buffers[own])
+    return staged
+
+
+class _CopiedIn:
+    """A broadcast received into host memory, copied into the payload's own buffer once it
+    has arrived (before it is decoded)."""
+
+    def __init__(self, broadcast, host: torch.Tensor, device: torch.Tensor):
+        self._broadcast, self._host, self._device = broadcast, host, device
+
+    def wait(self, timeout: timedelta | None) -> None:
+        self._broadcast.wait(timeout)
+        self._device.copy_(self._host)
 
 
 def _encode_own(schedule: Schedule, payloads: Payloads) -> None:

@@ -33,7 +33,7 @@ class Algorithm:
     all_gather: ScheduleFunction | None  # None: this algorithm does not all-gather
     reduce_scatter: ScheduleFunction | None
     all_reduce_gather: str | None  # the algorithm whose all-gather finishes an all-reduce
-    cpu_only: bool = False  # its transport moves host memory only (no CUDA tensors)
+    host_transport: bool = False  # its transport moves host memory: CUDA payloads are staged
 
     def supports(self, op: str) -> bool:
         if op == "all_reduce":
@@ -190,6 +190,6 @@ register(
         ),
         reduce_scatter=None,
         all_reduce_gather=None,
-        cpu_only=True,
+        host_transport=True,
     )
 )

@@ -249,8 +249,8 @@ def _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend) -> list[t
         fitting = [str(get_codec(codec))]
     pairs = []
     for name in names:
-        moves_host_memory = name != NATIVE and get_algorithm(name, op).cpu_only
-        if moves_host_memory and (not on_cpu or backend == "nccl"):
+        moves_host_memory = name != NATIVE and get_algorithm(name, op).host_transport
+        if moves_host_memory and on_cpu and backend == "nccl":
             continue
         for spec in ["none"] if name == NATIVE else fitting:
             if op == "all_gather" and not same_result_on_every_rank(get_codec(spec), name):
