@@ -25,8 +25,7 @@ import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
 from commpress.bench.report import write_json
-from commpress.cluster import Emulated
-from commpress.cluster.commands import multicast_options
+from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 from commpress.collectives.reduce_scatter import reduce
@@ -102,19 +101,12 @@ def _worker(rank, world_size, size_bytes, options):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
-    parser.add_argument("--racks", type=int, default=1)
-    parser.add_argument("--link", default="1gbit")
-    parser.add_argument("--uplink")
-    parser.add_argument("--mtu", type=int, default=9000)
+    add_link_arguments(parser, required=False)
+    parser.set_defaults(hosts=8, link="1gbit", mtu=9000, prefix="mcc")
     parser.add_argument("--size", type=byte_size, default=16 << 20)
-    parser.add_argument("--prefix", default="mcc")
     parser.add_argument("--json")
     args = parser.parse_args()
-    with Emulated(
-        args.hosts, args.link, racks=args.racks, uplink=args.uplink, mtu=args.mtu,
-        prefix=args.prefix,
-    ) as cluster:  # fmt: skip
+    with cluster_from(args) as cluster:
         rows = cluster.run(_worker, args.size, multicast_options(cluster), timeout=1800)[0]
         where = cluster.describe()
     print(f"# all-gather with a concurrent ring int8 reduce-scatter, {where}, {args.size} B")

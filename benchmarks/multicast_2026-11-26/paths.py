@@ -27,8 +27,7 @@ import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
 from commpress.bench.report import write_json
-from commpress.cluster import Emulated
-from commpress.cluster.commands import multicast_options
+from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 from commpress.collectives.fingerprint import Fingerprint
@@ -103,22 +102,15 @@ def _worker(rank, world_size, options, sizes, codecs, rounds):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
-    parser.add_argument("--racks", type=int, default=1)
-    parser.add_argument("--link", default="1gbit")
-    parser.add_argument("--uplink")
-    parser.add_argument("--mtu", type=int, default=1500)
+    add_link_arguments(parser, required=False)
+    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix="mcp")
     parser.add_argument("--sizes", default="4M,16M")
     parser.add_argument("--codecs", default="int8,none")
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--prefix", default="mcp")
     parser.add_argument("--json")
     args = parser.parse_args()
     sizes = [byte_size(size) for size in args.sizes.split(",")]
-    with Emulated(
-        args.hosts, args.link, racks=args.racks, uplink=args.uplink, mtu=args.mtu,
-        prefix=args.prefix,
-    ) as cluster:  # fmt: skip
+    with cluster_from(args) as cluster:
         rows = cluster.run(
             _worker, multicast_options(cluster), sizes, args.codecs.split(","), args.rounds,
             timeout=1800,
