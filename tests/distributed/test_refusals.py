@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import torch
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
+from commpress.collectives import checks
 from commpress.testing.silence import forbid_communication
 
 
@@ -42,10 +46,30 @@ def _refused(rank, world_size):
     return errors
 
 
-def test_multicast_refuses_tensors_off_the_cpu():
+def test_multicast_refuses_tensors_off_the_cpu_and_cuda():
     errors = run_distributed(_refused, 2, timeout=60)[0]
     kind, message = errors["multicast off the CPU"]
     assert kind == "ValueError" and "CPU or CUDA tensors" in message and "meta" in message
+
+
+@pytest.mark.parametrize(
+    "device, backend, refused",
+    [("cpu", "gloo", False), ("cuda", "gloo", False), ("cpu", "nccl", True),
+     ("cuda", "nccl", True), ("cuda", "cpu:gloo,cuda:nccl", True), ("meta", "gloo", True)],
+)  # fmt: skip
+def test_multicast_takes_cuda_tensors_only_on_a_group_that_moves_cpu_tensors(
+    monkeypatch, device, backend, refused
+):
+    """Its payloads are staged through host memory, but its channel's set-up and each
+    call's argument check move CPU tensors on the group: not on NCCL (which FSDP2 on GPUs
+    uses), where they would go untested."""
+    monkeypatch.setattr(checks.dist, "get_backend", lambda group: backend)
+    tensor = types.SimpleNamespace(device=torch.device(device))
+    if refused:
+        with pytest.raises(ValueError, match="multicast"):
+            checks.check_device("multicast", "all_gather", tensor, None)
+    else:
+        checks.check_device("multicast", "all_gather", tensor, None)
 
 
 def _accepted(rank, world_size):

@@ -621,11 +621,11 @@ def test_a_coalesced_read_reaches_the_protocol_with_its_datagrams_size():
 
 
 def test_the_native_path_takes_the_clean_data_datagrams(receive_path, monkeypatch):
-    """With the C path on, Python gets only what C stops at (here: the datagrams a rank
-    that posted late stashed, replayed); every new chunk is taken by one or the other,
-    once. A C path that took nothing fails the first assertion, one that copied wrongly
-    the exact check (tried: without its checksum test, ``test_corrupted_and_truncated...``
-    fails; with the payload length read at the wrong offset, it takes nothing)."""
+    """With the C path on, Python gets only what C stops at; every new chunk is taken by
+    one or the other, once. A C path that took nothing fails the first assertion, one that
+    copied wrongly the exact check (tried: without its checksum test,
+    ``test_corrupted_and_truncated...`` fails; with the payload length read at the wrong
+    offset, it takes nothing)."""
     in_python = collections.Counter()
     original = Engine._on_data
 

@@ -108,8 +108,10 @@ def test_error_feedback_and_cpu_tensors_on_nccl_narrow_the_candidates():
     assert tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8").algorithm == "multicast"
     on_gpu = tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False)
     assert on_gpu.algorithm == "multicast"  # its CUDA payloads are staged through host memory
-    with pytest.raises(ValueError, match="no algorithm of \\['multicast'\\]"):
-        tuner.choose("all_gather", 1 << 21, torch.float32, 4, "int8", backend="nccl")
+    for on_cpu in (True, False):  # its set-up and check move CPU tensors on the group
+        with pytest.raises(ValueError, match="no algorithm of \\['multicast'\\]"):
+            tuner.choose("all_gather", 1 << 21, torch.float32, 4, "int8", on_cpu=on_cpu,
+                         backend="nccl")  # fmt: skip
 
 
 def test_each_choice_is_logged_once(caplog):

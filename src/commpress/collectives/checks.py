@@ -20,20 +20,22 @@ def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
 
 def check_device(algorithm: str, op: str, tensor: torch.Tensor, group) -> None:
     """An algorithm whose transport moves host memory takes CPU tensors, and CUDA tensors
-    (their payloads staged through host memory); it refuses any other device, and CPU
-    tensors on a group whose backend moves only CUDA tensors (NCCL), up front."""
+    (their payloads staged through host memory) on a group that moves CPU tensors (its
+    set-up and argument check run there); anything else is refused up front."""
     if algorithm == NATIVE or not get_algorithm(algorithm, op).host_transport:
         return
     if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"algorithm {algorithm!r} moves CPU or CUDA tensors; inp is on {tensor.device}"
+            f"algorithm {algorithm!r} moves CPU or CUDA tensors; inp is on {tensor.device}: "
+            "use algorithm 'ring' or 'backend'"
         )
     backend = dist.get_backend(group)
-    if tensor.device.type == "cpu" and backend == "nccl":
+    if "nccl" in backend:
         raise ValueError(
-            f"algorithm {algorithm!r} moves CPU tensors, which a {backend} group cannot "
-            "(its argument check runs on the group): use a gloo group, e.g. "
-            "dist.new_group(backend='gloo')"
+            f"algorithm {algorithm!r} sets up and checks each call on its group, with CPU "
+            f"tensors, which a {backend} group cannot move: use a gloo group for it, e.g. "
+            "dist.new_group(backend='gloo') (CUDA tensors too: their payloads are staged "
+            "through host memory), or algorithm 'ring' or 'backend'"
         )
 
 

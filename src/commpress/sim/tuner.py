@@ -250,7 +250,7 @@ def _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend) -> list[t
     pairs = []
     for name in names:
         moves_host_memory = name != NATIVE and get_algorithm(name, op).host_transport
-        if moves_host_memory and on_cpu and backend == "nccl":
+        if moves_host_memory and "nccl" in backend:  # as collectives.checks.check_device
             continue
         for spec in ["none"] if name == NATIVE else fitting:
             if op == "all_gather" and not same_result_on_every_rank(get_codec(spec), name):
