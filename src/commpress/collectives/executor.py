@@ -183,7 +183,9 @@ def _execute_multicast(
     operation. Not on a group's first multicast call: setting its channel up is itself
     collective, so only once every rank is known to multicast. The operation's id is the
     call's sequence number on the group (``call``), the same on every rank whatever each
-    called, so a rank that called another algorithm leaves no channel out of step."""
+    called, so a rank that called another compressed algorithm leaves no channel out of
+    step (``native`` takes no number). CUDA payloads travel through host buffers
+    (:func:`stages_through_host`)."""
     if call is None:  # an unchecked call still takes its number in the group's sequence
         call = fingerprints.next_sequence(dist.group.WORLD if group is None else group)
     beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
