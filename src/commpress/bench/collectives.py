@@ -150,28 +150,33 @@ def _cpu_seconds() -> torch.Tensor:
                 comm += seconds
             else:
                 progress += seconds
-    return torch.tensor([time.thread_time(), comm, progress, time.process_time()])
+    seconds = [time.thread_time(), comm, progress, time.process_time()]
+    return torch.tensor(seconds, dtype=torch.float64)  # float32 would blur a call's share
 
 
 def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     """Median seconds per call; the CPU microseconds per call of the threads of
-    :func:`_cpu_seconds` (mean over ranks); with ``interface`` the bytes and packets each
-    rank sent per call (two lists, one entry per rank)."""
+    :func:`_cpu_seconds` (mean over ranks and calls, each counted from the call's start to
+    its return: not the barrier before it nor the reduction of its time after); with
+    ``interface`` the bytes and packets each rank sent per call (two lists, one entry per
+    rank)."""
     for _ in range(warmups):
         _run(op, algorithm, codec, inp, out)
     dist.barrier()
     before = read_local(interface) if interface else None
     retransmitted = read_retransmitted() if interface else None
     times = []
-    cpu = _cpu_seconds()
+    cpu = torch.zeros(len(CPU_FIELDS), dtype=torch.float64)
     for _ in range(iterations):
         dist.barrier()
+        cpu_before = _cpu_seconds()
         start = time.perf_counter()
         _run(op, algorithm, codec, inp, out)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        cpu += _cpu_seconds() - cpu_before
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
-    cpu = (_cpu_seconds() - cpu) / iterations * 1e6 / dist.get_world_size()
+    cpu = cpu / iterations * 1e6 / dist.get_world_size()
     dist.all_reduce(cpu)
     cpu_us = dict(zip(CPU_FIELDS, cpu.tolist(), strict=True))
     if interface is None:
