@@ -1,9 +1,9 @@
 """Ring time over multicast time (above 1: multicast is faster) per network, size and codec,
 from the JSON files that ``sweep.sh`` wrote, as a markdown table; plus the multicast rows'
 repairs, the share of the machine's cores that the ranks' processes kept busy
-(``nprocs`` x process CPU per call / (cores x time per call); an overstatement: the bench's
-CPU is a mean over its iterations, each with a barrier and a timing all-reduce, the time a
-median of the calls alone) and CPU per call.
+(``nprocs`` x process CPU per call / (cores x time per call); in JSON written before
+``64bc0a1`` the bench's CPU per call also counted the barrier before each call and the
+reduction of its time, an overstatement) and CPU per call.
 
     python benchmarks/multicast_2026-11-25/summarize.py [DIR]   (default: this folder)
 """
