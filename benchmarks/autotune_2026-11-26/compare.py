@@ -6,8 +6,9 @@ hold explicit rows and `auto` rows of the same sweep.
 Per size and per requested codec (an explicit codec, or ``auto:...``): the fastest explicit
 row among those the request allows (that codec; for ``auto:max_rel_err=E``, every explicit
 codec whose measured ``rel_err`` is at most E), the pair the tuner chose, that pair's own
-explicit row over the fastest ("chosen / best") and the ``auto`` row itself over the
-fastest ("auto / best", a separate measurement of the same pair).
+explicit row over the fastest ("chosen / best"; flagged where that row's measured error is
+outside the request, "not swept" where the sweep has no such row) and the ``auto`` row
+itself over the fastest ("auto / best", a separate measurement of the same pair).
 """
 
 from __future__ import annotations
@@ -41,17 +42,25 @@ def main() -> None:
             best = min(pool, key=lambda r: r["time_us"])
             codec, algorithm = auto["chosen"].split("@")
             mine = next(
-                r
-                for r in explicit
-                if r["size_bytes"] == size
-                and r["algorithm"] == algorithm
-                and (r["codec"] == codec or algorithm == "native")
+                (
+                    r
+                    for r in explicit
+                    if r["size_bytes"] == size
+                    and r["algorithm"] == algorithm
+                    and (r["codec"] == codec or algorithm == "native")
+                ),
+                None,
             )
+            if mine is None:
+                chosen = "not swept"
+            else:
+                chosen = f"{mine['time_us'] / best['time_us']:.2f}"
+                if mine not in pool:
+                    chosen += f" (outside the request: rel_err {mine['rel_err']:.3g})"
             print(
                 f"| {path.rsplit('/', 1)[-1]} | {size >> 20} MiB | {request} | {auto['chosen']} "
                 f"| {best['codec']}@{best['algorithm']}, {best['time_us'] / 1e3:.1f} ms "
-                f"| {mine['time_us'] / best['time_us']:.2f} "
-                f"| {auto['time_us'] / best['time_us']:.2f} |"
+                f"| {chosen} | {auto['time_us'] / best['time_us']:.2f} |"
             )
 
 

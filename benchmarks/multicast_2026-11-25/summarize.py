@@ -1,9 +1,10 @@
 """Ring time over multicast time (above 1: multicast is faster) per network, size and codec,
 from the JSON files that ``sweep.sh`` wrote, as a markdown table; plus the multicast rows'
 repairs, the share of the machine's cores that the ranks' processes kept busy
-(``nprocs`` x process CPU per call / (cores x time per call); in JSON written before
-``64bc0a1`` the bench's CPU per call also counted the barrier before each call and the
-reduction of its time, an overstatement) and CPU per call.
+(``nprocs`` x process CPU per call / (cores x time per call); the CPU is a mean over the
+calls and the time their median, so one slow call can push it past 1; in JSON written
+before ``64bc0a1`` the CPU also counted the barrier before each call and the reduction of
+its time) and CPU per call.
 
     python benchmarks/multicast_2026-11-25/summarize.py [DIR]   (default: this folder)
 """
