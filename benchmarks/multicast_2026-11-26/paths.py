@@ -18,14 +18,14 @@ Run as root (it makes an emulated cluster), nothing else running.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
+from commpress.bench.paired import interleaved_rounds
 from commpress.bench.report import write_json
 from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.codecs import get_codec
@@ -49,10 +49,23 @@ def _counters(network, stats) -> tuple[int, int, int, int]:
     return (network.send_calls, network.read_calls, stats.taken_natively, stats.datagrams_received)
 
 
-def _slowest(seconds: float) -> float:
-    value = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return value.item()
+def _rounds(call, network, stats, segments: bool, rounds: int):
+    """Per path: ms of each round (the slowest rank's), and this rank's sends, reads,
+    datagrams taken in C and received, summed over them."""
+    counts = {path: [0, 0, 0, 0] for path in PATHS}
+
+    def switch(path: str):
+        _use(path, network, segments)
+        before = _counters(network, stats)
+
+        def count() -> None:
+            moved = zip(counts[path], before, _counters(network, stats), strict=True)
+            counts[path] = [total + b - a for total, a, b in moved]
+
+        return count
+
+    seconds = interleaved_rounds(call, PATHS, rounds, switch, warmup=0)
+    return {path: [s * 1e3 for s in seconds[path]] for path in PATHS}, counts
 
 
 def _worker(rank, world_size, options, sizes, codecs, rounds):
@@ -68,20 +81,8 @@ def _worker(rank, world_size, options, sizes, codecs, rounds):
             channel = multicast.channel_for(None)
             network, stats = channel.network, channel.engine.stats
             segments = network._segmentation
-            times = {path: [] for path in PATHS}
-            counts = {path: [0, 0, 0, 0] for path in PATHS}  # sends, reads, taken in C, received
-            for round_ in range(rounds):
-                shift = round_ % len(PATHS)
-                for path in PATHS[shift:] + PATHS[:shift]:
-                    _use(path, network, segments)
-                    dist.barrier()
-                    before = _counters(network, stats)
-                    start = time.perf_counter()
-                    gather(out, inp, None, codec, "multicast", None, fingerprint)
-                    times[path].append(_slowest(time.perf_counter() - start) * 1e3)
-                    after = _counters(network, stats)
-                    moved = zip(counts[path], before, after, strict=True)
-                    counts[path] = [count + b - a for count, a, b in moved]
+            call = functools.partial(gather, out, inp, None, codec, "multicast", None, fingerprint)
+            times, counts = _rounds(call, network, stats, segments, rounds)
             _use(PATHS[2], network, segments)
             row = {"size_bytes": size, "codec": name}
             for path in PATHS:

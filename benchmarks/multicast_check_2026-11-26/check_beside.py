@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size
+from commpress.bench.paired import interleaved_rounds
 from commpress.bench.report import write_json
 from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.codecs import get_codec
@@ -46,17 +45,35 @@ from commpress.transport import multicast
 VARIANTS = ("ring", "multicast, check first", "multicast, check beside")
 
 
-def _slowest(seconds: float) -> float:
-    value = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return value.item()
-
-
 def _call(variant: str, out, inp, codec) -> None:
     algorithm = "ring" if variant == "ring" else "multicast"
     executor.CHECK_BESIDE_BROADCASTS = variant == VARIANTS[2]
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
     gather(out, inp, None, codec, algorithm, None, fingerprint)
+
+
+def _rounds(out, inp, codec, rounds: int, calls: int):
+    """Per variant: ms per call of each round (the slowest rank's), and the datagrams this
+    rank stashed in all of them."""
+    stats = multicast.channel_for(None).engine.stats
+    stashed = dict.fromkeys(VARIANTS, 0)
+    current = []
+
+    def switch(variant: str):
+        current[:] = [variant]
+        before = stats.stashed
+
+        def count() -> None:
+            stashed[variant] += stats.stashed - before
+
+        return count
+
+    def call() -> None:
+        for _ in range(calls):
+            _call(current[0], out, inp, codec)
+
+    seconds = interleaved_rounds(call, VARIANTS, rounds, switch, warmup=0)
+    return {v: [s / calls * 1e3 for s in seconds[v]] for v in VARIANTS}, stashed
 
 
 def _worker(rank, world_size, options, sizes, codecs, rounds, calls):
@@ -69,20 +86,7 @@ def _worker(rank, world_size, options, sizes, codecs, rounds, calls):
             inp, out = torch.randn(shard), torch.empty(shard * world_size)
             for variant in VARIANTS:  # warm-up; the first sets the channel up
                 _call(variant, out, inp, codec)
-            stats = multicast.channel_for(None).engine.stats
-            times = {variant: [] for variant in VARIANTS}
-            stashed = dict.fromkeys(VARIANTS, 0)
-            for round_ in range(rounds):
-                shift = round_ % len(VARIANTS)
-                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-                    dist.barrier()
-                    before = stats.stashed
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        _call(variant, out, inp, codec)
-                    seconds = (time.perf_counter() - start) / calls
-                    times[variant].append(_slowest(seconds) * 1e3)
-                    stashed[variant] += stats.stashed - before
+            times, stashed = _rounds(out, inp, codec, rounds, calls)
             row = {"size_bytes": size, "codec": name, "calls per round": calls}
             for variant in VARIANTS:
                 row[variant] = statistics.median(times[variant])
