@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 
 
 def _all_reduce(rank, world_size):
@@ -54,8 +55,5 @@ def main(hosts: int, iterations: int) -> None:
         print(f"{name}: {statistics.median(slowest) * 1e3:.3f} ms")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import digest_exchange  # the hosts unpickle `worker` from this module, not __main__
-
-    digest_exchange.main(int(sys.argv[1]), int(sys.argv[2]))
+if __name__ == "__main__":  # the hosts unpickle `worker` from this module, not __main__
+    main_of_script(__file__, int(sys.argv[1]), int(sys.argv[2]))

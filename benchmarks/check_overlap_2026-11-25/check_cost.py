@@ -35,6 +35,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.collectives import all_gather, reduce_scatter
 from commpress.transport import p2p
 
@@ -118,8 +119,5 @@ def main() -> None:
         print(f"| {op} | {size} | {cells} | {cost:+.1%} | {paired[0]} | {paired[1]} |")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import check_cost
-
-    check_cost.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

@@ -30,6 +30,7 @@ import sys
 
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.collectives import executor, inband, payloads
 
 WARMUP = 3
@@ -124,8 +125,5 @@ def main() -> None:
         print(line)
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import check_parts
-
-    check_parts.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

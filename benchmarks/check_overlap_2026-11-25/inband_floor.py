@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.transport import p2p
 
 HEADER = 32
@@ -134,8 +135,5 @@ def main() -> None:
         print(f"| {size} | {cells} | {cost:+.1%} |")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import inband_floor
-
-    inband_floor.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

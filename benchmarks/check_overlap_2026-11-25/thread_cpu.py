@@ -15,6 +15,8 @@ import statistics
 import sys
 import time
 
+from commpress.cluster.jobs import main_of_script
+
 
 def worker(rank, world_size, op, size, rounds, variants):
     import check_parts
@@ -63,8 +65,5 @@ def main() -> None:
         print(f"rank {rank}: " + "  ".join(f"{v}={means[v]:.0f}" for v in variants))
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import thread_cpu
-
-    thread_cpu.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

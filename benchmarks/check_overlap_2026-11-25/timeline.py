@@ -20,6 +20,7 @@ import time
 import torch.distributed as dist
 
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.collectives import executor, payloads
 from commpress.transport import p2p
 
@@ -110,8 +111,5 @@ def main() -> None:
             print(f"rank {rank} {variant:8s} {line}")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import timeline
-
-    timeline.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

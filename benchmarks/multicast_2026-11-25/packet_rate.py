@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from commpress.bench.report import write_json
 from commpress.cluster import Emulated
+from commpress.cluster.jobs import main_of_script
 from commpress.transport import multicast
 from commpress.transport.reliable_broadcast import Operation
 
@@ -110,7 +111,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":  # run from the module, so that the ranks can import _worker
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import packet_rate
-
-    sys.exit(packet_rate.main())
+    sys.exit(main_of_script(__file__))

@@ -25,6 +25,7 @@ from commpress.bench.arguments import byte_size
 from commpress.bench.report import provenance
 from commpress.cluster import Emulated
 from commpress.cluster.commands import multicast_options
+from commpress.cluster.jobs import main_of_script
 from commpress.transport import multicast
 
 
@@ -117,7 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":  # run from the module, so that the ranks can import _worker
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import traffic
-
-    sys.exit(traffic.main())
+    sys.exit(main_of_script(__file__))

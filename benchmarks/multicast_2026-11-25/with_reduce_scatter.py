@@ -26,6 +26,7 @@ import torch.distributed as dist
 from commpress.bench.arguments import byte_size
 from commpress.bench.report import write_json
 from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
+from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 from commpress.collectives.reduce_scatter import reduce
@@ -120,7 +121,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":  # run from the module, so that the ranks can import _worker
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import with_reduce_scatter
-
-    sys.exit(with_reduce_scatter.main())
+    sys.exit(main_of_script(__file__))

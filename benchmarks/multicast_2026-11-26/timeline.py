@@ -20,6 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from commpress.cluster.jobs import main_of_script
+
 CALLS, WARM_UP = 12, 2
 HOSTS = 8
 
@@ -147,7 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # run from the module, so that the ranks can import _worker
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import timeline
-
-    timeline.main()
+    sys.exit(main_of_script(__file__))

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.transport import p2p
 
 VARIANTS = ("batched", "direct")  # in this order in the first round, as measured
@@ -80,8 +81,5 @@ def main() -> None:
         )
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import post_cost
-
-    post_cost.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

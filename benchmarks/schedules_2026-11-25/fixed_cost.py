@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.collectives import all_gather, executor, fingerprint
 from commpress.collectives.fingerprint import Agreement
 from commpress.transport import collective, p2p
@@ -158,8 +159,5 @@ def main() -> None:
             print(f"  rank {rank}: {parts}")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import fixed_cost
-
-    fixed_cost.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 
 
 def worker(rank, world_size, variant, seconds, size):
@@ -43,8 +44,5 @@ def main() -> None:
     print(f"{variant}: {rate:.1f} calls/s")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import busy_loop
-
-    busy_loop.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 
@@ -132,8 +133,5 @@ def main() -> None:
             print(f"| {size} | {a} - {b} | {middle:+.2f} ({low:+.2f} to {high:+.2f}) |")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import floors
-
-    floors.main()
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))

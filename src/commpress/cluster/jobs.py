@@ -8,6 +8,7 @@ folder (the namespaces share the file system); so do results and tracebacks.
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -22,6 +23,15 @@ import torch
 import torch.distributed as dist
 
 from commpress.cluster.local import DistributedError
+
+
+def main_of_script(path: str, *args: Any) -> Any:
+    """``main(*args)`` of the script at ``path``, imported as a module of its own name: run
+    directly, a script is ``__main__``, whose functions the ranks cannot unpickle by
+    reference (``if __name__ == "__main__": sys.exit(main_of_script(__file__))``)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    sys.path.insert(0, directory)  # the ranks find it there too: they inherit sys.path
+    return importlib.import_module(name.removesuffix(".py")).main(*args)
 
 
 def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]:
