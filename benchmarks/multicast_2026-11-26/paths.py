@@ -25,7 +25,7 @@ import sys
 import torch
 
 from commpress.bench.arguments import byte_size
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import difference_deciles, interleaved_rounds
 from commpress.bench.report import write_json
 from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.cluster.jobs import main_of_script
@@ -95,9 +95,7 @@ def _worker(rank, world_size, options, sizes, codecs, rounds):
                     received,
                 )
                 row[path] = statistics.median(times[path])
-                deltas = [a - b for a, b in zip(times[path], times[PATHS[0]], strict=True)]
-                deciles = statistics.quantiles(deltas, n=10)
-                row[f"{path} - first"] = (statistics.median(deltas), deciles[0], deciles[-1])
+                row[f"{path} - first"] = difference_deciles(times[path], times[PATHS[0]])
             rows.append(row)
     return rows if rank == 0 else None
 

@@ -33,7 +33,7 @@ import sys
 import torch
 
 from commpress.bench.arguments import byte_size
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import difference_deciles, interleaved_rounds
 from commpress.bench.report import write_json
 from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
 from commpress.cluster.jobs import main_of_script
@@ -93,10 +93,7 @@ def _worker(rank, world_size, options, sizes, codecs, rounds, calls):
                 row[variant] = statistics.median(times[variant])
                 row[f"{variant}: every round"] = times[variant]
                 row[f"{variant}: stashed per call (rank 0)"] = stashed[variant] / rounds / calls
-            first, beside = times[VARIANTS[1]], times[VARIANTS[2]]
-            deltas = [b - a for a, b in zip(first, beside, strict=True)]
-            deciles = statistics.quantiles(deltas, n=10)
-            row["beside - first"] = (statistics.median(deltas), deciles[0], deciles[-1])
+            row["beside - first"] = difference_deciles(times[VARIANTS[2]], times[VARIANTS[1]])
             rows.append(row)
     return rows if rank == 0 else None
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from commpress.bench.paired import paired_difference
+from commpress.bench.paired import difference_deciles, paired_difference
 
 
 def _rounds(shift: float, n: int = 400, seed: int = 1):
@@ -41,6 +41,17 @@ def test_the_middle_is_the_median_of_the_differences_not_their_mean():
 
 def test_identical_differences_give_an_interval_of_width_zero():
     assert paired_difference([3.0] * 7, [1.0] * 7) == (2.0, 2.0, 2.0)
+
+
+def test_the_deciles_spread_the_differences_around_their_median_with_their_sign():
+    a = [10.0 + i for i in range(11)]  # differences 0, 1, ..., 10 in a shuffled pairing
+    b = [10.0] * 11
+    order = random.Random(3).sample(range(11), 11)
+    middle, low, high = difference_deciles([a[i] for i in order], [b[i] for i in order])
+    assert (middle, low, high) == (5.0, pytest.approx(0.2), pytest.approx(9.8))
+    assert difference_deciles(b, a) == (-5.0, pytest.approx(-9.8), pytest.approx(-0.2))
+    with pytest.raises(ValueError, match="same length of 2 or more"):
+        difference_deciles([1.0], [1.0])
 
 
 def test_rounds_must_pair_up():

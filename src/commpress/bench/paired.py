@@ -34,6 +34,16 @@ def paired_difference(
     return statistics.median(differences), medians[tail], medians[resamples - tail - 1]
 
 
+def difference_deciles(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """``(median, 10th, 90th percentile)`` of the per-round differences ``a - b``: how the
+    rounds spread, where :func:`paired_difference` bounds their median."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"a and b must be the same length of 2 or more, got {len(a)}, {len(b)}")
+    differences = [x - y for x, y in zip(a, b, strict=True)]
+    deciles = statistics.quantiles(differences, n=10)
+    return statistics.median(differences), deciles[0], deciles[-1]
+
+
 def slowest_rank_seconds(call: Callable[[], object], group=None) -> float:
     """Run ``call`` on every rank of ``group`` from a barrier; the slowest rank's seconds,
     on every rank (a collective: every rank must call it)."""
