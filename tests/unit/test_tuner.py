@@ -64,7 +64,7 @@ def test_the_error_budget_admits_only_codecs_that_measure_within_it():
         choice = tuner.choose(
             "all_gather", 1 << 20, torch.float32, 8, f"auto:max_rel_err={limit}", "ring"
         )
-        assert tuner.measured_rel_err(choice.codec) <= limit
+        assert tuner.expected_rel_err(choice.codec, "all_gather", "ring", 8) <= limit
     assert (
         tuner.choose("all_gather", 1 << 20, torch.float32, 8, "auto:max_rel_err=0", "ring").codec
         == "none"
@@ -72,6 +72,22 @@ def test_the_error_budget_admits_only_codecs_that_measure_within_it():
     # a generous budget buys the smallest payload: int4 moves the fewest bytes
     generous = tuner.choose("all_gather", 1 << 20, torch.float32, 8, "auto:max_rel_err=0.5", "ring")
     assert generous.codec == "int4"
+
+
+def test_the_error_budget_reads_the_error_of_the_schedule_not_of_one_encode():
+    """int8 errs about 0.007 in one encode; a ring reduce-scatter re-encodes each partial
+    sum at every hop, about 1.9 times that on 8 ranks (0.013 measured on 8 emulated hosts,
+    ``benchmarks/autotune_2026-11-26/``). Judged on one encode, int8 fitted 1e-2."""
+    budget = "auto:max_rel_err=1e-2"
+    one_encode = tuner.measured_rel_err("int8")
+    assert one_encode < 1e-2 < tuner.expected_rel_err("int8", "reduce_scatter", "ring", 8)
+    assert tuner.choose("reduce_scatter", 1 << 20, torch.float32, 8, budget, "ring").codec != "int8"
+    for op, algorithm in (("reduce_scatter", "alltoall"), ("all_gather", "ring")):
+        assert tuner.choose(op, 1 << 20, torch.float32, 8, budget, algorithm).codec == "int8"
+    # on 4 ranks the ring's growth is sqrt(3/2): int8 fits
+    assert tuner.choose("reduce_scatter", 1 << 20, torch.float32, 4, budget, "ring").codec == "int8"
+    with pytest.raises(ValueError, match="the closest, int8@ring, errs 0.01"):
+        tuner.choose("reduce_scatter", 1 << 20, torch.float32, 8, "auto:codecs=int8", "ring")
 
 
 def test_the_measured_error_is_the_codecs_real_error():

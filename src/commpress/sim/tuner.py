@@ -2,10 +2,14 @@
 
 For a call (op, elements, dtype, ranks), the tuner times every candidate pair of algorithm
 and codec with :func:`~commpress.sim.model.simulate` on the network it was told about and
-takes the fastest. With ``codec="auto:max_rel_err=E"`` the candidate codecs are those
-whose measured relative error (``||x - decode(encode(x))|| / ||x||`` on a fixed,
-seeded Gaussian sample, measured once per process) is at most ``E``; ``none`` always
-qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the list. Every rank
+takes the fastest. With ``codec="auto:max_rel_err=E"`` the candidate pairs are those
+whose expected relative error in the call's result is at most ``E``: one encode's
+(``||x - decode(encode(x))|| / ||x||`` on a fixed, seeded Gaussian sample, measured once
+per process) grown along the algorithm's schedule for that many ranks
+(:func:`~commpress.schedules.error_growth.error_growth`: a ring reduce-scatter re-encodes
+each partial sum at every hop, so int8 errs about 1.9 times one encode's on 8 ranks).
+``none`` always qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the
+codecs. Every rank
 computes the same choice from the same settings. Choices are cached per (op, elements, dtype, ranks,
 backend, request) and each is logged once (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
@@ -31,12 +35,14 @@ import threading
 import torch
 
 from commpress.codecs import get_codec
+from commpress.schedules.error_growth import error_growth
 from commpress.schedules.registry import (
     ERROR_FEEDBACK_ALGORITHMS,
     NATIVE,
     algorithms,
     every_algorithm,
     get_algorithm,
+    plan,
     same_result_on_every_rank,
 )
 from commpress.sim import calibrate
@@ -152,7 +158,7 @@ def choose(
     setting = network()
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
-    pairs = _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend)
+    pairs = _candidates(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend)
     if error_feedback:
         pairs = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
         if not pairs:
@@ -171,7 +177,8 @@ def choose(
             continue
         # ties (the model has exact ones: native is the uncompressed ring) go to the more
         # accurate codec, then to torch's own collective, then to the order of the list
-        preference = (measured_rel_err(spec), name != NATIVE, setting.algorithms.index(name)
+        error = expected_rel_err(spec, op, name, world_size)
+        preference = (error, name != NATIVE, setting.algorithms.index(name)
                       if name in setting.algorithms else len(setting.algorithms))  # fmt: skip
         timed.append((row.time_us, preference, name, spec))
     if not timed:
@@ -207,6 +214,24 @@ def measured_rel_err(codec) -> float:
     return found
 
 
+def expected_rel_err(codec, op: str, algorithm: str, world_size: int) -> float:
+    """``codec``'s expected relative error in the result of ``op`` by ``algorithm`` on
+    ``world_size`` ranks: one encode's (:func:`measured_rel_err`) times its growth along the
+    schedule, for independent contributions of equal norm (``native``: exact)."""
+    if algorithm == NATIVE:
+        return 0.0
+    spec = str(get_codec(codec))
+    return measured_rel_err(spec) * _growth(op, algorithm, world_size, spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _growth(op: str, algorithm: str, world_size: int, spec: str) -> float:
+    codec = get_codec(spec)
+    numel = world_size if op == "reduce_scatter" else 1  # the growth does not depend on it
+    (schedule,) = plan(op, algorithm, 0, world_size, numel, torch.float32, codec)
+    return error_growth(schedule, codec.idempotent)
+
+
 def budget(codec: str) -> tuple[float, tuple[str, ...]]:
     """``(max_rel_err, candidate codecs)`` of an ``auto[:max_rel_err=E][,codecs=a+b]`` spec."""
     _, _, options = codec.strip().partition(":")
@@ -231,31 +256,37 @@ def budget(codec: str) -> tuple[float, tuple[str, ...]]:
     return limit, names
 
 
-def _candidates(op, dtype, codec, algorithm, setting, on_cpu, backend) -> list[tuple[str, str]]:
+def _candidates(
+    op, dtype, world_size, codec, algorithm, setting, on_cpu, backend
+) -> list[tuple[str, str]]:
     if algorithm == AUTO:
         names = [a for a in setting.algorithms if a in algorithms(op)]
     else:
         names = [algorithm]
-    if is_auto(codec):
-        limit, specs = budget(codec)
-        fitting = [s for s in specs if _usable(s, dtype) and measured_rel_err(s) <= limit]
-        if not fitting:
-            best = min(specs, key=lambda s: measured_rel_err(s) if _usable(s, dtype) else 1e9)
-            raise ValueError(
-                f"codec {codec!r}: no codec of {list(specs)} is within max_rel_err={limit} "
-                f"for {dtype} (the closest, {best}, errs {measured_rel_err(best):.3g})"
-            )
-    else:
-        fitting = [str(get_codec(codec))]
-    pairs = []
+    limit, specs = budget(codec) if is_auto(codec) else (None, (str(get_codec(codec)),))
+    if limit is not None:
+        specs = tuple(s for s in specs if _usable(s, dtype))
+        if not specs:
+            raise ValueError(f"codec {codec!r}: none of {list(budget(codec)[1])} encodes {dtype}")
+    pairs, too_inexact = [], []
     for name in names:
         moves_host_memory = name != NATIVE and get_algorithm(name, op).host_transport
         if moves_host_memory and "nccl" in backend:  # as collectives.checks.check_device
             continue
-        for spec in ["none"] if name == NATIVE else fitting:
+        for spec in ["none"] if name == NATIVE else specs:
             if op == "all_gather" and not same_result_on_every_rank(get_codec(spec), name):
                 continue
+            if limit is not None and expected_rel_err(spec, op, name, world_size) > limit:
+                too_inexact.append((expected_rel_err(spec, op, name, world_size), spec, name))
+                continue
             pairs.append((name, spec))
+    if too_inexact and all(name == NATIVE for name, _ in pairs):  # native has no codec
+        error, spec, name = min(too_inexact)
+        raise ValueError(
+            f"codec {codec!r}: no codec of {list(budget(codec)[1])} is within max_rel_err="
+            f"{limit} for {op} of {dtype} on {world_size} ranks by {names} (the closest, "
+            f"{spec}@{name}, errs {error:.3g})"
+        )
     if not pairs:
         raise ValueError(
             f"no algorithm of {names} runs {op} with codec {codec!r} on this group "
