@@ -192,13 +192,65 @@ def test_calibration_recovers_the_parameters_it_was_given(tmp_path):
                 rows.append({"op": "all_gather", "algorithm": algorithm, "codec": "int8",
                              "size_bytes": size, "time_us": row.time_us, "nprocs": n,
                              "link": "1gbit, mtu 1500"})  # fmt: skip
-    fit = calibrate.fit([_bench_file(tmp_path / "bench.json", rows)])
+    tuned = {**rows[0], "codec": "auto:max_rel_err=1e-2", "time_us": 1.0}  # not a pair's row
+    fit = calibrate.fit([_bench_file(tmp_path / "bench.json", rows + [tuned])])
     for algorithm, (message_s, efficiency) in truth.items():
         assert fit["message_s"][f"all_gather/{algorithm}"] == pytest.approx(message_s, rel=1e-6)
         assert fit["efficiency"][f"all_gather/{algorithm}"] == pytest.approx(efficiency, rel=1e-6)
     saved = tmp_path / "fit.json"
     calibrate.save(saved, fit)
     assert calibrate.load(saved)["message_s"] == fit["message_s"]
+
+
+def test_calibration_recovers_an_efficiency_per_level(tmp_path):
+    """Rows of one switch and of 2 racks whose uplink is slower than the host links, made
+    by the model with one efficiency on the host links and another on the uplinks: the fit
+    finds both (and one efficiency where every row is bound by the host links). Rows
+    faster than the links allow get efficiency 1, the per-message time fitted again."""
+    truth = {"ring": (300e-6, 0.9, 0.7), "alltoall": (200e-6, 0.6, 0.95)}
+    rows = []
+    for algorithm, (message_s, host, uplink) in truth.items():
+        params = Params(latency_s=0.0, message_s=message_s, efficiency=host,
+                        uplink_efficiency=uplink)  # fmt: skip
+        for topology, racks in ((Switch(4, GBIT), 1), (Racks(8, GBIT, 2, GBIT / 2), 2)):
+            for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+                row = simulate("reduce_scatter", algorithm, "int8", size, topology, params)
+                rows.append({"op": "reduce_scatter", "algorithm": algorithm, "codec": "int8",
+                             "size_bytes": size, "time_us": row.time_us,
+                             "nprocs": topology.nodes, "link": "1gbit", "racks": racks,
+                             "uplink": "500mbit"})  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "levels.json", rows)])
+    for algorithm, (message_s, host, uplink) in truth.items():
+        key = f"reduce_scatter/{algorithm}"
+        assert fit["message_s"][key] == pytest.approx(message_s, rel=1e-6)
+        assert fit["efficiency"][key] == pytest.approx(host, rel=1e-6)
+        assert fit["uplink_efficiency"][key] == pytest.approx(uplink, rel=1e-6)
+    saved = tmp_path / "fit.json"
+    calibrate.save(saved, fit)
+    assert calibrate.load(saved)["uplink_efficiency"] == fit["uplink_efficiency"]
+    switch_only = [r for r in rows if r["racks"] == 1]
+    fit = calibrate.fit([_bench_file(tmp_path / "switch.json", switch_only)])
+    assert fit["uplink_efficiency"] == {}
+    assert fit["efficiency"]["reduce_scatter/ring"] == pytest.approx(0.9, rel=1e-6)
+    faster = [{**r, "time_us": r["time_us"] * 0.85} for r in switch_only]  # e > 1 otherwise
+    fit = calibrate.fit([_bench_file(tmp_path / "faster.json", faster)])
+    assert fit["efficiency"]["reduce_scatter/ring"] == 1.0
+    for algorithm in truth:
+        mine = [r for r in faster if r["algorithm"] == algorithm]
+        fitted = Params(latency_s=0.0, message_s=fit["message_s"], efficiency=fit["efficiency"])
+        best_m = fitted.for_call("reduce_scatter", algorithm, 4).message_s
+        for step in (0.9, 1.1):  # the fitted time per message is the best one at e = 1
+            worse = Params(latency_s=0.0, message_s=best_m * step, efficiency=1.0)
+            assert _squared_error(mine, worse) > _squared_error(mine, fitted)
+
+
+def _squared_error(rows, params) -> float:
+    total = 0.0
+    for r in rows:
+        row = simulate("reduce_scatter", r["algorithm"], "int8", r["size_bytes"],
+                       Switch(r["nprocs"], GBIT), params)  # fmt: skip
+        total += (row.time_us / r["time_us"] - 1) ** 2
+    return total
 
 
 def test_calibration_files_of_another_format_are_refused(tmp_path):

@@ -72,6 +72,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--latency-us", type=float, help="per link crossed (1)")
     parser.add_argument("--message-us", type=float, help="per message (10)")
     parser.add_argument("--efficiency", type=float, help="fraction of link rate reached (1)")
+    parser.add_argument(
+        "--uplink-efficiency",
+        type=float,
+        help="the same on the links above the hosts': uplinks, edge and core (--efficiency)",
+    )
     parser.add_argument("--roots", type=positive_int, help="multicast roots at once, K (2)")
     parser.add_argument(
         "--shared-cores",
@@ -144,6 +149,7 @@ def _params(args) -> Params:
         "latency_s": None if args.latency_us is None else args.latency_us * 1e-6,
         "message_s": None if args.message_us is None else args.message_us * 1e-6,
         "efficiency": args.efficiency,
+        "uplink_efficiency": args.uplink_efficiency,
         "concurrent_roots": args.roots,
         "shared_cores": args.shared_cores,
     }

@@ -2,7 +2,10 @@
 
 The model's time is, but for the overlap of codec work with transfers, linear in two
 unknowns per algorithm: the time per message ``m`` and the inverse of the link efficiency
-``1/e``: ``T = m * messages + bandwidth_time / e + codec_time``. Where every host of a
+``1/e``: ``T = m * messages + bandwidth_time / e + codec_time``. Where at least two rows of
+an algorithm are bound by a rack's uplink (at full efficiency) and two by the host links,
+each level gets an efficiency of its own (``uplink_efficiency``): a row's bandwidth time
+counts toward the level that bounds it. Where every host of a
 measurement shared one machine (the emulated cluster: the file's provenance names its
 cores), per-message and codec work are scaled by hosts per core. For every measured row
 (``commpress bench --json``) the three terms are read off the model itself (run with
@@ -12,8 +15,10 @@ squares on the relative error (a 1 MiB row counts as much as a 64 MiB one); code
 come from ``commpress codecs --json``.
 
 A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 1, "message_s":
-{"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "codec_bytes_per_s": {codec:
-[enc, dec]}}``; its per-message times are those of a host with a core of its own.
+{"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "uplink_efficiency":
+{"op/algorithm": e}, "codec_bytes_per_s": {codec: [enc, dec]}}`` (``uplink_efficiency``
+only for the algorithms fitted on both levels; optional); its per-message times are those
+of a host with a core of its own.
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ def read_bench(paths) -> list[Measured]:
         for index, row in enumerate(data["rows"]):
             if not isinstance(row, dict) or row.get("op") not in ("all_gather", "reduce_scatter"):
                 continue
-            if row.get("algorithm") == "auto":  # the tuner's pick: measured in its own row
+            tuned = row.get("algorithm") == "auto" or str(row.get("codec")).startswith("auto")
+            if tuned:  # the tuner's pick: measured in its own row
                 continue
             try:
                 measured = Measured.of(row, str(path), roots, cores, machine)
@@ -111,21 +117,33 @@ def codec_speeds(path) -> dict:
 def terms(row: Measured, params: Params) -> tuple[float, float, float]:
     """``(messages, bandwidth_s, codec_s)`` of ``row``: its time is about
     ``m * messages + bandwidth_s / e + codec_s``."""
-    base = dataclasses.replace(
-        params, message_s=0.0, latency_s=0.0, efficiency=1.0, concurrent_roots=row.roots,
-        shared_cores=row.shared_cores,
+    base = _unit(row, params)
+    fixed = _time(row, base)
+    messages = (_time(row, dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
+    bandwidth = _time(row, dataclasses.replace(base, efficiency=0.5)) - fixed
+    return messages, bandwidth, fixed - bandwidth
+
+
+def bound_by_uplink(row: Measured, params: Params) -> bool:
+    """Whether a link above the hosts' bounds ``row`` at full efficiency."""
+    base = _unit(row, params)
+    bottleneck = simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, base)
+    return not bottleneck.bottleneck.startswith("host")
+
+
+def _unit(row: Measured, params: Params) -> Params:
+    """``params`` with no per-message or latency time, every link at its full rate."""
+    return dataclasses.replace(
+        params, message_s=0.0, latency_s=0.0, efficiency=1.0, uplink_efficiency=None,
+        concurrent_roots=row.roots, shared_cores=row.shared_cores,
     )  # fmt: skip
 
-    def time(p: Params) -> float:
-        return (
-            simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, p).time_us
-            * 1e-6
-        )
 
-    fixed = time(base)
-    messages = (time(dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
-    bandwidth = time(dataclasses.replace(base, efficiency=0.5)) - fixed
-    return messages, bandwidth, fixed - bandwidth
+def _time(row: Measured, params: Params) -> float:
+    return (
+        simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, params).time_us
+        * 1e-6
+    )
 
 
 def fit(bench_paths, codecs_path=None) -> dict:
@@ -144,7 +162,7 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             "together: links and CPUs differ between them, fit one at a time",
             stacklevel=2,
         )
-    message_s, efficiency = {}, {}
+    message_s, efficiency, uplink_efficiency = {}, {}, {}
     for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
         mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
         if len(mine) < MIN_ROWS or len({row.size_bytes for row in mine}) < 2:
@@ -155,20 +173,45 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
                 stacklevel=2,
             )
             continue
+        uplink = [bound_by_uplink(row, params) for row in mine]
+        levels = 2 <= sum(uplink) <= len(mine) - 2  # enough rows of each for one each
         matrix, target = [], []
-        for row in mine:
+        for row, on_uplink in zip(mine, uplink, strict=True):
             messages, bandwidth, codec = terms(row, params)
-            matrix.append([messages / row.time_s, bandwidth / row.time_s])
+            if levels:  # the bandwidth time in the column of the level that bounds it
+                columns = [0.0, bandwidth] if on_uplink else [bandwidth, 0.0]
+            else:
+                columns = [bandwidth]
+            matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
             target.append((row.time_s - codec) / row.time_s)
-        (m, inverse), *_ = np.linalg.lstsq(np.array(matrix), np.array(target), rcond=None)
-        message_s[f"{op}/{algorithm}"] = max(0.0, float(m))
-        efficiency[f"{op}/{algorithm}"] = float(min(1.0, 1 / inverse)) if inverse > 0 else 1.0
+        m, *inverses = _least_squares(np.array(matrix), np.array(target))
+        key = f"{op}/{algorithm}"
+        message_s[key] = max(0.0, float(m))
+        efficiency[key] = 1 / inverses[0]
+        if levels:
+            uplink_efficiency[key] = 1 / inverses[1]
     return {
         "message_s": message_s,
         "efficiency": efficiency,
+        "uplink_efficiency": uplink_efficiency,
         "latency_s": 0.0,  # inside the per-message time: one level, hosts one hop apart
         "codec_bytes_per_s": speeds,
     }
+
+
+def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
+    """``[m, 1/e, ...]`` that fit ``matrix @ x = target`` best with every efficiency at most
+    1: an inverse that comes out below 1 is fixed at 1 and the others fitted again."""
+    fixed: dict[int, float] = {}
+    while True:
+        free = [j for j in range(matrix.shape[1]) if j not in fixed]
+        rest = target - sum((matrix[:, j] * value for j, value in fixed.items()), 0.0)
+        solved, *_ = np.linalg.lstsq(matrix[:, free], rest, rcond=None)
+        x = dict(fixed) | dict(zip(free, map(float, solved), strict=True))
+        too_fast = [j for j in free if j > 0 and not x[j] >= 1.0]
+        if not too_fast:
+            return [x[j] for j in range(matrix.shape[1])]
+        fixed.update({j: 1.0 for j in too_fast})
 
 
 def save(path, fields: dict) -> None:
@@ -192,6 +235,9 @@ def load(path) -> dict:
         fields = {
             "message_s": {k: float(v) for k, v in data["message_s"].items()},
             "efficiency": {k: float(v) for k, v in data["efficiency"].items()},
+            "uplink_efficiency": {
+                k: float(v) for k, v in data.get("uplink_efficiency", {}).items()
+            },
             "latency_s": float(data.get("latency_s", 0.0)),
             "codec_bytes_per_s": {
                 k: (float(encode), float(decode))
@@ -205,9 +251,11 @@ def load(path) -> dict:
 
 
 def describe(fields: dict) -> str:
+    uplinks = fields.get("uplink_efficiency", {})
     parts = [
         f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message, "
         f"efficiency {fields['efficiency'][name]:.2f}"
+        + (f" (uplinks {uplinks[name]:.2f})" if name in uplinks else "")
         for name in fields["message_s"]
     ]
     return "; ".join(parts)

@@ -7,6 +7,9 @@ each step on the topology's links, and times the step as
 
     message overhead + latency x links on the longest path + busiest link's bytes / rate
 
+where a link's rate is scaled by the fraction a transfer reaches on its level (host links,
+or the links above them: :attr:`Params.uplink_efficiency`)
+
 (the bandwidth-bound step of the alpha-beta model; every rank's step i runs at once).
 Codec work is added where the executor cannot overlap it: the first encodes; each
 received payload's handling overlaps the next step's transfer unless that step forwards
@@ -51,11 +54,17 @@ _PASSES = {
 @dataclasses.dataclass(frozen=True)
 class Params:
     """What the model assumes about the machines; every field is data a fit can set.
-    ``message_s`` and ``efficiency`` may be one value or one per algorithm (a fit's)."""
+    ``message_s``, ``efficiency`` and ``uplink_efficiency`` may be one value or one per
+    algorithm (a fit's)."""
 
     latency_s: float = 1e-6  # per link a message crosses
     message_s: float | dict = 10e-6  # per message: posting, matching, waking the receiver
-    efficiency: float | dict = 1.0  # the fraction of a link's rate a transfer reaches
+    efficiency: float | dict = 1.0  # the fraction of a host link's rate a transfer reaches
+    #: The same for the links above the hosts' (a rack's uplink, a fat tree's edge and core
+    #: links); ``None``: ``efficiency``. On the emulated racks a transfer reaches a different
+    #: fraction of the shared uplink's rate than of its own host link's
+    #: (``benchmarks/error_budget_2026-11-26/README.md``).
+    uplink_efficiency: float | dict | None = None
     #: codec -> (encode, decode) throughput in bytes of fp32 input per second; a codec not
     #: listed costs nothing (a GPU's codec kernels run at memory bandwidth, far above links)
     codec_bytes_per_s: dict = dataclasses.field(default_factory=dict)
@@ -67,8 +76,10 @@ class Params:
 
     def __post_init__(self):
         for name, low, high in (("latency_s", 0, None), ("message_s", 0, None),
-                                ("efficiency", 0, 1)):  # fmt: skip
+                                ("efficiency", 0, 1), ("uplink_efficiency", 0, 1)):  # fmt: skip
             values = getattr(self, name)
+            if values is None and name == "uplink_efficiency":
+                continue
             for value in values.values() if isinstance(values, dict) else (values,):
                 if not value >= low or (high is not None and not 0 < value <= high):  # NaN too
                     raise ValueError(f"{name} out of range: {value}")
@@ -77,10 +88,13 @@ class Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing
         that, ``algorithm``) resolved, and CPU work scaled by the cores hosts share."""
         resolved = {}
-        for name in ("message_s", "efficiency"):
+        for name in ("message_s", "efficiency", "uplink_efficiency"):
             values = getattr(self, name)
             if isinstance(values, dict):
                 key = next((k for k in (f"{op}/{algorithm}", algorithm) if k in values), None)
+                if key is None and name == "uplink_efficiency":  # fitted on one switch only
+                    resolved[name] = None
+                    continue
                 if key is None:
                     raise ValueError(
                         f"the fit has no {name} for {op} {algorithm!r} (it has "
@@ -95,6 +109,13 @@ class Params:
                 for codec, (encode, decode) in self.codec_bytes_per_s.items()
             }
         return dataclasses.replace(self, **resolved, shared_cores=None)
+
+    def level_efficiency(self, level: str) -> float:
+        """The efficiency on the links of topology level ``level`` ("host up", "uplink
+        down", ...), once resolved for a call."""
+        if level.startswith("host") or self.uplink_efficiency is None:
+            return self.efficiency
+        return self.uplink_efficiency
 
     def codec_s(self, codec: str, numel: int, encodes: int, decodes: int) -> float:
         rates = self.codec_bytes_per_s.get(codec)
@@ -236,7 +257,9 @@ class _Timing:
             rate_bits=max(1, int(self.topology.link_bits * p.efficiency)),
             concurrent_roots=p.concurrent_roots,
             racks=racks,
-            uplink_bits=None if uplink is None else max(1, int(uplink * p.efficiency)),
+            uplink_bits=None
+            if uplink is None
+            else max(1, int(uplink * p.level_efficiency("uplink"))),
         )
         pace = options.pace_bytes_per_s(n)
         rounds = math.ceil(n / min(p.concurrent_roots, n))
@@ -270,7 +293,7 @@ class _Timing:
     def _busiest_s(self, loads: dict) -> float:
         return max(
             float(bytes_.max(initial=0.0)) / self.levels[name].width * 8
-            / (self.levels[name].rate_bits * self.params.efficiency)
+            / (self.levels[name].rate_bits * self.params.level_efficiency(name))
             for name, bytes_ in loads.items()
         )  # fmt: skip
 
