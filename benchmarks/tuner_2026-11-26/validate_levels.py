@@ -8,10 +8,14 @@
    row predicted (in sample).
 2. Held out by size: fitted on the 1 and 16 MiB rows, predicting the 4 and 64 MiB rows.
 3. Held out in time and codec: the explicit rows of ``auto_reduce_scatter_8racks.json``
-   (measured in this session, a day's work later; codecs none, bf16, int8) predicted by fit 1.
+   (measured in this session, 75 minutes later; codecs none, bf16, int8) predicted by fit 1.
 4. The tuner's choice with fit 1 for every ``auto`` row of the sweeps (last session's
    four files and this session's), against the rows measured in the same invocation: the
    chosen pair's own row over the fastest row the request allows.
+5. Held out in hosts and codecs: the ``sweep_*.json`` rows (2 hosts, which no fit has
+   seen; 4 hosts and 8 hosts in 2 racks with none and int4 besides int8), measured after
+   fit 1 was made, predicted by it. (Their ``auto`` rows ran with fit 1 as the tuner's
+   fit: ``compare_sweeps.md``.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ CALIBRATION = sorted(glob.glob("benchmarks/autotune_2026-11-26/calib_*.json"))
 FRESH = f"{HERE}/auto_reduce_scatter_8racks.json"
 SWEEPS = sorted(glob.glob("benchmarks/autotune_2026-11-26/auto_*.json")) + [FRESH]
 FIT = f"{HERE}/fit_levels.json"
+LATER_SWEEPS = sorted(glob.glob(f"{HERE}/sweep_*.json"))
 
 
 def choices(path: str) -> None:
@@ -89,6 +94,8 @@ def main() -> None:
     print("|---|---:|---|---|---|---:|")
     for path in SWEEPS:
         choices(path)
+    swept = calibrate.read_bench(LATER_SWEEPS)
+    validate.table(validate.predict(swept, fields), "5. held out: 2, 4 and 8 hosts, none/int8/int4")
 
 
 if __name__ == "__main__":

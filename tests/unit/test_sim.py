@@ -244,6 +244,28 @@ def test_calibration_recovers_an_efficiency_per_level(tmp_path):
             assert _squared_error(mine, worse) > _squared_error(mine, fitted)
 
 
+@pytest.mark.parametrize(("host", "uplink"), [(0.9, 0.7), (0.7, 0.9)])
+def test_calibration_finds_which_level_binds_when_the_rates_tie(tmp_path, host, uplink):
+    """Uplinks as fast as the host links carry as much as a host link in a rack-ordered
+    ring: which one binds depends on the efficiencies the fit is looking for. The fitted
+    model gives back every row's time either way."""
+    params = Params(latency_s=0.0, message_s=300e-6, efficiency=host, uplink_efficiency=uplink)
+    rows = []
+    for topology, racks in ((Switch(4, GBIT), 1), (Racks(8, GBIT, 2, GBIT), 2)):
+        for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            row = simulate("all_gather", "ring", "int8", size, topology, params)
+            rows.append((topology, {"op": "all_gather", "algorithm": "ring", "codec": "int8",
+                         "size_bytes": size, "time_us": row.time_us, "nprocs": topology.nodes,
+                         "link": "1gbit", "racks": racks, "uplink": "1gbit"}))  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "tie.json", [r for _, r in rows])])
+    fitted = Params(latency_s=0.0, **{k: fit[k] for k in ("message_s", "efficiency",
+                                                           "uplink_efficiency")})  # fmt: skip
+    for topology, row in rows:
+        again = simulate("all_gather", "ring", "int8", row["size_bytes"], topology, fitted)
+        assert again.time_us == pytest.approx(row["time_us"], rel=1e-6)
+    assert fit["message_s"]["all_gather/ring"] == pytest.approx(300e-6, rel=1e-6)
+
+
 def _squared_error(rows, params) -> float:
     total = 0.0
     for r in rows:

@@ -154,6 +154,8 @@ def _params(args) -> Params:
         "shared_cores": args.shared_cores,
     }
     fields.update({key: value for key, value in explicit.items() if value is not None})
+    if args.efficiency is not None and args.uplink_efficiency is None:
+        fields["uplink_efficiency"] = None  # every level, as --help says
     return Params(**fields)
 
 

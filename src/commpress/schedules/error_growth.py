@@ -7,7 +7,7 @@ a value more than once: a ring reduce-scatter re-encodes each partial sum at eve
 :func:`error_growth` walks a schedule's actions and returns the factor ``g`` by which the
 result errs, ``g * e``, assuming that the ranks' contributions are independent and of the
 same norm and that every rounding's error is independent of the others (as on Gaussian
-data: ``tests/distributed/test_error_growth.py`` measures it on the collectives). On an
+data: ``tests/distributed/test_expected_error.py`` measures it on the collectives). On an
 n-rank ring reduce-scatter ``g = sqrt((n - 1) / 2)``; encoded once per contribution
 (``alltoall``), ``g = sqrt((n - 1) / n)``.
 

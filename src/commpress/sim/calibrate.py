@@ -24,6 +24,7 @@ of a host with a core of its own.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import warnings
 from pathlib import Path
@@ -39,6 +40,8 @@ FORMAT, VERSION = "commpress-sim-fit", 1
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
 MIN_ROWS = 3  # per op and algorithm: two unknowns, and at least one row to spare
+_TIE = 1e-9  # an uplink exactly as loaded as a host link is taken as the bound, at first
+_ROUNDS = 5  # of assigning rows to the level that bounds them, then fitting again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +127,11 @@ def terms(row: Measured, params: Params) -> tuple[float, float, float]:
     return messages, bandwidth, fixed - bandwidth
 
 
-def bound_by_uplink(row: Measured, params: Params) -> bool:
-    """Whether a link above the hosts' bounds ``row`` at full efficiency."""
-    base = _unit(row, params)
-    bottleneck = simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, base)
+def bound_by_uplink(row: Measured, params: Params, host: float, uplink: float) -> bool:
+    """Whether a link above the hosts' bounds ``row`` when host links reach ``host`` of
+    their rate and the links above them ``uplink``."""
+    unit = dataclasses.replace(_unit(row, params), efficiency=host, uplink_efficiency=uplink)
+    bottleneck = simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, unit)
     return not bottleneck.bottleneck.startswith("host")
 
 
@@ -173,23 +177,10 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
                 stacklevel=2,
             )
             continue
-        uplink = [bound_by_uplink(row, params) for row in mine]
-        levels = 2 <= sum(uplink) <= len(mine) - 2  # enough rows of each for one each
-        matrix, target = [], []
-        for row, on_uplink in zip(mine, uplink, strict=True):
-            messages, bandwidth, codec = terms(row, params)
-            if levels:  # the bandwidth time in the column of the level that bounds it
-                columns = [0.0, bandwidth] if on_uplink else [bandwidth, 0.0]
-            else:
-                columns = [bandwidth]
-            matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
-            target.append((row.time_s - codec) / row.time_s)
-        m, *inverses = _least_squares(np.array(matrix), np.array(target))
         key = f"{op}/{algorithm}"
-        message_s[key] = max(0.0, float(m))
-        efficiency[key] = 1 / inverses[0]
-        if levels:
-            uplink_efficiency[key] = 1 / inverses[1]
+        message_s[key], efficiency[key], uplink = _fit_one(mine, params)
+        if uplink is not None:
+            uplink_efficiency[key] = uplink
     return {
         "message_s": message_s,
         "efficiency": efficiency,
@@ -199,19 +190,50 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
     }
 
 
+def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float | None]:
+    """``(message_s, efficiency, uplink_efficiency or None)`` of one op and algorithm.
+
+    Each row's bandwidth time counts toward the level that bounds it: at first as at full
+    efficiency, an uplink exactly as loaded as a host link counting as the bound; then as
+    the fitted efficiencies say, until no row changes level (a few rounds at most). The
+    uplinks get an efficiency of their own where two rows or more are bound by each level."""
+    parts = [terms(row, params) for row in rows]
+    on_uplink = [bound_by_uplink(row, params, 1.0, 1.0 - _TIE) for row in rows]
+    for _ in range(_ROUNDS):
+        levels = 2 <= sum(on_uplink) <= len(rows) - 2
+        matrix, target = [], []
+        for row, (messages, bandwidth, codec), up in zip(rows, parts, on_uplink, strict=True):
+            columns = [bandwidth]
+            if levels:  # the bandwidth time in the column of the level that bounds it
+                columns = [0.0, bandwidth] if up else [bandwidth, 0.0]
+            matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
+            target.append((row.time_s - codec) / row.time_s)
+        m, *inverses = _least_squares(np.array(matrix), np.array(target))
+        host, uplink = 1 / inverses[0], (1 / inverses[1] if levels else None)
+        again = [bound_by_uplink(row, params, host, uplink or host) for row in rows]
+        if again == on_uplink:
+            break
+        on_uplink = again
+    return m, host, uplink
+
+
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
-    """``[m, 1/e, ...]`` that fit ``matrix @ x = target`` best with every efficiency at most
-    1: an inverse that comes out below 1 is fixed at 1 and the others fitted again."""
-    fixed: dict[int, float] = {}
-    while True:
-        free = [j for j in range(matrix.shape[1]) if j not in fixed]
-        rest = target - sum((matrix[:, j] * value for j, value in fixed.items()), 0.0)
-        solved, *_ = np.linalg.lstsq(matrix[:, free], rest, rcond=None)
-        x = dict(fixed) | dict(zip(free, map(float, solved), strict=True))
-        too_fast = [j for j in free if j > 0 and not x[j] >= 1.0]
-        if not too_fast:
-            return [x[j] for j in range(matrix.shape[1])]
-        fixed.update({j: 1.0 for j in too_fast})
+    """``[m, 1/e, ...]`` that fit ``matrix @ x = target`` best with ``m >= 0`` and every
+    efficiency at most 1 (``1/e >= 1``): the best of the unconstrained fits with each subset
+    of the unknowns held at its bound (two to three unknowns: at most eight fits)."""
+    bounds = [0.0] + [1.0] * (matrix.shape[1] - 1)
+    best, best_residual = None, np.inf
+    for held in itertools.product((False, True), repeat=matrix.shape[1]):
+        x = np.array([bound if hold else 0.0 for bound, hold in zip(bounds, held, strict=True)])
+        free = [j for j, hold in enumerate(held) if not hold]
+        rest = target - matrix @ x
+        if free:
+            x[free], *_ = np.linalg.lstsq(matrix[:, free], rest, rcond=None)
+        if all(x[j] >= bounds[j] - 1e-12 for j in range(len(x))):
+            residual = float(np.sum((matrix @ x - target) ** 2))
+            if residual < best_residual:
+                best, best_residual = x, residual
+    return [max(float(v), bound) for v, bound in zip(best, bounds, strict=True)]
 
 
 def save(path, fields: dict) -> None:

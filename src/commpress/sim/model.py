@@ -63,7 +63,7 @@ class Params:
     #: The same for the links above the hosts' (a rack's uplink, a fat tree's edge and core
     #: links); ``None``: ``efficiency``. On the emulated racks a transfer reaches a different
     #: fraction of the shared uplink's rate than of its own host link's
-    #: (``benchmarks/error_budget_2026-11-26/README.md``).
+    #: (``benchmarks/tuner_2026-11-26/README.md``).
     uplink_efficiency: float | dict | None = None
     #: codec -> (encode, decode) throughput in bytes of fp32 input per second; a codec not
     #: listed costs nothing (a GPU's codec kernels run at memory bandwidth, far above links)
@@ -138,7 +138,7 @@ class Row:
     tx_bytes_per_host: int  # what one host injects
     fabric_bytes: float  # summed over every link the bytes cross
     busiest_link_bytes: float
-    bottleneck: str  # the level of the busiest link, relative to its rate
+    bottleneck: str  # the level of the busiest link, relative to the rate it reaches
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -177,8 +177,9 @@ def simulate(
     for name, loads in timing.totals.items():
         level = timing.levels[name]
         per_link = float(loads.max()) / level.width
-        if per_link / level.rate_bits > relative:
-            relative, busiest, bottleneck = per_link / level.rate_bits, per_link, name
+        reached = level.rate_bits * params.level_efficiency(name)
+        if per_link / reached > relative:
+            relative, busiest, bottleneck = per_link / reached, per_link, name
     return Row(
         nodes=n,
         op=op,
