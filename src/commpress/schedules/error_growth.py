@@ -3,7 +3,9 @@
 One encode of a tensor errs by a relative error ``e`` (``||decode(encode(x)) - x|| /
 ||x||``, about the same at any scale of ``x`` for the codecs here). A schedule may round
 a value more than once: a ring reduce-scatter re-encodes each partial sum at every hop, and
-``ring-hop`` re-encodes each forwarded shard (which adds nothing for an idempotent codec).
+``ring-hop`` re-encodes each forwarded shard (which adds nothing for an idempotent codec;
+a codec that is not idempotent is counted as rounding again at its full error, a bound
+rather than a measurement: no collective runs such a pair today).
 :func:`error_growth` walks a schedule's actions and returns the factor ``g`` by which the
 result errs, ``g * e``, assuming that the ranks' contributions are independent and of the
 same norm and that every rounding's error is independent of the others (as on Gaussian
@@ -100,7 +102,7 @@ def _sent_by_peer(sent: dict, receive, rank: int, n: int) -> _Value:
     found = sent.get(key)
     if found is None:
         raise ValueError(
-            f"{receive} has no matching send on this rank, shifted by {shift}, by its step: "
+            f"{receive} has no matching send on this rank, shifted by {shift}, up to its step: "
             "the schedule is not rank-symmetric"
         )
     return found

@@ -303,7 +303,8 @@ def _candidates(
         error, spec, name = min(too_inexact)
         raise ValueError(
             f"codec {codec!r}: no codec of {list(budget(codec)[1])} is within max_rel_err="
-            f"{limit} for {op} of {dtype} on {world_size} ranks by {names} (the closest, "
+            f"{limit} for {op} of {dtype} on {world_size} ranks by "
+            f"{[name for name in names if name != NATIVE]} (the closest, "
             f"{spec}@{name}, errs {error:.3g})"
         )
     if not pairs:
