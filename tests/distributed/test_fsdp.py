@@ -424,6 +424,12 @@ def _misuse(rank, world_size):
     errors["feedback"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8", error_feedback=True)
     )
+    errors["budget"] = error_of(  # at compress(), not in the first backward
+        lambda: cp.fsdp.compress(shard(small_model()), "int8", "auto:max_rel_err=1e-3,codecs=int8")
+    )
+    errors["within budget"] = error_of(
+        lambda: cp.fsdp.compress(shard(small_model()), "auto", "auto")
+    )
     premul = shard(small_model())
     cp.fsdp.compress(premul)
     for module in premul.modules():
@@ -446,6 +452,10 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert errors["dtype"][0] == "TypeError" and "module '0'" in errors["dtype"][1]
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]
+    kind, message = errors["budget"]
+    assert kind == "ValueError" and message.startswith("module ")
+    assert "reduce-scatter: codec 'auto:max_rel_err=1e-3,codecs=int8': no codec" in message
+    assert errors["within budget"] is None
 
 
 def _several_groups(rank, world_size, on_unsupported):

@@ -143,7 +143,9 @@ def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:
 
 
 def _check_dtypes(name, module, gather, scatter) -> None:
-    """The dtypes FSDP will hand each collective must be ones the codec can encode."""
+    """The dtypes FSDP will hand each collective must be ones the codec can encode; an
+    auto codec's budget must be within reach on each of the module's groups (checked here,
+    not in the first backward)."""
     for group in _torch_private.fsdp_param_groups(module):
         policy = group.mp_policy
         dtypes = set()
@@ -151,6 +153,7 @@ def _check_dtypes(name, module, gather, scatter) -> None:
             original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
+        _check_budgets(name, group, dtypes, gather, scatter)
         # a tuned spec takes only codecs that encode the dtype it is handed: nothing to check
         gather = None if gather is not None and tuner.is_auto(gather.codec) else gather
         scatter = None if scatter is not None and tuner.is_auto(scatter.codec) else scatter
@@ -166,6 +169,22 @@ def _check_dtypes(name, module, gather, scatter) -> None:
             if scatter is not None:
                 reduce_dtype = policy.reduce_dtype or dtype
                 scatter.codec.check_dtype(reduce_dtype, f"module {name!r} reduce-scatter dtype")
+
+
+def _check_budgets(name, group, dtypes, gather, scatter) -> None:
+    on_cpu = all(sharded.device.type == "cpu" for sharded in group.sharded)
+    for spec, op in ((gather, "all_gather"), (scatter, "reduce_scatter")):
+        if spec is None or not tuner.is_auto(spec.codec):
+            continue
+        for dtype in dtypes:
+            if op == "reduce_scatter":
+                dtype = group.mp_policy.reduce_dtype or dtype
+            for pg in group.process_groups:
+                try:
+                    tuner.check(op, dtype, dist.get_world_size(pg), spec.codec, spec.algorithm,
+                                on_cpu=on_cpu, backend=dist.get_backend(pg))  # fmt: skip
+                except ValueError as error:
+                    raise ValueError(f"module {name!r} {op.replace('_', '-')}: {error}") from None
 
 
 def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):

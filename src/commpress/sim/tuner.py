@@ -199,6 +199,23 @@ def choose(
     return choice
 
 
+def check(
+    op: str,
+    dtype: torch.dtype,
+    world_size: int,
+    codec,
+    algorithm: str = AUTO,
+    *,
+    on_cpu: bool = True,
+    backend: str = "gloo",
+) -> None:
+    """Raise the ``ValueError`` :func:`choose` would raise for the calls of ``op`` on
+    ``dtype`` on this group at any size (no codec within the budget, no candidate), timing
+    nothing: for a wrapper that knows its calls' dtype and group before the first one."""
+    if world_size > 1:
+        _candidates(op, dtype, world_size, codec, algorithm, network(), on_cpu, backend)
+
+
 def measured_rel_err(codec, dtype: torch.dtype = torch.float32) -> float:
     """``codec``'s relative error on a fixed Gaussian sample of ``dtype``, measured once.
 
