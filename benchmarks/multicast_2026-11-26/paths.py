@@ -17,17 +17,15 @@ Run as root (it makes an emulated cluster), nothing else running.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import sys
 
 import torch
 
-from commpress.bench.arguments import byte_size
-from commpress.bench.paired import difference_deciles, interleaved_rounds
+from commpress.bench.paired import difference_deciles, interleaved_rounds, paired_arguments
 from commpress.bench.report import write_json
-from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
+from commpress.cluster.commands import cluster_from, multicast_options
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
@@ -101,18 +99,13 @@ def _worker(rank, world_size, options, sizes, codecs, rounds):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_link_arguments(parser, required=False)
-    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix="mcp")
-    parser.add_argument("--sizes", default="4M,16M")
-    parser.add_argument("--codecs", default="int8,none")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--json")
+    defaults = dict(prefix="mcp", sizes="4M,16M", codecs="int8,none", rounds=12)
+    parser = paired_arguments(__doc__.splitlines()[0], **defaults)
     args = parser.parse_args()
-    sizes = [byte_size(size) for size in args.sizes.split(",")]
+    sizes = args.sizes
     with cluster_from(args) as cluster:
         rows = cluster.run(
-            _worker, multicast_options(cluster), sizes, args.codecs.split(","), args.rounds,
+            _worker, multicast_options(cluster), sizes, args.codecs, args.rounds,
             timeout=1800,
         )[0]  # fmt: skip
         where = cluster.describe()

@@ -26,16 +26,14 @@ Run as root (it makes an emulated cluster), nothing else running.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
 import torch
 
-from commpress.bench.arguments import byte_size
-from commpress.bench.paired import difference_deciles, interleaved_rounds
+from commpress.bench.paired import difference_deciles, interleaved_rounds, paired_arguments
 from commpress.bench.report import write_json
-from commpress.cluster.commands import add_link_arguments, cluster_from, multicast_options
+from commpress.cluster.commands import cluster_from, multicast_options
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives import executor
@@ -99,19 +97,14 @@ def _worker(rank, world_size, options, sizes, codecs, rounds, calls):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_link_arguments(parser, required=False)
-    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix="mcc")
-    parser.add_argument("--sizes", default="4M,8M,16M")
-    parser.add_argument("--codecs", default="int8,none")
-    parser.add_argument("--rounds", type=int, default=12)
+    defaults = dict(prefix="mcc", sizes="4M,8M,16M", codecs="int8,none", rounds=12)
+    parser = paired_arguments(__doc__.splitlines()[0], **defaults)
     parser.add_argument("--calls", type=int, default=1, help="calls back to back per round")
-    parser.add_argument("--json")
     args = parser.parse_args()
-    sizes = [byte_size(size) for size in args.sizes.split(",")]
+    sizes = args.sizes
     with cluster_from(args) as cluster:
         rows = cluster.run(
-            _worker, multicast_options(cluster), sizes, args.codecs.split(","), args.rounds,
+            _worker, multicast_options(cluster), sizes, args.codecs, args.rounds,
             args.calls, timeout=1800,
         )[0]  # fmt: skip
         where = cluster.describe()

@@ -13,7 +13,6 @@ Run as root (it makes an emulated cluster), nothing else running.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -21,10 +20,9 @@ import sys
 import torch
 
 import commpress as cp
-from commpress.bench.arguments import byte_size
-from commpress.bench.paired import difference_deciles, interleaved_rounds
+from commpress.bench.paired import difference_deciles, interleaved_rounds, paired_arguments
 from commpress.bench.report import write_json
-from commpress.cluster.commands import add_link_arguments, cluster_from
+from commpress.cluster.commands import cluster_from
 from commpress.cluster.jobs import main_of_script
 from commpress.cluster.link import format_rate
 from commpress.sim import tuner
@@ -70,16 +68,11 @@ def _worker(rank, world_size, sizes, codecs, rounds, tune):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_link_arguments(parser, required=False)
-    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix="mcf")
-    parser.add_argument("--sizes", default="1M,4M")
-    parser.add_argument("--codecs", default="int8,int4")
-    parser.add_argument("--rounds", type=int, default=30)
+    defaults = dict(prefix="mcf", sizes="1M,4M", codecs="int8,int4", rounds=30)
+    parser = paired_arguments(__doc__.splitlines()[0], **defaults)
     parser.add_argument("--tune-fit", default="benchmarks/tuner_2026-11-26/fit_levels.json")
-    parser.add_argument("--json")
     args = parser.parse_args()
-    sizes = [byte_size(size) for size in args.sizes.split(",")]
+    sizes = args.sizes
     with cluster_from(args) as cluster:
         topology = "switch"
         if cluster.racks > 1:
@@ -87,9 +80,7 @@ def main() -> int:
             topology = f"racks:count={cluster.racks},uplink={uplink}"
         tune = {"topology": topology, "link": format_rate(cluster.link.rate_bits),
                 "fit": args.tune_fit, "shared_cores": os.cpu_count()}  # fmt: skip
-        rows = cluster.run(_worker, sizes, args.codecs.split(","), args.rounds, tune, timeout=1800)[
-            0
-        ]
+        rows = cluster.run(_worker, sizes, args.codecs, args.rounds, tune, timeout=1800)[0]
         where = cluster.describe()
     print(f"# reduce-scatter, {where}: medians of {args.rounds} rounds, ms (slowest rank)")
     print("| size | codec | ring | alltoall | ring - alltoall (10th .. 90th) | tuner chose |")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from commpress.bench.paired import difference_deciles, paired_difference
+from commpress.bench.paired import difference_deciles, paired_arguments, paired_difference
 
 
 def _rounds(shift: float, n: int = 400, seed: int = 1):
@@ -81,3 +81,15 @@ def test_interleaved_rounds_rotate_the_order_and_drop_the_warmup():
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert undone == order  # every variant undone after its call
     assert kept == {"a": 2, "b": 2, "c": 2}
+
+
+def test_paired_arguments_parse_lists_of_sizes_and_codecs(capsys):
+    parser = paired_arguments("x", prefix="t", sizes="1M,4M", codecs="int8", rounds=5)
+    defaults = parser.parse_args([])
+    assert (defaults.sizes, defaults.codecs, defaults.rounds) == ([1 << 20, 4 << 20], ["int8"], 5)
+    assert (defaults.hosts, defaults.prefix) == (8, "t")
+    given = parser.parse_args(["--sizes", "64K", "--codecs", "none, int4", "--hosts", "2"])
+    assert (given.sizes, given.codecs, given.hosts) == ([64 << 10], ["none", "int4"], 2)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sizes", "0"])
+    assert "--sizes" in capsys.readouterr().err

@@ -8,6 +8,7 @@ difference from none at all (an interval that straddles zero: it cannot).
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
@@ -15,6 +16,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+
+from commpress.bench.arguments import byte_size, comma_list
+from commpress.cluster.commands import add_link_arguments
 
 
 def paired_difference(
@@ -78,3 +82,23 @@ def interleaved_rounds(
             if index >= warmup:
                 times[variant].append(elapsed)
     return times
+
+
+def paired_arguments(
+    description: str, *, prefix: str, sizes: str, codecs: str, rounds: int
+) -> argparse.ArgumentParser:
+    """The command line of a paired benchmark on the emulated cluster: its links (8 hosts
+    at 1 Gbit/s, MTU 1500 unless given), ``--sizes`` (a list of byte sizes), ``--codecs``
+    (a list), ``--rounds`` and ``--json``, with these defaults."""
+    parser = argparse.ArgumentParser(description=description)
+    add_link_arguments(parser, required=False)
+    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix=prefix)
+    parser.add_argument("--sizes", type=_byte_sizes, default=_byte_sizes(sizes))
+    parser.add_argument("--codecs", type=comma_list, default=comma_list(codecs))
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--json")
+    return parser
+
+
+def _byte_sizes(text: str) -> list[int]:
+    return [byte_size(size) for size in comma_list(text)]
