@@ -40,8 +40,8 @@ FORMAT, VERSION = "commpress-sim-fit", 1
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
 MIN_ROWS = 3  # per op and algorithm: two unknowns, and at least one row to spare
-_TIE = 1e-9  # an uplink exactly as loaded as a host link is taken as the bound, at first
-_ROUNDS = 5  # of assigning rows to the level that bounds them, then fitting again
+_SLOW = 1e-6  # a level's efficiency that makes it the bound of every step
+_ROUNDS = 8  # at most, of assigning rows to the level that bounds them, then fitting again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,28 +117,29 @@ def codec_speeds(path) -> dict:
     return {r["codec"]: (r["encode_gbps"] * 1e9, r["decode_gbps"] * 1e9) for r in rows}
 
 
-def terms(row: Measured, params: Params) -> tuple[float, float, float]:
-    """``(messages, bandwidth_s, codec_s)`` of ``row``: its time is about
-    ``m * messages + bandwidth_s / e + codec_s``."""
+def terms(row: Measured, params: Params) -> tuple[float, float, float, float]:
+    """``(messages, host_s, uplink_s, codec_s)`` of ``row``: its time is about
+    ``m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``, with each level's
+    transfer time at its full rate (0 where the topology has no such level)."""
     base = _unit(row, params)
     fixed = _time(row, base)
     messages = (_time(row, dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
-    bandwidth = _time(row, dataclasses.replace(base, efficiency=0.5)) - fixed
-    return messages, bandwidth, fixed - bandwidth
+    host, uplink = _level_s(row, base, "efficiency"), _level_s(row, base, "uplink_efficiency")
+    return messages, host, uplink, fixed - max(host, uplink)
 
 
-def bound_by_uplink(row: Measured, params: Params, host: float, uplink: float) -> bool:
-    """Whether a link above the hosts' bounds ``row`` when host links reach ``host`` of
-    their rate and the links above them ``uplink``."""
-    unit = dataclasses.replace(_unit(row, params), efficiency=host, uplink_efficiency=uplink)
-    bottleneck = simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, unit)
-    return not bottleneck.bottleneck.startswith("host")
+def _level_s(row: Measured, base: Params, field: str) -> float:
+    """One level's transfer time at its full rate: slowed to a tiny fraction of its rate,
+    the level bounds every step, and its time grows as the inverse of that fraction."""
+    slow = _time(row, dataclasses.replace(base, **{field: _SLOW}))
+    slower = _time(row, dataclasses.replace(base, **{field: _SLOW / 2}))
+    return (slower - slow) * _SLOW
 
 
 def _unit(row: Measured, params: Params) -> Params:
     """``params`` with no per-message or latency time, every link at its full rate."""
     return dataclasses.replace(
-        params, message_s=0.0, latency_s=0.0, efficiency=1.0, uplink_efficiency=None,
+        params, message_s=0.0, latency_s=0.0, efficiency=1.0, uplink_efficiency=1.0,
         concurrent_roots=row.roots, shared_cores=row.shared_cores,
     )  # fmt: skip
 
@@ -193,28 +194,45 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
 def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float | None]:
     """``(message_s, efficiency, uplink_efficiency or None)`` of one op and algorithm.
 
-    Each row's bandwidth time counts toward the level that bounds it: at first as at full
-    efficiency, an uplink exactly as loaded as a host link counting as the bound; then as
-    the fitted efficiencies say, until no row changes level (a few rounds at most). The
-    uplinks get an efficiency of their own where two rows or more are bound by each level."""
+    Each row's transfer time counts toward the level that bounds it: at first as at full
+    efficiency (an uplink exactly as loaded as a host link counting as the bound), then as
+    the fitted efficiencies say, until no row changes level; of the fits tried, the one
+    whose predictions (the larger of the two levels' times) err least. The uplinks get an
+    efficiency of their own where two rows or more are bound by each level."""
     parts = [terms(row, params) for row in rows]
-    on_uplink = [bound_by_uplink(row, params, 1.0, 1.0 - _TIE) for row in rows]
+    on_uplink = [0 < uplink >= host for _, host, uplink, _ in parts]
+    best, best_error = None, np.inf
     for _ in range(_ROUNDS):
         levels = 2 <= sum(on_uplink) <= len(rows) - 2
         matrix, target = [], []
-        for row, (messages, bandwidth, codec), up in zip(rows, parts, on_uplink, strict=True):
-            columns = [bandwidth]
-            if levels:  # the bandwidth time in the column of the level that bounds it
-                columns = [0.0, bandwidth] if up else [bandwidth, 0.0]
+        for row, (messages, host, uplink, codec), up in zip(rows, parts, on_uplink, strict=True):
+            bound = uplink if up else host
+            columns = [bound]
+            if levels:
+                columns = [0.0, bound] if up else [bound, 0.0]
             matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
             target.append((row.time_s - codec) / row.time_s)
         m, *inverses = _least_squares(np.array(matrix), np.array(target))
-        host, uplink = 1 / inverses[0], (1 / inverses[1] if levels else None)
-        again = [bound_by_uplink(row, params, host, uplink or host) for row in rows]
+        fitted = (m, 1 / inverses[0], 1 / inverses[1] if levels else None)
+        error = _squared_error(rows, parts, fitted)
+        if error < best_error:
+            best, best_error = fitted, error
+        host_e, uplink_e = fitted[1], fitted[2] or fitted[1]
+        again = [0 < uplink / uplink_e >= host / host_e for _, host, uplink, _ in parts]
         if again == on_uplink:
             break
         on_uplink = again
-    return m, host, uplink
+    return best
+
+
+def _squared_error(rows: list[Measured], parts: list, fitted: tuple) -> float:
+    """Sum of squared relative errors of ``fitted`` ``(m, e, e_uplink)`` over ``rows``."""
+    m, host_e, uplink_e = fitted[0], fitted[1], fitted[2] or fitted[1]
+    total = 0.0
+    for row, (messages, host, uplink, codec) in zip(rows, parts, strict=True):
+        predicted = m * messages + max(host / host_e, uplink / uplink_e) + codec
+        total += (predicted / row.time_s - 1) ** 2
+    return total
 
 
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
