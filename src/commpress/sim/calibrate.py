@@ -130,7 +130,8 @@ def terms(row: Measured, params: Params) -> tuple[float, float, float, float]:
 
 def _level_s(row: Measured, base: Params, field: str) -> float:
     """One level's transfer time at its full rate: slowed to a tiny fraction of its rate,
-    the level bounds every step, and its time grows as the inverse of that fraction."""
+    the level bounds every step, and its time grows as the inverse of that fraction.
+    Where codec work would hide the transfer at real efficiencies, this overstates it."""
     slow = _time(row, dataclasses.replace(base, **{field: _SLOW}))
     slower = _time(row, dataclasses.replace(base, **{field: _SLOW / 2}))
     return (slower - slow) * _SLOW
