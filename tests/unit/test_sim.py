@@ -326,6 +326,41 @@ def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
     assert "unknown topology 'mesh'" in capsys.readouterr().err
 
 
+def test_an_uplink_efficiency_slows_only_the_links_above_the_hosts_and_names_the_bottleneck(
+    tmp_path,
+):
+    """Racks whose uplink (1.5 Gbit/s) is faster than the host links: at full efficiency
+    the host links bound a rack-ordered ring; at 0.5 on the uplinks the uplinks do, and the
+    row says so. On one switch the uplink efficiency changes nothing. ``--efficiency``
+    applies to every level unless ``--uplink-efficiency`` is given."""
+    racks = Racks(8, GBIT, 2, 1.5 * GBIT)
+    full = simulate("all_gather", "ring", "none", 64 << 20, racks, NO_OVERHEAD)
+    slow = Params(latency_s=0.0, message_s=0.0, uplink_efficiency=0.5)
+    slowed = simulate("all_gather", "ring", "none", 64 << 20, racks, slow)
+    assert full.bottleneck.startswith("host") and slowed.bottleneck.startswith("uplink")
+    assert slowed.time_us == pytest.approx(full.time_us * 2 / 1.5)
+    switch = [simulate("all_gather", "ring", "none", 64 << 20, Switch(8, GBIT), params).time_us
+              for params in (NO_OVERHEAD, slow)]  # fmt: skip
+    assert switch[0] == switch[1]
+
+    fit = tmp_path / "fit.json"  # uplinks fitted at 0.5, host links at 1
+    calibrate.save(fit, {"message_s": {"all_gather/ring": 0.0}, "latency_s": 0.0,
+                         "efficiency": {"all_gather/ring": 1.0}, "codec_bytes_per_s": {},
+                         "uplink_efficiency": {"all_gather/ring": 0.5}})  # fmt: skip
+
+    def sim_time(*flags) -> float:
+        out = tmp_path / "row.json"
+        argv = ["sim", "--topology", "racks:count=2,uplink=1500mbit", "--nodes", "8",
+                "--size", "64M", "--link", "1gbit", "--fit", str(fit), "--json", str(out),
+                *flags]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(out.read_text())["rows"][0]["time_us"]
+
+    assert sim_time() == pytest.approx(slowed.time_us)
+    assert sim_time("--efficiency", "0.9") == pytest.approx(full.time_us / 0.9)  # every level
+    assert sim_time("--uplink-efficiency", "1") == pytest.approx(full.time_us)
+
+
 def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
     """The emulated cluster: 8 hosts on 2 cores do each host's CPU work 4 times slower."""
     speeds = {"int8": (1e9, 2e9)}
