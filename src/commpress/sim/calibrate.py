@@ -1,18 +1,19 @@
 """Fit the cost model to our own measurements.
 
-The model's time is, but for the overlap of codec work with transfers, linear in two
-unknowns per algorithm: the time per message ``m`` and the inverse of the link efficiency
-``1/e``: ``T = m * messages + bandwidth_time / e + codec_time``. Where at least two rows of
-an algorithm are bound by a rack's uplink (at full efficiency) and two by the host links,
-each level gets an efficiency of its own (``uplink_efficiency``): a row's bandwidth time
-counts toward the level that bounds it. Where every host of a
-measurement shared one machine (the emulated cluster: the file's provenance names its
-cores), per-message and codec work are scaled by hosts per core. For every measured row
-(``commpress bench --json``) the three terms are read off the model itself (run with
-``m = 0, e = 1``, then with ``m`` and ``e`` moved one at a time), so the fit and the
-predictions use one formula. ``m`` and ``e`` are fitted per op and algorithm by least
-squares on the relative error (a 1 MiB row counts as much as a 64 MiB one); codec speeds
-come from ``commpress codecs --json``.
+The model's time is, but for the overlap of codec work with transfers, linear in its
+unknowns per algorithm: the time per message ``m`` and the inverse of each level's link
+efficiency: ``T = m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``. For every
+measured row (``commpress bench --json``) the terms are read off the model itself (run with
+``m = 0`` and full efficiency, then with ``m`` and each level's efficiency moved one at a
+time), so the fit and the predictions use one formula. A row's transfer time counts toward
+the level that bounds it; the uplinks get an efficiency of their own where at least two
+rows of an algorithm are bound by them and two by the host links. ``m`` and the
+efficiencies are fitted per op and algorithm by least squares on the relative error (a
+1 MiB row counts as much as a 64 MiB one), then refined by Gauss-Newton steps on the model
+itself (where codec work hides transfers the time is not linear in ``1/e``), each kept only
+if it lowers the error. Where every host of a measurement shared one machine (the emulated
+cluster: the file's provenance names its cores), per-message and codec work are scaled by
+hosts per core; codec speeds come from ``commpress codecs --json``.
 
 A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 1, "message_s":
 {"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "uplink_efficiency":
@@ -42,6 +43,7 @@ _PROBE_S = 1e-3  # the message time used to read a row's message count off the m
 MIN_ROWS = 3  # per op and algorithm: two unknowns, and at least one row to spare
 _SLOW = 1e-6  # a level's efficiency that makes it the bound of every step
 _ROUNDS = 8  # at most, of assigning rows to the level that bounds them, then fitting again
+_STEPS = 20  # at most, of Gauss-Newton on the model itself after the linear fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +225,46 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float 
         if again == on_uplink:
             break
         on_uplink = again
-    return best
+    return _refine(rows, params, best)
+
+
+def _refine(rows: list[Measured], params: Params, fitted: tuple) -> tuple:
+    """Gauss-Newton steps on the model itself (``simulate``) from the linear fit, each kept
+    only if it lowers the sum of squared relative errors: the linear reading is exact where
+    transfers set a row's time, not where codec work hides them."""
+    levels = fitted[2] is not None
+    x = np.array([fitted[0], 1 / fitted[1]] + ([1 / fitted[2]] if levels else []))
+    residuals = _residuals(rows, params, x)
+    for _ in range(_STEPS):
+        steps = np.maximum(np.abs(x), 1e-4) * 1e-6
+        jacobian = np.column_stack([
+            (_residuals(rows, params, x + np.eye(len(x))[j] * steps[j]) - residuals) / steps[j]
+            for j in range(len(x))
+        ])  # fmt: skip
+        target = np.array(_least_squares(jacobian, jacobian @ x - residuals))
+        for fraction in 0.5 ** np.arange(12):  # the model has kinks: step back until better
+            candidate = x + fraction * (target - x)  # inside the bounds, as x and target are
+            moved = _residuals(rows, params, candidate)
+            if np.sum(moved**2) < np.sum(residuals**2) * (1 - 1e-9):
+                break
+        else:
+            break
+        x, residuals = candidate, moved
+    return float(x[0]), 1 / float(x[1]), (1 / float(x[2]) if levels else None)
+
+
+def _residuals(rows: list[Measured], params: Params, x: np.ndarray) -> np.ndarray:
+    """Each row's relative error with ``x = [m, 1/e, 1/e_uplink]`` (no uplink term: one
+    efficiency for every level)."""
+    fields = {"message_s": max(float(x[0]), 0.0), "latency_s": 0.0, "efficiency": 1 / x[1]}
+    fields["uplink_efficiency"] = 1 / x[2] if len(x) > 2 else None
+    errors = []
+    for row in rows:
+        mine = dataclasses.replace(
+            params, **fields, concurrent_roots=row.roots, shared_cores=row.shared_cores
+        )
+        errors.append(_time(row, mine) / row.time_s - 1)
+    return np.array(errors)
 
 
 def _squared_error(rows: list[Measured], parts: list, fitted: tuple) -> float:
