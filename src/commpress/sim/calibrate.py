@@ -1,8 +1,9 @@
 """Fit the cost model to our own measurements.
 
-The model's time is, but for the overlap of codec work with transfers, linear in its
-unknowns per algorithm: the time per message ``m`` and the inverse of each level's link
-efficiency: ``T = m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``. For every
+The model's time is, but for the overlap of codec work with transfers, piecewise linear in
+its unknowns per algorithm, the time per message ``m`` (at least 0) and the inverse of each
+level's link efficiency (each efficiency at most 1):
+``T = m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``. For every
 measured row (``commpress bench --json``) the terms are read off the model itself (run with
 ``m = 0`` and full efficiency, then with ``m`` and each level's efficiency moved one at a
 time), so the fit and the predictions use one formula. A row's transfer time counts toward
@@ -40,7 +41,7 @@ from commpress.units import parse_rate_bits
 FORMAT, VERSION = "commpress-sim-fit", 1
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
-MIN_ROWS = 3  # per op and algorithm: two unknowns, and at least one row to spare
+MIN_ROWS = 3  # per op and algorithm: two unknowns (three with uplinks: 2 rows per level)
 _SLOW = 1e-6  # a level's efficiency that makes it the bound of every step
 _ROUNDS = 8  # at most, of assigning rows to the level that bounds them, then fitting again
 _STEPS = 20  # at most, of Gauss-Newton on the model itself after the linear fit
@@ -242,6 +243,8 @@ def _refine(rows: list[Measured], params: Params, fitted: tuple) -> tuple:
             for j in range(len(x))
         ])  # fmt: skip
         target = np.array(_least_squares(jacobian, jacobian @ x - residuals))
+        if np.allclose(target, x, rtol=1e-12, atol=0.0):
+            break  # nowhere to go
         for fraction in 0.5 ** np.arange(12):  # the model has kinks: step back until better
             candidate = x + fraction * (target - x)  # inside the bounds, as x and target are
             moved = _residuals(rows, params, candidate)
