@@ -22,6 +22,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 import commpress as cp
 from commpress import _torch_private
 from commpress.cluster.local import DistributedError, run_distributed
+from commpress.sim import tuner
 from commpress.testing import assert_same_bits
 from commpress.testing.reference import (
     CORRUPTIONS,
@@ -430,6 +431,11 @@ def _misuse(rank, world_size):
     errors["within budget"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "auto", "auto")
     )
+    tuner.configure(algorithms=("native", "ring"))  # none that rounds at the owner
+    errors["feedback, tuned"] = error_of(
+        lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8@auto", error_feedback=True)
+    )
+    tuner.configure()
     premul = shard(small_model())
     cp.fsdp.compress(premul)
     for module in premul.modules():
@@ -456,6 +462,8 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert kind == "ValueError" and message.startswith("module ")
     assert "reduce-scatter: codec 'auto:max_rel_err=1e-3,codecs=int8': no codec" in message
     assert errors["within budget"] is None
+    kind, message = errors["feedback, tuned"]
+    assert kind == "ValueError" and "reduce-scatter: error feedback needs one of" in message
 
 
 def _several_groups(rank, world_size, on_unsupported):

@@ -102,7 +102,7 @@ def compress(
     for name, module in modules:
         if getattr(module, MARK, False):
             raise ValueError(f"module {name!r} is already compressed: call compress once per model")
-        _check_dtypes(name, module, gather, scatter)
+        _check_dtypes(name, module, gather, scatter, error_feedback)
     # A collective call on every rank: after the checks, so that bad input raises alone.
     fsdp_groups = [
         pg
@@ -142,10 +142,11 @@ def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:
     return CollectiveSpec.parse(spec, algorithms, argument, gathers=gathers, tunable=True)
 
 
-def _check_dtypes(name, module, gather, scatter) -> None:
-    """The dtypes FSDP will hand each collective must be ones the codec can encode; an
-    auto codec's budget must be within reach on each of the module's groups (checked here,
-    not in the first backward)."""
+def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
+    """The dtypes FSDP will hand each collective must be ones the codec can encode; a tuned
+    spec must leave the tuner a candidate on each of the module's groups (an auto codec's
+    budget within reach, an algorithm for error feedback): checked here, not in the first
+    backward."""
     for group in _torch_private.fsdp_param_groups(module):
         policy = group.mp_policy
         dtypes = set()
@@ -153,7 +154,7 @@ def _check_dtypes(name, module, gather, scatter) -> None:
             original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
-        _check_budgets(name, group, dtypes, gather, scatter)
+        _check_tuned(name, group, dtypes, gather, scatter, error_feedback)
         # a tuned spec takes only codecs that encode the dtype it is handed: nothing to check
         gather = None if gather is not None and tuner.is_auto(gather.codec) else gather
         scatter = None if scatter is not None and tuner.is_auto(scatter.codec) else scatter
@@ -171,18 +172,20 @@ def _check_dtypes(name, module, gather, scatter) -> None:
                 scatter.codec.check_dtype(reduce_dtype, f"module {name!r} reduce-scatter dtype")
 
 
-def _check_budgets(name, group, dtypes, gather, scatter) -> None:
+def _check_tuned(name, group, dtypes, gather, scatter, error_feedback) -> None:
     on_cpu = all(sharded.device.type == "cpu" for sharded in group.sharded)
     for spec, op in ((gather, "all_gather"), (scatter, "reduce_scatter")):
-        if spec is None or not tuner.is_auto(spec.codec):
+        if spec is None or not spec.tuned:
             continue
+        feedback = error_feedback and op == "reduce_scatter"
         for dtype in dtypes:
             if op == "reduce_scatter":
                 dtype = group.mp_policy.reduce_dtype or dtype
             for pg in group.process_groups:
                 try:
                     tuner.check(op, dtype, dist.get_world_size(pg), spec.codec, spec.algorithm,
-                                on_cpu=on_cpu, backend=dist.get_backend(pg))  # fmt: skip
+                                on_cpu=on_cpu, backend=dist.get_backend(pg),
+                                error_feedback=feedback)  # fmt: skip
                 except ValueError as error:
                     raise ValueError(f"module {name!r} {op.replace('_', '-')}: {error}") from None
 

@@ -159,14 +159,9 @@ def choose(
     setting = network()
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
-    pairs = _candidates(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend)
-    if error_feedback:
-        pairs = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
-        if not pairs:
-            raise ValueError(
-                f"error feedback needs one of {ERROR_FEEDBACK_ALGORITHMS} among the tuner's "
-                f"candidates, which are {list(setting.algorithms)}"
-            )
+    pairs = _eligible(
+        op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
+    )
     size = numel * dtype.itemsize * (world_size if op == "all_gather" else 1)
     params = _params(setting)
     topology = parse_topology(setting.topology, world_size, parse_rate_bits(setting.link, "link"))
@@ -208,12 +203,31 @@ def check(
     *,
     on_cpu: bool = True,
     backend: str = "gloo",
+    error_feedback: bool = False,
 ) -> None:
     """Raise the ``ValueError`` :func:`choose` would raise for the calls of ``op`` on
     ``dtype`` on this group at any size (no codec within the budget, no candidate), timing
     nothing: for a wrapper that knows its calls' dtype and group before the first one."""
     if world_size > 1:
-        _candidates(op, dtype, world_size, codec, algorithm, network(), on_cpu, backend)
+        setting = network()
+        _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend,
+                  error_feedback)  # fmt: skip
+
+
+def _eligible(
+    op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
+) -> list[tuple[str, str]]:
+    """The (algorithm, codec) pairs a call may run: :func:`_candidates`, and with error
+    feedback only the algorithms that round every contribution on its owner."""
+    pairs = _candidates(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend)
+    if error_feedback:
+        pairs = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
+        if not pairs:
+            raise ValueError(
+                f"error feedback needs one of {ERROR_FEEDBACK_ALGORITHMS} among the tuner's "
+                f"candidates, which are {list(setting.algorithms)}"
+            )
+    return pairs
 
 
 def measured_rel_err(codec, dtype: torch.dtype = torch.float32) -> float:
