@@ -201,8 +201,8 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float 
     Each row's transfer time counts toward the level that bounds it: at first as at full
     efficiency (an uplink exactly as loaded as a host link counting as the bound), then as
     the fitted efficiencies say, until no row changes level; of the fits tried, the one
-    whose predictions (the larger of the two levels' times) err least. The uplinks get an
-    efficiency of their own where two rows or more are bound by each level."""
+    whose predictions (the model's own) err least. The uplinks get an efficiency of their
+    own where two rows or more are bound by each level."""
     parts = [terms(row, params) for row in rows]
     on_uplink = [0 < uplink >= host for _, host, uplink, _ in parts]
     best, best_error = None, np.inf
@@ -216,12 +216,11 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float 
                 columns = [0.0, bound] if up else [bound, 0.0]
             matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
             target.append((row.time_s - codec) / row.time_s)
-        m, *inverses = _least_squares(np.array(matrix), np.array(target))
-        fitted = (m, 1 / inverses[0], 1 / inverses[1] if levels else None)
-        error = _squared_error(rows, parts, fitted)
+        x = np.array(_least_squares(np.array(matrix), np.array(target)))
+        error = np.sum(_residuals(rows, params, x) ** 2)
         if error < best_error:
-            best, best_error = fitted, error
-        host_e, uplink_e = fitted[1], fitted[2] or fitted[1]
+            best, best_error = x, error
+        host_e, uplink_e = 1 / x[1], 1 / x[-1]  # one efficiency: the same
         again = [0 < uplink / uplink_e >= host / host_e for _, host, uplink, _ in parts]
         if again == on_uplink:
             break
@@ -229,12 +228,12 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float 
     return _refine(rows, params, best)
 
 
-def _refine(rows: list[Measured], params: Params, fitted: tuple) -> tuple:
-    """Gauss-Newton steps on the model itself (``simulate``) from the linear fit, each kept
-    only if it lowers the sum of squared relative errors: the linear reading is exact where
-    transfers set a row's time, not where codec work hides them."""
-    levels = fitted[2] is not None
-    x = np.array([fitted[0], 1 / fitted[1]] + ([1 / fitted[2]] if levels else []))
+def _refine(rows: list[Measured], params: Params, x: np.ndarray) -> tuple:
+    """``(message_s, efficiency, uplink_efficiency or None)`` after Gauss-Newton steps on the
+    model itself (``simulate``) from the linear fit ``x = [m, 1/e(, 1/e_uplink)]``, each
+    kept only if it lowers the sum of squared relative errors: the linear reading is exact
+    where transfers set a row's time, not where codec work hides them."""
+    levels = len(x) > 2
     residuals = _residuals(rows, params, x)
     for _ in range(_STEPS):
         steps = np.maximum(np.abs(x), 1e-4) * 1e-6
@@ -268,16 +267,6 @@ def _residuals(rows: list[Measured], params: Params, x: np.ndarray) -> np.ndarra
         )
         errors.append(_time(row, mine) / row.time_s - 1)
     return np.array(errors)
-
-
-def _squared_error(rows: list[Measured], parts: list, fitted: tuple) -> float:
-    """Sum of squared relative errors of ``fitted`` ``(m, e, e_uplink)`` over ``rows``."""
-    m, host_e, uplink_e = fitted[0], fitted[1], fitted[2] or fitted[1]
-    total = 0.0
-    for row, (messages, host, uplink, codec) in zip(rows, parts, strict=True):
-        predicted = m * messages + max(host / host_e, uplink / uplink_e) + codec
-        total += (predicted / row.time_s - 1) ** 2
-    return total
 
 
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
