@@ -11,16 +11,19 @@ import torch
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.codecs import get_codec
-from commpress.collectives import payloads
+from commpress.collectives import inband, payloads
 from commpress.collectives.all_gather import gather
 from commpress.collectives.reduce_scatter import reduce
 from commpress.transport import p2p
 
 
-def _posts(rank, world_size, op, checked=True):
+def _posts(rank, world_size, op, checked=True, first_message_bytes=None):
     """What this rank did, in order: ("posted" | "waited", "send" | "receive", index among
-    its kind)."""
+    its kind). ``first_message_bytes``: where the in-band check cuts a first message."""
     events, counts, names = [], {"send": 0, "receive": 0}, {}
+    first_message = inband.FIRST_MESSAGE_BYTES
+    if first_message_bytes is not None:
+        inband.FIRST_MESSAGE_BYTES = first_message_bytes
     post_each, wait = p2p.post_each, p2p.wait
 
     def recording(group, sends, receives):
@@ -64,6 +67,7 @@ def _posts(rank, world_size, op, checked=True):
             exact, out = bool(torch.equal(out, expected)), None  # small integers: exact
     finally:
         p2p.post_each, p2p.wait, payloads.Gathered.begin = post_each, wait, begin
+        inband.FIRST_MESSAGE_BYTES = first_message
     return events, exact, out
 
 
@@ -119,3 +123,19 @@ def test_an_unchecked_ring_posts_its_receives_ahead_from_the_first_step():
     for posted, exact, _ in run_distributed(_posts, 4, "reduce_scatter", False, timeout=60):
         assert exact
         _assert_ahead(posted, 3, checked=False)
+
+
+def test_on_two_ranks_a_cut_first_message_has_its_receive_posted_before_its_rest_is_sent():
+    """On two ranks a ring's step is one exchange with one peer, which gloo serialises at
+    times when both sides post their sends before their receives (64 MiB all-gather on 2
+    emulated hosts: about twice the time, ``benchmarks/two_ranks_2026-11-27/``). A first
+    message cut in two (here from 256 bytes) sends its rest only once the left's rest has
+    its receive."""
+    results = run_distributed(_posts, 2, "all_gather", True, 256, timeout=60)
+    for posted, _, _ in results:
+        at = {event: position for position, event in enumerate(posted)}
+        # receive 0 / send 0: the first parts; receive 1 / send 1: the rests
+        assert at["posted", "receive", 0] < at["posted", "send", 0], posted
+        assert at["posted", "receive", 1] < at["posted", "send", 1], posted
+        assert at["waited", "receive", 1] > at["posted", "send", 1], posted
+    assert _gathered_exactly(results, 2)

@@ -377,27 +377,37 @@ class _FirstMessage:
         ``agreed``: called once the left neighbour's first header has agreed (and the rest
         of its first message, if cut, has arrived)."""
         self._check, self._scratch, self._into, self._agreed = check, scratch, into, agreed
-        first, rest = check.send_first(message)
+        first, self._rest = check.send_first(message)
         # the receive first: gloo's sender waits for it to be posted
         self._received = p2p.Batch(check.group, [], [(scratch, check.left)])
         self._sent = p2p.Batch(check.group, [(first, check.right)], [])
-        self._rest = None if rest is None else p2p.Batch(check.group, [(rest, check.right)], [])
 
     def wait(self, timeout: timedelta | None) -> None:
         self._received.wait(timeout)
         try:
-            self._check.accept_first(self._scratch, self._into)
+            rest_received = self._check.accept_first(self._scratch, self._into)
         except inband.LeftDisagrees as disagreement:
             # the first part lands in the right neighbour's scratch, posted at its start;
             # the rest only once it has drained its own left: wait for that once this rank
             # has drained its own (a cycle otherwise)
             self._sent.wait(timeout)
-            disagreement.pending = self._rest
+            disagreement.pending = self._send_rest()
             raise
+        # this rank's rest is sent once the left's rest has its receive: on two ranks both
+        # are one exchange with one peer, which gloo can serialise when both sides post
+        # their sends before their receives (``benchmarks/two_ranks_2026-11-27/``)
+        rest_sent = self._send_rest()
+        if rest_received is not None:
+            rest_received.wait(timeout)
         self._agreed()  # before this rank's own send is waited: the next receive is ready
         self._sent.wait(timeout)
-        if self._rest is not None:
-            self._rest.wait(timeout)
+        if rest_sent is not None:
+            rest_sent.wait(timeout)
+
+    def _send_rest(self) -> p2p.Batch | None:
+        if self._rest is None:
+            return None
+        return p2p.Batch(self._check.group, [(self._rest, self._check.right)], [])
 
 
 class _Noted:

@@ -195,12 +195,15 @@ class Check:
     def first_scratch(self) -> torch.Tensor:
         return workspace.take("inband.first", FIRST_MESSAGE_BYTES, torch.uint8, self.device)
 
-    def accept_first(self, scratch: torch.Tensor, into: torch.Tensor | None = None) -> Header:
+    def accept_first(
+        self, scratch: torch.Tensor, into: torch.Tensor | None = None
+    ) -> p2p.Batch | None:
         """Read the left neighbour's first header from ``scratch``; raise
         :class:`LeftDisagrees` unless it agrees and its message is the size expected.
         ``into``: where this rank's schedule wants the message (copied there, its rest
         received there directly, unless ``into`` is the start of ``scratch`` itself);
-        ``None`` for the header alone of a schedule that is not a chain."""
+        ``None`` for the header alone of a schedule that is not a chain. Returns the
+        receive of the message's rest, posted and not yet waited (``None``: it came whole)."""
         header = read(scratch)
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
@@ -208,12 +211,14 @@ class Check:
         if header.total != expected:  # the digests agree, yet not the sizes: a mismatch anyway
             raise LeftDisagrees(header)
         self.poisoned |= header.poisoned
-        if into is not None and into.data_ptr() != scratch.data_ptr():
-            first = min(into.numel(), FIRST_MESSAGE_BYTES)
-            into[:first].copy_(scratch[:first])
-            if into.numel() > first:
-                p2p.Batch(self.group, [], [(into[first:], self.left)]).wait(self.timeout)
-        return header
+        if into is None or into.data_ptr() == scratch.data_ptr():
+            return None
+        first = min(into.numel(), FIRST_MESSAGE_BYTES)
+        rest = None
+        if into.numel() > first:
+            rest = p2p.Batch(self.group, [], [(into[first:], self.left)])
+        into[:first].copy_(scratch[:first])
+        return rest
 
     def note(self, message: torch.Tensor) -> None:
         """A later message from the left neighbour (which agrees) has arrived."""
