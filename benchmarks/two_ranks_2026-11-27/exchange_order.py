@@ -10,10 +10,10 @@ Six timed exchanges of NUMEL fp32 values each way per row, rank 0 prints millise
 """
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
+from timed import print_times
 
 
 def main() -> None:
@@ -43,16 +43,7 @@ def main() -> None:
         ("two-groups", two_groups),
         ("receive-first", receive_first),
     ) * 2:
-        exchange()
-        times = []
-        for _ in range(6):
-            dist.barrier()
-            start = time.perf_counter()
-            exchange()
-            dist.barrier()
-            times.append((time.perf_counter() - start) * 1e3)
-        if rank == 0:
-            print(f"{name:14s}", " ".join(f"{t:6.1f}" for t in times), f"ideal {ideal_ms:.1f}")
+        print_times(name, exchange, ideal_ms)
 
 
 if __name__ == "__main__":

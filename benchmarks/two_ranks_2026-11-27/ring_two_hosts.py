@@ -10,10 +10,10 @@ a worktree of the older commit):
 """
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
+from timed import print_times
 
 import commpress as cp
 
@@ -32,16 +32,7 @@ def main() -> None:
         dist.all_gather_into_tensor(out, inp)
 
     for name, call in (("cp-ring", ring), ("native", native)) * 2:
-        call()
-        times = []
-        for _ in range(6):
-            dist.barrier()
-            start = time.perf_counter()
-            call()
-            dist.barrier()
-            times.append((time.perf_counter() - start) * 1e3)
-        if rank == 0:
-            print(f"{name:8s}", " ".join(f"{t:6.1f}" for t in times), f"ideal {ideal_ms:.1f}")
+        print_times(name, call, ideal_ms)
 
 
 if __name__ == "__main__":
