@@ -1,5 +1,6 @@
-"""gloo's point-to-point exchange between two ranks, in three orders: both ranks post their
-send before their receive (``send-first``), the same with each direction on a process
+"""gloo's point-to-point transfer between two ranks: one way (``one-way``, rank 0 to rank
+1), then an exchange in three orders: both ranks post their send before their receive
+(``send-first``), the same with each direction on a process
 group of its own (``two-groups``), and the receive before the send (``receive-first``).
 Six timed exchanges of NUMEL fp32 values each way per row, rank 0 prints milliseconds.
 
@@ -23,6 +24,12 @@ def main() -> None:
     numel = int(os.environ.get("NUMEL", 1 << 21))
     sent, received = torch.ones(numel), torch.empty(numel)
 
+    def one_way():
+        if rank == 0:
+            dist.send(sent, peer)
+        else:
+            dist.recv(received, peer)
+
     def send_first():
         for work in (dist.isend(sent, peer), dist.irecv(received, peer)):
             work.wait()
@@ -39,6 +46,7 @@ def main() -> None:
 
     ideal_ms = numel * 4 * 8 / 1e9 * 1e3
     for name, exchange in (
+        ("one-way", one_way),
         ("send-first", send_first),
         ("two-groups", two_groups),
         ("receive-first", receive_first),

@@ -126,11 +126,12 @@ def test_an_unchecked_ring_posts_its_receives_ahead_from_the_first_step():
 
 
 def test_on_two_ranks_a_cut_first_message_has_its_receive_posted_before_its_rest_is_sent():
-    """On two ranks a ring's step is one exchange with one peer, which gloo serialises at
-    times when both sides post their sends before their receives (64 MiB all-gather on 2
-    emulated hosts: about twice the time, ``benchmarks/two_ranks_2026-11-27/``). A first
-    message cut in two (here from 256 bytes) sends its rest only once the left's rest has
-    its receive."""
+    """On two ranks a ring's step is one exchange with one peer, which gloo at times
+    serialises when both sides post their sends before their receives (64 MiB all-gather
+    on 2 emulated hosts: about twice the time, ``benchmarks/two_ranks_2026-11-27/``). A
+    first message cut in two (here from 256 bytes) sends its rest only once the left's
+    rest has its receive. On three ranks the rest goes to another peer than the one it
+    comes from, and is sent at once, as before."""
     results = run_distributed(_posts, 2, "all_gather", True, 256, timeout=60)
     for posted, _, _ in results:
         at = {event: position for position, event in enumerate(posted)}
@@ -139,3 +140,8 @@ def test_on_two_ranks_a_cut_first_message_has_its_receive_posted_before_its_rest
         assert at["posted", "receive", 1] < at["posted", "send", 1], posted
         assert at["waited", "receive", 1] > at["posted", "send", 1], posted
     assert _gathered_exactly(results, 2)
+    results = run_distributed(_posts, 3, "all_gather", True, 256, timeout=60)
+    for posted, _, _ in results:
+        at = {event: position for position, event in enumerate(posted)}
+        assert at["posted", "send", 1] < at["waited", "receive", 0], posted
+    assert _gathered_exactly(results, 3)

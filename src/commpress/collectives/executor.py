@@ -381,6 +381,14 @@ class _FirstMessage:
         # the receive first: gloo's sender waits for it to be posted
         self._received = p2p.Batch(check.group, [], [(scratch, check.left)])
         self._sent = p2p.Batch(check.group, [(first, check.right)], [])
+        # on two ranks the rests are one exchange with one peer, which gloo at times
+        # serialises when both sides post their sends before their receives
+        # (``benchmarks/two_ranks_2026-11-27/``): there the rest is sent once the left's
+        # rest has its receive; on more ranks the two go to different peers, and the rest
+        # is posted now
+        self._rest_sent = None
+        if check.left != check.right:
+            self._rest_sent = self._send_rest()
 
     def wait(self, timeout: timedelta | None) -> None:
         self._received.wait(timeout)
@@ -393,9 +401,6 @@ class _FirstMessage:
             self._sent.wait(timeout)
             disagreement.pending = self._send_rest()
             raise
-        # this rank's rest is sent once the left's rest has its receive: on two ranks both
-        # are one exchange with one peer, which gloo can serialise when both sides post
-        # their sends before their receives (``benchmarks/two_ranks_2026-11-27/``)
         rest_sent = self._send_rest()
         if rest_received is not None:
             rest_received.wait(timeout)
@@ -405,9 +410,12 @@ class _FirstMessage:
             rest_sent.wait(timeout)
 
     def _send_rest(self) -> p2p.Batch | None:
+        """This rank's rest, posted now if it was not yet (``None``: there is none)."""
         if self._rest is None:
             return None
-        return p2p.Batch(self._check.group, [(self._rest, self._check.right)], [])
+        if self._rest_sent is None:
+            self._rest_sent = p2p.Batch(self._check.group, [(self._rest, self._check.right)], [])
+        return self._rest_sent
 
 
 class _Noted:

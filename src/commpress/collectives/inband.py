@@ -187,8 +187,8 @@ class Check:
     def send_first(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The first message cut after :data:`FIRST_MESSAGE_BYTES`: ``(first part, rest)``,
         the rest ``None`` when there is none. The rest goes in a batch of its own, waited
-        only after the left neighbour's first part has been read (its receiver posts it
-        then)."""
+        only after the left neighbour's first part has been read (the right neighbour
+        posts its receive once it has read this rank's first part)."""
         cut = FIRST_MESSAGE_BYTES
         return (message, None) if message.numel() <= cut else (message[:cut], message[cut:])
 
@@ -203,7 +203,8 @@ class Check:
         ``into``: where this rank's schedule wants the message (copied there, its rest
         received there directly, unless ``into`` is the start of ``scratch`` itself);
         ``None`` for the header alone of a schedule that is not a chain. Returns the
-        receive of the message's rest, posted and not yet waited (``None``: it came whole)."""
+        receive of the message's rest, posted and not yet waited; ``None`` where there is no
+        rest to receive (a header alone, or a message that came whole)."""
         header = read(scratch)
         expected = HEADER_BYTES if into is None else into.numel()
         if header is None or header.digest != self.digest:
