@@ -3,60 +3,85 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
+from collections.abc import Iterable
 
-from commpress.bench import codecs as codec_bench
-from commpress.bench import collectives as collective_bench
-from commpress.bench import schedule_command, sim_command
-from commpress.cluster import commands as cluster_commands
 from commpress.cluster.system import ClusterError
-from commpress.train import command as train_command
+
+#: name -> (help, module, the module's function that adds the arguments, handler or None
+#: where that function sets its own). A command's module is imported only when it runs:
+#: ``commpress cluster`` and ``commpress launch`` do not wait for torch to import.
+COMMANDS = {
+    "codecs": (
+        "benchmark every codec: ratio, error, encode/decode GB/s vs memcpy",
+        "commpress.bench.codecs",
+        "add_arguments",
+        "main",
+    ),
+    "bench": (
+        "nccl-tests-style sweep: compressed collectives vs torch.distributed",
+        "commpress.bench.collectives",
+        "add_arguments",
+        "main",
+    ),
+    "schedule": (
+        "print an algorithm's steps, rank by rank, without running it",
+        "commpress.bench.schedule_command",
+        "add_arguments",
+        "run",
+    ),
+    "sim": (
+        "cost model on the schedules: time and traffic at up to thousands of nodes",
+        "commpress.bench.sim_command",
+        "add_arguments",
+        "main",
+    ),
+    "cluster": (
+        "emulated cluster: hosts in network namespaces behind rate-limited links",
+        "commpress.cluster.commands",
+        "add_cluster_arguments",
+        None,
+    ),
+    "launch": (
+        "run a command as a multi-node job on the emulated cluster",
+        "commpress.cluster.commands",
+        "add_launch_arguments",
+        None,
+    ),
+    "train": (
+        "train a small GPT on the stdlib's source, with and without compression",
+        "commpress.train.command",
+        "add_arguments",
+        "main",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(loaded: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the commands in ``loaded`` (all where None) get their arguments."""
+    loaded = COMMANDS if loaded is None else set(loaded)
     parser = argparse.ArgumentParser(
         prog="commpress", description="Cheaper communication for distributed PyTorch training."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    codecs = commands.add_parser(
-        "codecs", help="benchmark every codec: ratio, error, encode/decode GB/s vs memcpy"
-    )
-    codec_bench.add_arguments(codecs)
-    codecs.set_defaults(handler=codec_bench.main)
-    bench = commands.add_parser(
-        "bench", help="nccl-tests-style sweep: compressed collectives vs torch.distributed"
-    )
-    collective_bench.add_arguments(bench)
-    bench.set_defaults(handler=collective_bench.main)
-    schedule = commands.add_parser(
-        "schedule", help="print an algorithm's steps, rank by rank, without running it"
-    )
-    schedule_command.add_arguments(schedule)
-    schedule.set_defaults(handler=schedule_command.run)
-    sim = commands.add_parser(
-        "sim", help="cost model on the schedules: time and traffic at up to thousands of nodes"
-    )
-    sim_command.add_arguments(sim)
-    sim.set_defaults(handler=sim_command.main)
-    cluster = commands.add_parser(
-        "cluster", help="emulated cluster: hosts in network namespaces behind rate-limited links"
-    )
-    cluster_commands.add_cluster_arguments(cluster)
-    launch = commands.add_parser(
-        "launch", help="run a command as a multi-node job on the emulated cluster"
-    )
-    cluster_commands.add_launch_arguments(launch)
-    train = commands.add_parser(
-        "train", help="train a small GPT on the stdlib's source, with and without compression"
-    )
-    train_command.add_arguments(train)
-    train.set_defaults(handler=train_command.main)
+    for name, (help_text, module_name, add_arguments, handler) in COMMANDS.items():
+        command = commands.add_parser(name, help=help_text)
+        if name in loaded:
+            module = importlib.import_module(module_name)
+            getattr(module, add_arguments)(command)
+            if handler is not None:
+                command.set_defaults(handler=getattr(module, handler))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # the top-level parser has no option of its own: the first word that is not one names
+    # the command (an unknown word loads nothing, and argparse reports it)
+    named = next((word for word in argv if not word.startswith("-")), None)
+    args = build_parser([named]).parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a killed command still cleans up
     # Ctrl-C even where the shell started us with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)

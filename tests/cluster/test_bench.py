@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import commpress as cp
-from commpress.bench.arguments import DTYPES
+from commpress.bench.arguments import torch_dtype
 from commpress.cli import main
 from commpress.cluster import Layout, present
 from commpress.schedules import algorithms, wire
@@ -108,7 +108,7 @@ def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
                 # Measured: gloo's reduce-scatter all-reduces the whole tensor, twice the
                 # bytes of a ring (reported as the ring's, the nccl-tests convention).
                 twice = wire.wire_bytes(
-                    "all_reduce", "native", "none", row["count"], HOSTS, DTYPES[dtype]
+                    "all_reduce", "native", "none", row["count"], HOSTS, torch_dtype(dtype)
                 )
                 _assert_sends(row, twice)
             else:
@@ -120,7 +120,7 @@ def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
     native = rows["bfloat16"][("native", "none")]
     ring_bytes = SIZE * (HOSTS - 1) // HOSTS * (2 if op == "all_reduce" else 1)
     assert half["count"] == 2 * full["count"]
-    count, dtype = half["count"], DTYPES["bfloat16"]
+    count, dtype = half["count"], torch_dtype("bfloat16")
     checked = wire.wire_bytes(op, "ring", "none", count, HOSTS, dtype, in_band_check=True)
     headers = checked - wire.wire_bytes(op, "ring", "none", count, HOSTS, dtype)
     assert 0 < headers <= CHECK_HEADER_BYTES * HOSTS  # one per message of the chain

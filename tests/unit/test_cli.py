@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -199,3 +201,34 @@ def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):
         main(["schedule"])
     assert exit_info.value.code == 2
     assert "required: --op, --algorithm, --world" in capsys.readouterr().err
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has imported after running ``code``."""
+    probe = f"import sys\n{code}\nprint(' '.join(sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    return set(done.stdout.split())
+
+
+def test_the_cluster_commands_and_import_commpress_do_not_import_torch():
+    assert "torch" not in _modules_after("import commpress")
+    for argv in (["cluster", "status", "--prefix", "cpt-none"], ["launch", "--help"]):
+        code = (
+            "from commpress.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+        )
+        assert "torch" not in _modules_after(code), argv
+    # the probe sees torch where it is imported (a probe that cannot see it proves nothing)
+    assert "torch" in _modules_after("import commpress\ncommpress.all_reduce")
+
+
+def test_every_public_name_resolves_and_is_in_all():
+    import commpress
+
+    assert sorted(commpress.__all__) == sorted(["__version__", *commpress._PUBLIC])
+    for name in commpress._PUBLIC:
+        assert getattr(commpress, name) is not None, name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        commpress.no_such_name  # noqa: B018

@@ -11,7 +11,8 @@ own layer and those below it.
 
 ``commpress.testing`` may import anything, and nothing in the package imports it (only
 the tests do). Imports under ``if TYPE_CHECKING:`` do not count; imports inside
-functions do.
+functions do. Modules named in a string and imported with ``importlib`` are not seen: only
+the top layer does that (``commpress/__init__`` and ``cli``, which may import anything).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def test_the_scan_sees_the_imports_that_exist():
         ("codecs", "_torch_private"),  # from commpress import _torch_private
         ("train", "integrations"),  # inside a function
         ("schedules", "codecs"),
-        (ROOT, "lowrank"),
+        ("cli", "cluster"),
     } <= edges
 
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-#: ``--dtype`` values, named as nccl-tests names them.
-DTYPES = {"float": torch.float32, "bfloat16": torch.bfloat16, "half": torch.float16}
+#: ``--dtype`` values, named as nccl-tests names them -> the name of the torch dtype.
+DTYPES = {"float": "float32", "bfloat16": "bfloat16", "half": "float16"}
+
+
+def torch_dtype(name: str):
+    """The torch dtype that the ``--dtype`` value ``name`` stands for."""
+    import torch  # here: the cluster commands use this module and must not wait for torch
+
+    return getattr(torch, DTYPES[name])
 
 
 def positive_int(text: str) -> int:

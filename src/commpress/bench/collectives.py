@@ -58,6 +58,7 @@ from commpress.bench.arguments import (
     positive_int,
     probability,
     size_factor,
+    torch_dtype,
 )
 from commpress.cluster import Link, read_local, read_retransmitted
 from commpress.cluster.commands import (
@@ -215,7 +216,7 @@ def _worker(rank, world_size, config):
     for dtype_name, size_bytes in itertools.product(
         config["dtypes"], sizes(config["begin"], config["end"], config["factor"])
     ):
-        dtype = DTYPES[dtype_name]
+        dtype = torch_dtype(dtype_name)
         numel = _input_numel(op, size_bytes, world_size, dtype)
         inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
         inp = inputs[rank]
@@ -364,7 +365,7 @@ def main(args) -> int:
             tuner.budget(codec)
             continue
         for dtype in args.dtype:
-            cp.get_codec(codec).check_dtype(DTYPES[dtype], "--dtype")
+            cp.get_codec(codec).check_dtype(torch_dtype(dtype), "--dtype")
     config = {
         "op": args.op,
         "algorithms": args.algorithm,

@@ -7,7 +7,7 @@ made: the schedules are pure data.
 
 from __future__ import annotations
 
-from commpress.bench.arguments import DTYPES, non_negative_int, positive_int
+from commpress.bench.arguments import DTYPES, non_negative_int, positive_int, torch_dtype
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan
 from commpress.schedules.wire import wire_bytes
@@ -48,7 +48,7 @@ def run(args) -> int:
         raise ValueError(f"--algorithm {args.algorithm!r} {why}; choose from {', '.join(known)}")
     if args.rank is not None and not 0 <= args.rank < args.world:
         raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     ranks = range(args.world) if args.rank is None else (args.rank,)
     call = (args.world, args.numel, dtype, args.codec, args.chunk_bytes)
     blocks = [
