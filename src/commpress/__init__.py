@@ -1,13 +1,15 @@
 """commpress: cheaper communication for distributed PyTorch training.
 
-The public names are imported on first use, so that ``import commpress`` (and the
-``commpress cluster`` and ``commpress launch`` commands, which need no torch) stay quick:
-``cp.all_gather_into_tensor`` imports torch and the collectives the first time it is read.
+The public names, and the subpackages (``cp.sim``, ``cp.collectives``...), are imported on
+first use, so that ``import commpress`` (and the ``commpress cluster`` and ``commpress
+launch`` commands, which need no torch) stay quick: ``cp.all_gather_into_tensor`` imports
+torch and the collectives the first time it is read.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -43,11 +45,14 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    if name not in _PUBLIC:
+    if name in _PUBLIC:
+        module_name, attribute = _PUBLIC[name]
+        module = importlib.import_module(module_name)
+        value = module if attribute is None else getattr(module, attribute)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")  # cp.sim, cp.collectives...
+    else:
         raise AttributeError(f"module 'commpress' has no attribute {name!r}")
-    module_name, attribute = _PUBLIC[name]
-    module = importlib.import_module(module_name)
-    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value  # later reads skip this function
     return value
 

@@ -59,9 +59,9 @@ COMMANDS = {
 }
 
 
-def build_parser(loaded: Iterable[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; only the commands in ``loaded`` (all where None) get their arguments."""
-    loaded = COMMANDS if loaded is None else set(loaded)
+def build_parser(loaded: Iterable[str]) -> argparse.ArgumentParser:
+    """The parser; only the commands named in ``loaded`` get their arguments (and handlers)."""
+    loaded = set(loaded)
     parser = argparse.ArgumentParser(
         prog="commpress", description="Cheaper communication for distributed PyTorch training."
     )
@@ -81,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     # the top-level parser has no option of its own: the first word that is not one names
     # the command (an unknown word loads nothing, and argparse reports it)
     named = next((word for word in argv if not word.startswith("-")), None)
-    args = build_parser([named]).parse_args(argv)
+    try:
+        parser = build_parser([named])
+    except ImportError as error:  # a dependency of that command is missing
+        print(f"commpress {named}: error: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a killed command still cleans up
     # Ctrl-C even where the shell started us with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from commpress.cluster.local import PRELOADED_MODULES, DistributedError, run_distributed
 
@@ -13,16 +17,50 @@ VARIABLE = "COMMPRESS_TEST_RUNNER_VARIABLE"
 
 
 def _seen(rank, world_size):
-    return os.environ.get(VARIABLE), sorted(set(PRELOADED_MODULES) - set(sys.modules))
+    return (
+        os.environ.get(VARIABLE),
+        str(dist.get_debug_level()),
+        sorted(set(PRELOADED_MODULES) - set(sys.modules)),
+        torch.cuda.is_initialized(),
+    )
 
 
 def test_each_rank_sees_the_environment_of_the_call_not_of_the_servers_start(monkeypatch):
     monkeypatch.delenv(VARIABLE, raising=False)
-    assert run_distributed(_seen, 2) == [(None, [])] * 2  # the server runs from here on
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    off = (None, "DebugLevel.OFF", [], False)
+    assert run_distributed(_seen, 2) == [off] * 2  # the server runs from here on
     monkeypatch.setenv(VARIABLE, "set after the server started")
-    assert run_distributed(_seen, 2) == [("set after the server started", [])] * 2
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    seen = ("set after the server started", "DebugLevel.DETAIL", [], False)
+    assert run_distributed(_seen, 2) == [seen] * 2
     monkeypatch.delenv(VARIABLE)
-    assert run_distributed(_seen, 2) == [(None, [])] * 2
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+    assert run_distributed(_seen, 2) == [off] * 2
+
+
+SERVER_STARTED_WITH_THE_VARIABLE = f"""
+import os
+from commpress.cluster.local import run_distributed
+
+def seen(rank, world_size):
+    return os.environ.get({VARIABLE!r})
+
+if __name__ == "__main__":
+    os.environ[{VARIABLE!r}] = "there when the server started"
+    assert run_distributed(seen, 2) == ["there when the server started"] * 2
+    del os.environ[{VARIABLE!r}]
+    assert run_distributed(seen, 2) == [None] * 2, "a variable removed since the start"
+"""
+
+
+def test_a_variable_removed_after_the_server_started_is_gone_in_the_ranks(tmp_path):
+    script = tmp_path / "removed.py"
+    script.write_text(textwrap.dedent(SERVER_STARTED_WITH_THE_VARIABLE))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def _fail_on_rank_one(rank, world_size):
@@ -34,6 +72,28 @@ def _fail_on_rank_one(rank, world_size):
 def test_a_rank_that_raises_fails_the_run_with_its_traceback():
     with pytest.raises(DistributedError, match="(?s)rank 1 failed.*rank one refuses"):
         run_distributed(_fail_on_rank_one, 2, timeout=60)
+
+
+def _exit_on_rank_one(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def test_a_rank_that_dies_fails_the_run_with_its_exit_code():
+    with pytest.raises(DistributedError, match="rank 1 died with exit code 3"):
+        run_distributed(_exit_on_rank_one, 2, timeout=60)
+    assert run_distributed(_exit_on_rank_one, 2, timeout=60, allow_dead=True) == [0, None]
+
+
+def test_tensors_in_the_arguments_reach_every_rank_whatever_their_number():
+    tensors = [torch.full((3,), float(i)) for i in range(300)]  # a descriptor each, if shared
+    sums = run_distributed(_sum_of, 2, tensors, timeout=60)
+    assert sums == [sum(3.0 * i for i in range(300))] * 2
+
+
+def _sum_of(rank, world_size, tensors):
+    return float(sum(t.sum() for t in tensors))
 
 
 @pytest.mark.parametrize("world_size", [0, -1, True, 2.0])

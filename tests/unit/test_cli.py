@@ -203,32 +203,61 @@ def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):
     assert "required: --op, --algorithm, --world" in capsys.readouterr().err
 
 
+def _run(code: str) -> str:
+    """What a fresh interpreter prints running ``code``."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return done.stdout
+
+
 def _modules_after(code: str) -> set[str]:
     """The modules a fresh interpreter has imported after running ``code``."""
-    probe = f"import sys\n{code}\nprint(' '.join(sys.modules))"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
-    return set(done.stdout.split())
+    return set(_run(f"import sys\n{code}\nprint(' '.join(sys.modules))").split())
 
 
-def test_the_cluster_commands_and_import_commpress_do_not_import_torch():
+@pytest.mark.parametrize(
+    "argv", [["cluster", "status", "--prefix", "cpt-none"], ["launch", "--help"], ["--help"], []]
+)
+def test_the_cluster_commands_and_the_help_do_not_import_torch(argv):
+    code = f"from commpress.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    assert "torch" not in _modules_after(code)
+
+
+def test_import_commpress_imports_torch_only_when_a_name_needs_it():
     assert "torch" not in _modules_after("import commpress")
-    for argv in (["cluster", "status", "--prefix", "cpt-none"], ["launch", "--help"]):
-        code = (
-            "from commpress.cli import main\n"
-            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass"
-        )
-        assert "torch" not in _modules_after(code), argv
     # the probe sees torch where it is imported (a probe that cannot see it proves nothing)
     assert "torch" in _modules_after("import commpress\ncommpress.all_reduce")
 
 
-def test_every_public_name_resolves_and_is_in_all():
-    import commpress
+def test_every_public_name_is_the_object_its_module_defines():
+    """In a fresh interpreter, where nothing but the table can have set the names."""
+    code = """
+import importlib, commpress
+for name, (module, attribute) in commpress._PUBLIC.items():
+    expected = importlib.import_module(module)
+    expected = expected if attribute is None else getattr(expected, attribute)
+    assert getattr(commpress, name) is expected, name
+assert sorted(commpress.__all__) == sorted(["__version__", *commpress._PUBLIC])
+assert commpress.sim.tuner is importlib.import_module("commpress.sim.tuner")
+try:
+    commpress.no_such_name
+except AttributeError as error:
+    assert "no_such_name" in str(error)
+else:
+    raise AssertionError("no error for an unknown name")
+print("ok")
+"""
+    assert _run(code).strip() == "ok"
 
-    assert sorted(commpress.__all__) == sorted(["__version__", *commpress._PUBLIC])
-    for name in commpress._PUBLIC:
-        assert getattr(commpress, name) is not None, name
-    with pytest.raises(AttributeError, match="no_such_name"):
-        commpress.no_such_name  # noqa: B018
+
+def test_a_command_whose_dependency_is_missing_is_a_one_line_error(monkeypatch, capsys):
+    import commpress.cli as cli
+
+    help_text, _, add_arguments, handler = cli.COMMANDS["sim"]
+    missing = (help_text, "commpress.no_such_module", add_arguments, handler)
+    monkeypatch.setitem(cli.COMMANDS, "sim", missing)
+    assert main(["sim", "--nodes", "4"]) == 2
+    assert "commpress sim: error: No module named 'commpress.no_such_module'" in (
+        capsys.readouterr().err
+    )

@@ -13,6 +13,8 @@ def torch_dtype(name: str):
     """The torch dtype that the ``--dtype`` value ``name`` stands for."""
     import torch  # here: the cluster commands use this module and must not wait for torch
 
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {name!r}")
     return getattr(torch, DTYPES[name])
 
 

@@ -6,16 +6,19 @@ outlives ``timeout`` fails the whole run with that rank's traceback, and every
 process is ended before this function returns.
 
 Ranks are forked from a server process that has imported torch and commpress once
-(multiprocessing's ``forkserver``): a fresh process per rank whose parent state is the
-server's, as with ``spawn``, without paying the imports (seconds of CPU each) on every run.
-Each rank gets the caller's environment as it is when ``run_distributed`` is called (the
-server's own dates from its start).
+(multiprocessing's ``forkserver``), without paying the imports (seconds of CPU each) on
+every run. A rank starts from the server's state, not the caller's: it takes the caller's
+environment as it is when ``run_distributed`` is called before it unpickles ``fn`` and
+its arguments (so their modules are imported under it) and re-reads
+``TORCH_DISTRIBUTED_DEBUG``; what torch reads only at its import (``TORCH_LOGS``, OpenMP
+variables) and the standard streams are the server's, from its start.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -37,11 +40,13 @@ class DistributedError(RuntimeError):
     """A rank failed, died or timed out."""
 
 
-def _worker(fn, rank, world_size, store_path, backend, timeout, args, results, env) -> None:
+def _worker(call, rank, world_size, store_path, backend, timeout, results, env) -> None:
     os.environ.clear()
     os.environ.update(env)
+    dist.set_debug_level_from_env()
     torch.set_num_threads(1)
     try:
+        fn, args = pickle.loads(call)
         dist.init_process_group(
             backend,
             init_method=f"file://{store_path}",
@@ -73,7 +78,7 @@ def run_distributed(
     timeout: float = 120.0,
     allow_dead: bool = False,
 ) -> list[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results by rank.
+    """``fn(rank, world_size, *args)`` on ``world_size`` processes; results by rank.
 
     ``fn`` must be importable (a module-level function) and return picklable values.
     With ``allow_dead``, a rank that dies without reporting yields None (for tests of
@@ -84,32 +89,31 @@ def run_distributed(
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
     results = context.Queue()
+    # plain bytes, unpickled in the rank once it has the caller's environment (and no file
+    # descriptor per tensor, of which a fork server passes at most a few hundred)
+    call = pickle.dumps((fn, args))
+    environment = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="commpress-dist-") as scratch:
         store_path = os.path.join(scratch, "store")
         processes = [
             context.Process(
                 target=_worker,
-                args=(
-                    fn,
-                    rank,
-                    world_size,
-                    store_path,
-                    backend,
-                    timeout,
-                    args,
-                    results,
-                    dict(os.environ),
-                ),
+                args=(call, rank, world_size, store_path, backend, timeout, results, environment),
                 daemon=True,
             )
             for rank in range(world_size)
         ]
-        for process in processes:
-            process.start()
         try:
+            for rank, process in enumerate(processes):
+                try:
+                    process.start()
+                except Exception as error:  # the fork server failed (a preload that raised)
+                    raise DistributedError(f"could not start rank {rank}: {error!r}") from error
             return _collect(processes, results, timeout, allow_dead)
         finally:
             for process in processes:
+                if process.pid is None:  # never started
+                    continue
                 process.join(timeout=5)
                 if process.is_alive():
                     process.kill()
