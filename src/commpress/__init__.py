@@ -49,7 +49,7 @@ def __getattr__(name: str):
         module_name, attribute = _PUBLIC[name]
         module = importlib.import_module(module_name)
         value = module if attribute is None else getattr(module, attribute)
-    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    elif name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         value = importlib.import_module(f"{__name__}.{name}")  # cp.sim, cp.collectives...
     else:
         raise AttributeError(f"module 'commpress' has no attribute {name!r}")

@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     named = next((word for word in argv if not word.startswith("-")), None)
     try:
         parser = build_parser([named])
-    except ImportError as error:  # a dependency of that command is missing
-        print(f"commpress {named}: error: {error}", file=sys.stderr)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] == "commpress":
+            raise  # a defect of ours, with its traceback
+        print(f"commpress {named}: error: {error} (a dependency of this command)", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a killed command still cleans up

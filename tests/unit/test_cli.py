@@ -240,6 +240,7 @@ for name, (module, attribute) in commpress._PUBLIC.items():
     assert getattr(commpress, name) is expected, name
 assert sorted(commpress.__all__) == sorted(["__version__", *commpress._PUBLIC])
 assert commpress.sim.tuner is importlib.import_module("commpress.sim.tuner")
+assert not hasattr(commpress, "sim.tuner") and not hasattr(commpress, "no_such_module")
 try:
     commpress.no_such_name
 except AttributeError as error:
@@ -255,9 +256,22 @@ def test_a_command_whose_dependency_is_missing_is_a_one_line_error(monkeypatch, 
     import commpress.cli as cli
 
     help_text, _, add_arguments, handler = cli.COMMANDS["sim"]
-    missing = (help_text, "commpress.no_such_module", add_arguments, handler)
+    missing = (help_text, "no_such_dependency", add_arguments, handler)
     monkeypatch.setitem(cli.COMMANDS, "sim", missing)
     assert main(["sim", "--nodes", "4"]) == 2
-    assert "commpress sim: error: No module named 'commpress.no_such_module'" in (
-        capsys.readouterr().err
-    )
+    error = capsys.readouterr().err
+    assert error.startswith("commpress sim: error: No module named 'no_such_dependency'")
+    assert error.count("\n") == 1 and "Traceback" not in error
+    # a module of commpress itself that is missing is a defect: its traceback is kept
+    ours = (help_text, "commpress.no_such_module", add_arguments, handler)
+    monkeypatch.setitem(cli.COMMANDS, "sim", ours)
+    with pytest.raises(ModuleNotFoundError, match="commpress.no_such_module"):
+        main(["sim", "--nodes", "4"])
+
+
+def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
+    from commpress.bench.arguments import torch_dtype
+
+    assert torch_dtype("bfloat16") is __import__("torch").bfloat16
+    with pytest.raises(ValueError, match="dtype must be one of.*'float'.*got 'double'"):
+        torch_dtype("double")

@@ -9,9 +9,10 @@ Ranks are forked from a server process that has imported torch and commpress onc
 (multiprocessing's ``forkserver``), without paying the imports (seconds of CPU each) on
 every run. A rank starts from the server's state, not the caller's: it takes the caller's
 environment as it is when ``run_distributed`` is called before it unpickles ``fn`` and
-its arguments (so their modules are imported under it) and re-reads
-``TORCH_DISTRIBUTED_DEBUG``; what torch reads only at its import (``TORCH_LOGS``, OpenMP
-variables) and the standard streams are the server's, from its start.
+its arguments (so their modules are imported under it, except a ``__main__`` script's,
+which multiprocessing re-imports before) and re-reads ``TORCH_DISTRIBUTED_DEBUG``; what
+torch reads only at its import (``TORCH_LOGS``, OpenMP variables) and the standard
+streams are the server's, from its start.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ class DistributedError(RuntimeError):
 def _worker(call, rank, world_size, store_path, backend, timeout, results, env) -> None:
     os.environ.clear()
     os.environ.update(env)
-    dist.set_debug_level_from_env()
-    torch.set_num_threads(1)
     try:
+        dist.set_debug_level_from_env()  # a bad value is reported like any other error
+        torch.set_num_threads(1)
         fn, args = pickle.loads(call)
         dist.init_process_group(
             backend,
@@ -80,7 +81,8 @@ def run_distributed(
 ) -> list[Any]:
     """``fn(rank, world_size, *args)`` on ``world_size`` processes; results by rank.
 
-    ``fn`` must be importable (a module-level function) and return picklable values.
+    ``fn`` must be importable (a module-level function) and return picklable values;
+    ``args`` travel by plain pickle (tensors, not multiprocessing queues or locks).
     With ``allow_dead``, a rank that dies without reporting yields None (for tests of
     what the others do when a peer crashes) instead of failing the run.
     """
