@@ -3,12 +3,14 @@
 The model's time is, but for the overlap of codec work with transfers, piecewise linear in
 its unknowns per algorithm, the time per message ``m`` (at least 0) and the inverse of each
 level's link efficiency (each efficiency at most 1):
-``T = m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``. For every
-measured row (``commpress bench --json``) the terms are read off the model itself (run with
-``m = 0`` and full efficiency, then with ``m`` and each level's efficiency moved one at a
-time), so the fit and the predictions use one formula. A row's transfer time counts toward
-the level that bounds it; the uplinks get an efficiency of their own where at least two
-rows of an algorithm are bound by them and two by the host links. ``m`` and the
+``T = m * messages + max(host_s / e, uplink_s / e_uplink, exchange_s / e_exchange) +
+codec_s`` (``exchange_s``: host links in steps where each rank exchanges with a single
+peer, as every step on two ranks does). For every measured row (``commpress bench
+--json``) the terms are read off the model itself (run with ``m = 0`` and full efficiency,
+then with ``m`` and each level's efficiency moved one at a time), so the fit and the
+predictions use one formula. A row's transfer time counts toward the level that bounds
+it; the uplinks and the exchanges get an efficiency of their own where at least two rows
+of an algorithm are bound by them and two by the rest. ``m`` and the
 efficiencies are fitted per op and algorithm by least squares on the relative error (a
 1 MiB row counts as much as a 64 MiB one), then refined by Gauss-Newton steps on the model
 itself (where codec work hides transfers the time is not linear in ``1/e``), each kept only
@@ -18,8 +20,9 @@ hosts per core; codec speeds come from ``commpress codecs --json``.
 
 A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 1, "message_s":
 {"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "uplink_efficiency":
-{"op/algorithm": e}, "codec_bytes_per_s": {codec: [enc, dec]}}`` (``uplink_efficiency``
-only for the algorithms fitted on both levels; optional); its per-message times are those
+{"op/algorithm": e}, "exchange_efficiency": {"op/algorithm": e}, "codec_bytes_per_s":
+{codec: [enc, dec]}}`` (``uplink_efficiency`` and ``exchange_efficiency`` only for the
+algorithms fitted on those levels apart; both optional); its per-message times are those
 of a host with a core of its own.
 """
 
@@ -120,15 +123,21 @@ def codec_speeds(path) -> dict:
     return {r["codec"]: (r["encode_gbps"] * 1e9, r["decode_gbps"] * 1e9) for r in rows}
 
 
-def terms(row: Measured, params: Params) -> tuple[float, float, float, float]:
-    """``(messages, host_s, uplink_s, codec_s)`` of ``row``: its time is about
-    ``m * messages + max(host_s / e, uplink_s / e_uplink) + codec_s``, with each level's
-    transfer time at its full rate (0 where the topology has no such level)."""
+#: The kinds of link time a row can be bound by, each with the efficiency that the model
+#: applies to it (a Params field): host links, the links above them, and host links in a
+#: step where each rank exchanges with a single peer (every step on two ranks).
+LEVELS = {"host": "efficiency", "uplink": "uplink_efficiency", "exchange": "exchange_efficiency"}
+
+
+def terms(row: Measured, params: Params) -> tuple[float, dict, float]:
+    """``(messages, level_s, codec_s)`` of ``row``: its time is about
+    ``m * messages + max(level_s[l] / e_l for each level l) + codec_s``, with each level's
+    transfer time at its full rate (0 where the row has no such transfer)."""
     base = _unit(row, params)
     fixed = _time(row, base)
     messages = (_time(row, dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
-    host, uplink = _level_s(row, base, "efficiency"), _level_s(row, base, "uplink_efficiency")
-    return messages, host, uplink, fixed - max(host, uplink)
+    level_s = {level: _level_s(row, base, field) for level, field in LEVELS.items()}
+    return messages, level_s, fixed - max(level_s.values())
 
 
 def _level_s(row: Measured, base: Params, field: str) -> float:
@@ -143,7 +152,7 @@ def _level_s(row: Measured, base: Params, field: str) -> float:
 def _unit(row: Measured, params: Params) -> Params:
     """``params`` with no per-message or latency time, every link at its full rate."""
     return dataclasses.replace(
-        params, message_s=0.0, latency_s=0.0, efficiency=1.0, uplink_efficiency=1.0,
+        params, message_s=0.0, latency_s=0.0, **dict.fromkeys(LEVELS.values(), 1.0),
         concurrent_roots=row.roots, shared_cores=row.shared_cores,
     )  # fmt: skip
 
@@ -171,7 +180,7 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             "together: links and CPUs differ between them, fit one at a time",
             stacklevel=2,
         )
-    message_s, efficiency, uplink_efficiency = {}, {}, {}
+    fitted = {field: {} for field in ("message_s", *LEVELS.values())}
     for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
         mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
         if len(mine) < MIN_ROWS or len({row.size_bytes for row in mine}) < 2:
@@ -183,62 +192,87 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             )
             continue
         key = f"{op}/{algorithm}"
-        message_s[key], efficiency[key], uplink = _fit_one(mine, params)
-        if uplink is not None:
-            uplink_efficiency[key] = uplink
+        fitted["message_s"][key], efficiencies = _fit_one(mine, params)
+        for level, efficiency in efficiencies.items():
+            fitted[LEVELS[level]][key] = efficiency
     return {
-        "message_s": message_s,
-        "efficiency": efficiency,
-        "uplink_efficiency": uplink_efficiency,
+        **fitted,
         "latency_s": 0.0,  # inside the per-message time: one level, hosts one hop apart
         "codec_bytes_per_s": speeds,
     }
 
 
-def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, float | None]:
-    """``(message_s, efficiency, uplink_efficiency or None)`` of one op and algorithm.
+def _fit_one(rows: list[Measured], params: Params) -> tuple[float, dict]:
+    """``(message_s, {level: efficiency})`` of one op and algorithm (``host`` always, other
+    levels where fitted on their own).
 
     Each row's transfer time counts toward the level that bounds it: at first as at full
-    efficiency (an uplink exactly as loaded as a host link counting as the bound), then as
-    the fitted efficiencies say, until no row changes level; of the fits tried, the one
-    whose predictions (the model's own) err least. The uplinks get an efficiency of their
-    own where two rows or more are bound by each level."""
+    efficiency (an uplink or exchange exactly as loaded as a host link counting as the
+    bound), then as the fitted efficiencies say, until no row changes level; of the fits
+    tried, the one whose predictions (the model's own) err least. A level other than the
+    host links gets an efficiency of its own where two rows or more are bound by it and two
+    or more by the rest; otherwise its rows count toward the host links'."""
     parts = [terms(row, params) for row in rows]
-    on_uplink = [0 < uplink >= host for _, host, uplink, _ in parts]
-    best, best_error = None, np.inf
+    bounds = [_bound(level_s, {}) for _, level_s, _ in parts]
+    best, best_own, best_error = None, (), np.inf
     for _ in range(_ROUNDS):
-        levels = 2 <= sum(on_uplink) <= len(rows) - 2
+        own = _own_levels(bounds)
         matrix, target = [], []
-        for row, (messages, host, uplink, codec), up in zip(rows, parts, on_uplink, strict=True):
-            bound = uplink if up else host
-            columns = [bound]
-            if levels:
-                columns = [0.0, bound] if up else [bound, 0.0]
+        for row, (messages, level_s, codec), bound in zip(rows, parts, bounds, strict=True):
+            columns = [0.0] * (1 + len(own))
+            columns[own.index(bound) + 1 if bound in own else 0] = level_s[bound]
             matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
             target.append((row.time_s - codec) / row.time_s)
         x = np.array(_least_squares(np.array(matrix), np.array(target)))
-        error = np.sum(_residuals(rows, params, x) ** 2)
+        error = np.sum(_residuals(rows, params, x, own) ** 2)
         if error < best_error:
-            best, best_error = x, error
-        host_e, uplink_e = 1 / x[1], 1 / x[-1]  # one efficiency: the same
-        again = [0 < uplink / uplink_e >= host / host_e for _, host, uplink, _ in parts]
-        if again == on_uplink:
+            best, best_own, best_error = x, own, error
+        again = [_bound(level_s, _efficiencies(x, own)) for _, level_s, _ in parts]
+        if again == bounds:
             break
-        on_uplink = again
-    return _refine(rows, params, best)
+        bounds = again
+    return _refine(rows, params, best, best_own)
 
 
-def _refine(rows: list[Measured], params: Params, x: np.ndarray) -> tuple:
-    """``(message_s, efficiency, uplink_efficiency or None)`` after Gauss-Newton steps on the
-    model itself (``simulate``) from the linear fit ``x = [m, 1/e(, 1/e_uplink)]``, each
-    kept only if it lowers the sum of squared relative errors: the linear reading is exact
-    where transfers set a row's time, not where codec work hides them."""
-    levels = len(x) > 2
-    residuals = _residuals(rows, params, x)
+def _bound(level_s: dict, efficiencies: dict) -> str:
+    """The level whose time bounds a row at these efficiencies (1 where not given); on a
+    tie, any level but the host links'."""
+    times = {level: s / efficiencies.get(level, 1.0) for level, s in level_s.items() if s > 0}
+    if not times:
+        return "host"
+    longest = max(times.values())
+    return next(level for level in ("uplink", "exchange", "host") if times.get(level) == longest)
+
+
+def _own_levels(bounds: list[str]) -> tuple[str, ...]:
+    """The levels other than the host links that get an efficiency of their own."""
+    own: list[str] = []
+    for level in ("uplink", "exchange"):
+        staying = sum(bounds.count(other) for other in LEVELS if other not in (level, *own))
+        if bounds.count(level) >= 2 and staying >= 2:
+            own.append(level)
+    return tuple(own)
+
+
+def _efficiencies(x: np.ndarray, own: tuple[str, ...]) -> dict:
+    """``{level: efficiency}`` of ``x = [m, 1/e_host, 1/e_own...]``; every level not fitted
+    on its own takes the host links'."""
+    host = 1 / float(x[1])
+    mine = {level: 1 / float(x[2 + i]) for i, level in enumerate(own)}
+    return {level: mine.get(level, host) for level in LEVELS}
+
+
+def _refine(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> tuple:
+    """``(message_s, {level: efficiency})`` after Gauss-Newton steps on the model itself
+    (``simulate``) from the linear fit ``x = [m, 1/e_host, 1/e_own...]``, each kept only if
+    it lowers the sum of squared relative errors: the linear reading is exact where
+    transfers set a row's time, not where codec work hides them."""
+    residuals = _residuals(rows, params, x, own)
     for _ in range(_STEPS):
         steps = np.maximum(np.abs(x), 1e-4) * 1e-6
         jacobian = np.column_stack([
-            (_residuals(rows, params, x + np.eye(len(x))[j] * steps[j]) - residuals) / steps[j]
+            (_residuals(rows, params, x + np.eye(len(x))[j] * steps[j], own) - residuals)
+            / steps[j]
             for j in range(len(x))
         ])  # fmt: skip
         target = np.array(_least_squares(jacobian, jacobian @ x - residuals))
@@ -246,20 +280,21 @@ def _refine(rows: list[Measured], params: Params, x: np.ndarray) -> tuple:
             break  # nowhere to go
         for fraction in 0.5 ** np.arange(12):  # the model has kinks: step back until better
             candidate = x + fraction * (target - x)  # inside the bounds, as x and target are
-            moved = _residuals(rows, params, candidate)
+            moved = _residuals(rows, params, candidate, own)
             if np.sum(moved**2) < np.sum(residuals**2) * (1 - 1e-9):
                 break
         else:
             break
         x, residuals = candidate, moved
-    return float(x[0]), 1 / float(x[1]), (1 / float(x[2]) if levels else None)
+    efficiencies = _efficiencies(x, own)
+    return float(x[0]), {level: efficiencies[level] for level in ("host", *own)}
 
 
-def _residuals(rows: list[Measured], params: Params, x: np.ndarray) -> np.ndarray:
-    """Each row's relative error with ``x = [m, 1/e, 1/e_uplink]`` (no uplink term: one
-    efficiency for every level)."""
-    fields = {"message_s": max(float(x[0]), 0.0), "latency_s": 0.0, "efficiency": 1 / x[1]}
-    fields["uplink_efficiency"] = 1 / x[2] if len(x) > 2 else None
+def _residuals(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> np.ndarray:
+    """Each row's relative error with ``x = [m, 1/e_host, 1/e_own...]`` (the levels not in
+    ``own`` at the host links' efficiency)."""
+    fields = {"message_s": max(float(x[0]), 0.0), "latency_s": 0.0}
+    fields |= {LEVELS[level]: e for level, e in _efficiencies(x, own).items()}
     errors = []
     for row in rows:
         mine = dataclasses.replace(
@@ -309,8 +344,9 @@ def load(path) -> dict:
         fields = {
             "message_s": {k: float(v) for k, v in data["message_s"].items()},
             "efficiency": {k: float(v) for k, v in data["efficiency"].items()},
-            "uplink_efficiency": {
-                k: float(v) for k, v in data.get("uplink_efficiency", {}).items()
+            **{
+                field: {k: float(v) for k, v in data.get(field, {}).items()}
+                for field in ("uplink_efficiency", "exchange_efficiency")
             },
             "latency_s": float(data.get("latency_s", 0.0)),
             "codec_bytes_per_s": {
@@ -325,13 +361,18 @@ def load(path) -> dict:
 
 
 def describe(fields: dict) -> str:
-    uplinks = fields.get("uplink_efficiency", {})
-    parts = [
-        f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message, "
-        f"efficiency {fields['efficiency'][name]:.2f}"
-        + (f" (uplinks {uplinks[name]:.2f})" if name in uplinks else "")
-        for name in fields["message_s"]
-    ]
+    parts = []
+    for name in fields["message_s"]:
+        others = [
+            f"{level}s {fields[field][name]:.2f}"
+            for level, field in LEVELS.items()
+            if level != "host" and name in fields.get(field, {})
+        ]
+        parts.append(
+            f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message, "
+            f"efficiency {fields['efficiency'][name]:.2f}"
+            + (f" ({', '.join(others)})" if others else "")
+        )
     return "; ".join(parts)
 
 

@@ -8,7 +8,9 @@ each step on the topology's links, and times the step as
     message overhead + latency x links on the longest path + busiest link's bytes / rate
 
 where a link's rate is scaled by the fraction a transfer reaches on its level (host links,
-or the links above them: :attr:`Params.uplink_efficiency`)
+or the links above them: :attr:`Params.uplink_efficiency`), and on the host links of a
+step in which every rank exchanges with a single peer both ways
+(:attr:`Params.exchange_efficiency`)
 
 (the bandwidth-bound step of the alpha-beta model; every rank's step i runs at once).
 Codec work is added where the executor cannot overlap it: the first encodes; each
@@ -51,6 +53,10 @@ _PASSES = {
 }
 
 
+#: Efficiencies a fit may leave out (no rows of that kind): the host links' applies.
+_OPTIONAL = ("uplink_efficiency", "exchange_efficiency")
+
+
 @dataclasses.dataclass(frozen=True)
 class Params:
     """What the model assumes about the machines; every field is data a fit can set.
@@ -65,6 +71,11 @@ class Params:
     #: fraction of the shared uplink's rate than of its own host link's
     #: (``benchmarks/tuner_2026-11-26/README.md``).
     uplink_efficiency: float | dict | None = None
+    #: The same for the host links in a step where each rank sends to and receives from
+    #: one peer only (every step on two ranks); ``None``: ``efficiency``. gloo serialises
+    #: such an exchange at random when both ranks post their send first, as its own
+    #: collectives do (``benchmarks/two_ranks_2026-11-27/README.md``).
+    exchange_efficiency: float | dict | None = None
     #: codec -> (encode, decode) throughput in bytes of fp32 input per second; a codec not
     #: listed costs nothing (a GPU's codec kernels run at memory bandwidth, far above links)
     codec_bytes_per_s: dict = dataclasses.field(default_factory=dict)
@@ -76,9 +87,10 @@ class Params:
 
     def __post_init__(self):
         for name, low, high in (("latency_s", 0, None), ("message_s", 0, None),
-                                ("efficiency", 0, 1), ("uplink_efficiency", 0, 1)):  # fmt: skip
+                                ("efficiency", 0, 1), ("uplink_efficiency", 0, 1),
+                                ("exchange_efficiency", 0, 1)):  # fmt: skip
             values = getattr(self, name)
-            if values is None and name == "uplink_efficiency":
+            if values is None and name in _OPTIONAL:
                 continue
             for value in values.values() if isinstance(values, dict) else (values,):
                 if not value >= low or (high is not None and not 0 < value <= high):  # NaN too
@@ -88,11 +100,11 @@ class Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing
         that, ``algorithm``) resolved, and CPU work scaled by the cores hosts share."""
         resolved = {}
-        for name in ("message_s", "efficiency", "uplink_efficiency"):
+        for name in ("message_s", "efficiency", *_OPTIONAL):
             values = getattr(self, name)
             if isinstance(values, dict):
                 key = next((k for k in (f"{op}/{algorithm}", algorithm) if k in values), None)
-                if key is None and name == "uplink_efficiency":  # fitted on one switch only
+                if key is None and name in _OPTIONAL:  # fitted without rows of that kind
                     resolved[name] = None
                     continue
                 if key is None:
@@ -110,12 +122,15 @@ class Params:
             }
         return dataclasses.replace(self, **resolved, shared_cores=None)
 
-    def level_efficiency(self, level: str) -> float:
+    def level_efficiency(self, level: str, exchange: bool = False) -> float:
         """The efficiency on the links of topology level ``level`` ("host up", "uplink
-        down", ...), once resolved for a call."""
-        if level.startswith("host") or self.uplink_efficiency is None:
-            return self.efficiency
-        return self.uplink_efficiency
+        down", ...), once resolved for a call; ``exchange``: in a step where each rank
+        exchanges with a single peer."""
+        if not level.startswith("host"):
+            return self.efficiency if self.uplink_efficiency is None else self.uplink_efficiency
+        if exchange and self.exchange_efficiency is not None:
+            return self.exchange_efficiency
+        return self.efficiency
 
     def codec_s(self, codec: str, numel: int, encodes: int, decodes: int) -> float:
         rates = self.codec_bytes_per_s.get(codec)
@@ -177,7 +192,7 @@ def simulate(
     for name, loads in timing.totals.items():
         level = timing.levels[name]
         per_link = float(loads.max()) / level.width
-        reached = level.rate_bits * params.level_efficiency(name)
+        reached = level.rate_bits * params.level_efficiency(name, timing.exchanged)
         if per_link / reached > relative:
             relative, busiest, bottleneck = per_link / reached, per_link, name
     return Row(
@@ -203,6 +218,7 @@ class _Timing:
         self.topology, self.params, self.codec = topology, params, codec
         self.levels = {level.name: level for level in topology.levels()}
         self.totals: dict[str, np.ndarray] = {}
+        self.exchanged = False  # some step was a single-peer exchange
         self._patterns: dict[tuple, tuple[float, dict]] = {}
 
     def run(self, schedule: Schedule) -> float:
@@ -285,16 +301,19 @@ class _Timing:
             dst = (src + np.repeat(offsets, n)) % n
             loads = self.topology.flow_bytes(src, dst, np.repeat(sizes, n))
             path = self.topology.longest_path()
-            seconds = self.params.message_s + self.params.latency_s * path + self._busiest_s(loads)
-            found = self._patterns[sends] = (seconds, loads)
-        seconds, loads = found
+            exchange = _single_peer_exchange(offsets, n)
+            busiest = self._busiest_s(loads, exchange)
+            seconds = self.params.message_s + self.params.latency_s * path + busiest
+            found = self._patterns[sends] = (seconds, loads, exchange)
+        seconds, loads, exchange = found
+        self.exchanged |= exchange
         self._add(loads)
         return seconds
 
-    def _busiest_s(self, loads: dict) -> float:
+    def _busiest_s(self, loads: dict, exchange: bool = False) -> float:
         return max(
             float(bytes_.max(initial=0.0)) / self.levels[name].width * 8
-            / (self.levels[name].rate_bits * self.params.level_efficiency(name))
+            / (self.levels[name].rate_bits * self.params.level_efficiency(name, exchange))
             for name, bytes_ in loads.items()
         )  # fmt: skip
 
@@ -308,3 +327,12 @@ class _Timing:
                 self.totals[name] = self.totals[name] + bytes_
             else:
                 self.totals[name] = np.asarray(bytes_, dtype=float).copy()
+
+
+def _single_peer_exchange(offsets: np.ndarray, n: int) -> bool:
+    """Whether a step whose every rank r sends to ``r + d`` for each ``d`` of ``offsets``
+    has each rank send to, and receive from, one and the same peer."""
+    if not len(offsets):
+        return False
+    first = int(offsets[0]) % n
+    return bool(np.all(offsets % n == first)) and (2 * first) % n == 0 and first != 0
