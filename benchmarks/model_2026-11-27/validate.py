@@ -34,7 +34,7 @@ HERE_SOURCE = os.path.abspath("src")
 
 def fit_path() -> str:
     """This checkout's fit, or another checkout's (``PYTHONPATH``) beside it."""
-    mine = os.path.dirname(os.path.dirname(os.path.abspath(calibrate.__file__)))
+    mine = os.path.abspath(os.path.join(os.path.dirname(calibrate.__file__), "..", ".."))
     return f"{HERE}/fit.json" if mine == HERE_SOURCE else f"{HERE}/fit_other.json"
 
 

@@ -380,6 +380,74 @@ def test_an_uplink_efficiency_slows_only_the_links_above_the_hosts_and_names_the
     assert sim_time("--uplink-efficiency", "1") == pytest.approx(full.time_us)
 
 
+def test_an_exchange_efficiency_slows_only_steps_with_a_single_peer_both_ways(tmp_path):
+    """On two ranks every step is an exchange with the one peer (gloo serialises those at
+    random: ``benchmarks/two_ranks_2026-11-27``): an exchange efficiency of 0.5 doubles its
+    transfer time, whatever the algorithm. A ring of 4 sends and receives to different
+    peers, an all-to-all of 4 to several at once: unchanged. ``--efficiency`` applies to the
+    exchanges unless ``--exchange-efficiency`` is given."""
+    slow = Params(latency_s=0.0, message_s=0.0, exchange_efficiency=0.5)
+    for algorithm, op in (("ring", "all_gather"), ("backend", "all_gather"),
+                          ("native", "all_gather"), ("alltoall", "reduce_scatter"),
+                          ("native", "reduce_scatter")):  # fmt: skip
+        full = simulate(op, algorithm, "none", 64 << 20, Switch(2, GBIT), NO_OVERHEAD)
+        slowed = simulate(op, algorithm, "none", 64 << 20, Switch(2, GBIT), slow)
+        assert slowed.time_us == pytest.approx(2 * full.time_us), (op, algorithm)
+        assert slowed.bottleneck == full.bottleneck
+    for algorithm, op in (("ring", "all_gather"), ("alltoall", "reduce_scatter")):
+        four = [simulate(op, algorithm, "none", 64 << 20, Switch(4, GBIT), params).time_us
+                for params in (NO_OVERHEAD, slow)]  # fmt: skip
+        assert four[0] == four[1]
+
+    fit = tmp_path / "fit.json"
+    calibrate.save(fit, {"message_s": {"all_gather/ring": 0.0}, "latency_s": 0.0,
+                         "efficiency": {"all_gather/ring": 1.0}, "codec_bytes_per_s": {},
+                         "exchange_efficiency": {"all_gather/ring": 0.5}})  # fmt: skip
+    assert calibrate.load(fit)["exchange_efficiency"] == {"all_gather/ring": 0.5}
+
+    def sim_time(*flags) -> float:
+        out = tmp_path / "row.json"
+        argv = ["sim", "--nodes", "2", "--size", "64M", "--link", "1gbit", "--fit", str(fit),
+                "--json", str(out), *flags]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(out.read_text())["rows"][0]["time_us"]
+
+    full = simulate("all_gather", "ring", "none", 64 << 20, Switch(2, GBIT), NO_OVERHEAD)
+    assert sim_time() == pytest.approx(2 * full.time_us)
+    assert sim_time("--efficiency", "0.8") == pytest.approx(full.time_us / 0.8)
+    assert sim_time("--exchange-efficiency", "1") == pytest.approx(full.time_us)
+
+
+def test_calibration_recovers_an_exchange_efficiency_from_two_host_rows(tmp_path):
+    """Rows of 2 and 4 hosts made with 0.9 on the host links and 0.5 in exchanges: the fit
+    finds both, and says so. Rows of 4 hosts alone fit no exchange efficiency; rows of 2
+    alone one efficiency, which then applies everywhere."""
+    truth = Params(latency_s=0.0, message_s=300e-6, efficiency=0.9, exchange_efficiency=0.5)
+    rows = []
+    for nodes in (2, 4):
+        for algorithm in ("backend", "ring"):
+            for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+                row = simulate("all_gather", algorithm, "int8", size, Switch(nodes, GBIT), truth)
+                rows.append({"op": "all_gather", "algorithm": algorithm, "codec": "int8",
+                             "size_bytes": size, "time_us": row.time_us, "nprocs": nodes,
+                             "link": "1gbit"})  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "both.json", rows)])
+    for algorithm in ("backend", "ring"):
+        key = f"all_gather/{algorithm}"
+        assert fit["message_s"][key] == pytest.approx(300e-6, rel=1e-6)
+        assert fit["efficiency"][key] == pytest.approx(0.9, rel=1e-6)
+        assert fit["exchange_efficiency"][key] == pytest.approx(0.5, rel=1e-6)
+    assert "exchanges 0.50" in calibrate.describe(fit)
+    four = calibrate.fit([_bench_file(tmp_path / "four.json",
+                                      [r for r in rows if r["nprocs"] == 4])])  # fmt: skip
+    assert four["exchange_efficiency"] == {}
+    assert four["efficiency"]["all_gather/ring"] == pytest.approx(0.9, rel=1e-6)
+    two = calibrate.fit([_bench_file(tmp_path / "two.json",
+                                     [r for r in rows if r["nprocs"] == 2])])  # fmt: skip
+    assert two["exchange_efficiency"] == {}
+    assert two["efficiency"]["all_gather/ring"] == pytest.approx(0.5, rel=1e-6)
+
+
 def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
     """The emulated cluster: 8 hosts on 2 cores do each host's CPU work 4 times slower."""
     speeds = {"int8": (1e9, 2e9)}

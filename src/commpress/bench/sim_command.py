@@ -77,6 +77,12 @@ def add_arguments(parser) -> None:
         type=float,
         help="the same on the links above the hosts': uplinks, edge and core (--efficiency)",
     )
+    parser.add_argument(
+        "--exchange-efficiency",
+        type=float,
+        help="the same on host links in steps where each rank exchanges with a single peer, "
+        "as every step on two ranks does (--efficiency)",
+    )
     parser.add_argument("--roots", type=positive_int, help="multicast roots at once, K (2)")
     parser.add_argument(
         "--shared-cores",
@@ -150,12 +156,15 @@ def _params(args) -> Params:
         "message_s": None if args.message_us is None else args.message_us * 1e-6,
         "efficiency": args.efficiency,
         "uplink_efficiency": args.uplink_efficiency,
+        "exchange_efficiency": args.exchange_efficiency,
         "concurrent_roots": args.roots,
         "shared_cores": args.shared_cores,
     }
     fields.update({key: value for key, value in explicit.items() if value is not None})
-    if args.efficiency is not None and args.uplink_efficiency is None:
-        fields["uplink_efficiency"] = None  # every level, as --help says
+    if args.efficiency is not None:  # every level not given its own, as --help says
+        for level in ("uplink_efficiency", "exchange_efficiency"):
+            if getattr(args, level) is None:
+                fields[level] = None
     return Params(**fields)
 
 

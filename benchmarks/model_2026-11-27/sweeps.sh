@@ -1,0 +1,14 @@
+#!/bin/bash
+# Phase 2 of this folder: sweeps with codecs none, int8, int4 and the tuner on this folder's fit.
+# Run as root from the repository root after validate.py fit: bash benchmarks/model_2026-11-27/sweeps.sh
+set -euo pipefail
+D=benchmarks/model_2026-11-27; F=$D/fit.json
+for op in all_gather reduce_scatter; do
+  A=native,ring,$([ $op = all_gather ] && echo backend || echo alltoall),auto
+  commpress bench --prefix mce --hosts 2 --link 1gbit -b 1M -e 64M -f 4 -n 10 -w 2 --op $op \
+    --algorithm $A --codec none,int8,int4 --tune-fit $F --json $D/sweep_2hosts_$op.json
+  commpress bench --prefix mce --hosts 4 --link 1gbit -b 1M -e 64M -f 4 -n 10 -w 2 --op $op \
+    --algorithm $A --codec none,int8,int4 --tune-fit $F --json $D/sweep_4hosts_$op.json
+  commpress bench --prefix mce --hosts 8 --racks 2 --link 1gbit --uplink 500mbit -b 1M -e 64M -f 4 -n 5 -w 2 \
+    --op $op --algorithm $A --codec none,int8,int4 --tune-fit $F --json $D/sweep_8racks_$op.json
+done
