@@ -14,7 +14,10 @@ is then written to ``fit_PHASE_other.json``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
+import json
 import os
 import sys
 
@@ -63,8 +66,53 @@ def main(phase: str) -> None:
     print("| file | size | codec asked | chosen | fastest allowed | chosen / best |")
     print("|---|---:|---|---|---|---:|")
     validate_levels.FIT = fit_path()
-    for path in SWEEPS:
-        validate_levels.choices(path)
+    lines = io.StringIO()
+    with contextlib.redirect_stdout(lines):
+        for path in [p for p in SWEEPS if "_more_" not in p]:  # the tuner's candidates
+            validate_levels.choices(path)
+    print(lines.getvalue(), end="")
+    ratios = [line.split("|")[2:7:4] for line in lines.getvalue().splitlines()]
+    for label, keep in (("4 MiB and above", lambda mib: mib >= 4), ("1 MiB", lambda mib: mib < 4)):
+        mine = [float(r.split()[0]) for size, r in ratios if keep(int(size.split()[0]))]
+        print(f"\n{label}: chosen / best at most 1.10 in {sum(r <= 1.10 for r in mine)} of "
+              f"{len(mine)} rows, 1.00 in {sum(r == 1.0 for r in mine)}")  # fmt: skip
+    reproducibility()
+
+
+def reproducibility() -> None:
+    """The rows that both a calibration file and a later sweep measured (same command
+    settings, int8 and torch's own): how far the second measurement is from the first."""
+    print("\n## The same rows measured twice: sweep / calibration\n")
+    print("| file | algorithm | codec | MiB | calibration ms | sweep ms | ratio |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    within = total = 0
+    for sweep in SWEEPS:
+        calibration = sweep.replace("sweep_", "calib_")
+        if not os.path.exists(calibration):
+            continue
+        first = {_key(r): r["time_us"] for r in _rows(calibration)}
+        for row in _rows(sweep):
+            if _key(row) not in first:
+                continue
+            ratio = row["time_us"] / first[_key(row)]
+            name = sweep.removeprefix(f"{HERE}/")
+            print(
+                f"| {name} | {row['algorithm']} | {row['codec']} | {row['size_bytes'] >> 20} "
+                f"| {first[_key(row)] / 1e3:.1f} | {row['time_us'] / 1e3:.1f} | {ratio:.2f} |"
+            )
+            if row["size_bytes"] >= 4 << 20:
+                total += 1
+                within += abs(ratio - 1) <= 0.10
+    print(f"\nRows of 4 MiB and above whose two measurements are within 10%: {within}/{total}")
+
+
+def _rows(path: str) -> list[dict]:
+    with open(path) as file:
+        return json.load(file)["rows"]
+
+
+def _key(row: dict) -> tuple:
+    return row["algorithm"], row["codec"], row["size_bytes"]
 
 
 if __name__ == "__main__":
