@@ -7,31 +7,31 @@ on one switch, 8 hosts in 2 racks, 1-64 MiB; codec speeds from ``codecs.json``),
 ``fit.json``; every calibration row predicted (in sample), then the rows held out by size
 (fitted on 1 and 16 MiB, predicting 4 and 64 MiB). PHASE ``sweeps``: the ``sweep_*.json``
 rows (codecs none, int8, int4, measured after the fit) predicted by ``fit.json``, and the
-tuner's choice for their ``auto`` rows against the rows of the same invocation. Run with
-``PYTHONPATH`` at another checkout to see that checkout's model on the same rows (the fit
-is then written to ``fit_PHASE_other.json``).
+tuner's choice for their ``auto`` rows against the rows of the same invocation (with
+``fit_tuner.json``, the fit they ran with), and the rows measured twice. Run with
+``PYTHONPATH`` at another checkout to see that checkout's model on the same rows (its fit
+is then written to and read from ``fit_other.json``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
-import io
 import json
 import os
 import sys
 
 sys.path.insert(0, "benchmarks/sim_2026-11-25")
-sys.path.insert(0, "benchmarks/tuner_2026-11-26")
+import torch  # noqa: E402
 import validate  # noqa: E402
-import validate_levels  # noqa: E402
 
-from commpress.sim import calibrate  # noqa: E402
+from commpress.sim import calibrate, tuner  # noqa: E402
 
 HERE = "benchmarks/model_2026-11-27"
 CODECS = f"{HERE}/codecs.json"
 CALIBRATION = sorted(glob.glob(f"{HERE}/calib_*.json"))
 SWEEPS = sorted(glob.glob(f"{HERE}/sweep_*.json"))
+#: what sweeps.sh ran the tuner on (another checkout: its own fit)
+TUNER_FIT = f"{HERE}/fit_tuner.json"
 HERE_SOURCE = os.path.abspath("src")
 
 
@@ -62,30 +62,76 @@ def main(phase: str) -> None:
     print(f"Fit `{fit_path()}`: {calibrate.describe(fields)}")
     swept = calibrate.read_bench(SWEEPS)
     validate.table(validate.predict(swept, fields), "held out: later sweeps, none/int8/int4")
-    print("\n## The tuner's choice against the rows of the same invocation\n")
-    print("| file | size | codec asked | chosen | fastest allowed | chosen / best |")
-    print("|---|---:|---|---|---|---:|")
-    validate_levels.FIT = fit_path()
-    lines = io.StringIO()
-    with contextlib.redirect_stdout(lines):
-        for path in [p for p in SWEEPS if "_more_" not in p]:  # the tuner's candidates
-            validate_levels.choices(path)
-    print(lines.getvalue(), end="")
-    ratios = [line.split("|")[2:7:4] for line in lines.getvalue().splitlines()]
-    for label, keep in (("4 MiB and above", lambda mib: mib >= 4), ("1 MiB", lambda mib: mib < 4)):
-        mine = [float(r.split()[0]) for size, r in ratios if keep(int(size.split()[0]))]
-        print(f"\n{label}: chosen / best at most 1.10 in {sum(r <= 1.10 for r in mine)} of "
-              f"{len(mine)} rows, 1.00 in {sum(r == 1.0 for r in mine)}")  # fmt: skip
-    reproducibility()
+    global TUNER_FIT
+    if fit_path() != f"{HERE}/fit.json":
+        TUNER_FIT = fit_path()
+    print("\n## The tuner's choices against the rows of the same invocation\n")
+    print(f"The tuner's fit: `{TUNER_FIT}` (the fit the sweeps ran with, before the")
+    print("`calib_more_*` rows). `ran`: the `auto` row itself, which ran the choice;")
+    print("`explicit`: the chosen pair's own explicit row; both over the fastest explicit row")
+    print("the request allows (native included). `offline`: the tuner's choice recomputed\n")
+    print("| file | size | codec asked | ran | offline | fastest allowed | ran / best "
+          "| explicit / best |")  # fmt: skip
+    print("|---|---:|---|---|---|---|---:|---:|")
+    ratios = {"ran": [], "explicit": []}
+    for path in [p for p in SWEEPS if "_more_" not in p]:  # the tuner's candidates
+        for size, ran, explicit in choices(path):
+            ratios["ran"].append((size, ran))
+            ratios["explicit"].append((size, explicit))
+    for name, pairs in ratios.items():
+        for label, large in (("4 MiB and above", True), ("1 MiB", False)):
+            mine = [r for size, r in pairs if (size >= 4 << 20) == large]
+            within, best = sum(r <= 1.10 for r in mine), sum(r <= 1.0 for r in mine)
+            print(f"\n{name} / best, {label}: at most 1.10 in {within} of {len(mine)} rows, "
+                  f"at most 1.00 in {best}")  # fmt: skip
+    reproducibility(fields)
 
 
-def reproducibility() -> None:
+def choices(path: str) -> list[tuple]:
+    """Per ``auto`` row of ``path``: its size, its own time and its pair's explicit row's
+    time over the fastest explicit row the request allows (a table row printed)."""
+    rows = _rows(path)
+    measured = [r for r in rows if r["algorithm"] != "auto" and not r["codec"].startswith("auto")]
+    first = rows[0]
+    topology = "switch"
+    if (first.get("racks") or 1) > 1:
+        topology = f"racks:count={first['racks']},uplink={first['uplink']}"
+    link = first["link"].split(",")[0]
+    tuner.configure(topology=topology, link=link, fit=TUNER_FIT, shared_cores=2)
+    out = []
+    for auto in [r for r in rows if r["algorithm"] == "auto"]:
+        size, request = auto["size_bytes"], auto["codec"]
+        world = first["nprocs"]
+        numel = size // 4 // (world if first["op"] == "all_gather" else 1)
+        offline = tuner.choose(first["op"], numel, torch.float32, world, request)
+        pool = [r for r in measured if r["size_bytes"] == size
+                and (r["codec"] == request or r["algorithm"] == "native")]  # fmt: skip
+        best = min(pool, key=lambda r: r["time_us"])
+        codec, _, algorithm = auto["chosen"].partition("@")
+        (explicit,) = [r for r in measured if r["size_bytes"] == size
+                       and r["algorithm"] == algorithm
+                       and (r["codec"] == codec or algorithm == "native")]  # fmt: skip
+        ran, mine = auto["time_us"] / best["time_us"], explicit["time_us"] / best["time_us"]
+        name = path.removeprefix(f"{HERE}/")
+        fastest = f"{best['codec']}@{best['algorithm']}, {best['time_us'] / 1e3:.1f} ms"
+        print(f"| {name} | {size >> 20} MiB | {request} | {auto['chosen']} | {offline} "
+              f"| {fastest} | {ran:.2f} | {mine:.2f} |")  # fmt: skip
+        out.append((size, ran, mine))
+    return out
+
+
+def reproducibility(fields: dict) -> None:
     """The rows that both a calibration file and a later sweep measured (same command
-    settings, int8 and torch's own): how far the second measurement is from the first."""
+    settings, int8 and torch's own): how far the second measurement is from the first,
+    and how far the model (``fields``) is from the second."""
     print("\n## The same rows measured twice: sweep / calibration\n")
     print("| file | algorithm | codec | MiB | calibration ms | sweep ms | ratio |")
     print("|---|---|---|---:|---:|---:|---:|")
-    within = total = 0
+    within = total = model_within = 0
+    predicted = {
+        (r.source, r.algorithm, r.codec, r.size_bytes): t
+        for r, t in validate.predict(calibrate.read_bench(SWEEPS), fields)
+    }
     for sweep in SWEEPS:
         calibration = sweep.replace("sweep_", "calib_")
         if not os.path.exists(calibration):
@@ -103,7 +149,11 @@ def reproducibility() -> None:
             if row["size_bytes"] >= 4 << 20:
                 total += 1
                 within += abs(ratio - 1) <= 0.10
-    print(f"\nRows of 4 MiB and above whose two measurements are within 10%: {within}/{total}")
+                model = predicted[(sweep, row["algorithm"], row["codec"], row["size_bytes"])]
+                model_within += abs(model / (row["time_us"] * 1e-6) - 1) <= 0.10
+    print(f"\nRows of 4 MiB and above whose two measurements are within 10%: {within}/{total};")
+    print(f"the model (fitted on the first measurements) within 10% of the second: "
+          f"{model_within}/{total}")  # fmt: skip
 
 
 def _rows(path: str) -> list[dict]:

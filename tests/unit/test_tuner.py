@@ -170,6 +170,23 @@ def test_each_choice_is_logged_once(caplog):
     assert "all_gather of 4096 float32 elements on 4 ranks" in caplog.records[0].message
 
 
+def test_a_fit_used_on_another_backend_than_gloo_is_warned_of_once(tmp_path, caplog):
+    """Fits come from `commpress bench`, which runs on gloo: on NCCL the tuner says so,
+    once per fit and backend; without a fit, or on gloo, it says nothing."""
+    fit = _fit(tmp_path, (1e-6, 1.0), (1e-6, 1.0))
+    with caplog.at_level(logging.WARNING, logger="commpress.tuner"):
+        tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False,
+                     backend="nccl")  # fmt: skip
+        tuner.configure(link="1gbit", fit=fit)
+        tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8")
+        for numel in (1 << 20, 1 << 21):
+            tuner.choose("all_gather", numel, torch.float32, 4, "int8", on_cpu=False,
+                         backend="nccl")  # fmt: skip
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "measured on gloo" in warnings[0] and "on nccl" in warnings[0]
+
+
 def test_integration_specs_accept_auto_where_the_tuner_can_choose():
     spec = CollectiveSpec.parse("auto", ("native", "ring"), "all_gather", gathers=True,
                                 tunable=True)  # fmt: skip

@@ -9,20 +9,18 @@ folder (the namespaces share the file system); so do results and tracebacks.
 from __future__ import annotations
 
 import importlib
-import io
 import os
 import pickle
 import sys
 import tempfile
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from commpress.cluster.local import DistributedError
+from commpress.cluster.rank import run_rank
 
 
 def main_of_script(path: str, *args: Any) -> Any:
@@ -60,20 +58,9 @@ def _main(scratch: str) -> int:
     fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method="env://",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout),
-        )
-        try:
-            value = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-        buffer = io.BytesIO()
-        torch.save(value, buffer)
-        (job / f"{rank}.pt").write_bytes(buffer.getvalue())
+        value = run_rank(fn, args, rank, world_size, backend="gloo", init_method="env://",
+                         timeout=timeout)  # fmt: skip
+        (job / f"{rank}.pt").write_bytes(value)
         return 0
     except BaseException:
         (job / f"{rank}.err").write_text(traceback.format_exc())

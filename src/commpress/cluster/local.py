@@ -25,12 +25,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from commpress.cluster.rank import run_rank
 
 POLL_SECONDS = 0.5
 #: what the fork server imports once for every rank it forks
@@ -48,25 +49,10 @@ def _worker(call, rank, world_size, store_path, backend, timeout, results, env) 
         dist.set_debug_level_from_env()  # a bad value is reported like any other error
         torch.set_num_threads(1)
         fn, args = pickle.loads(call)
-        dist.init_process_group(
-            backend,
-            init_method=f"file://{store_path}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout),
-        )
-        # every rank's connections are up before any may finish and close its own: a rank
-        # whose fn returns at once (a refused argument) otherwise ends a slower peer's
-        # connectFullMesh with "Connection closed by peer"
-        dist.barrier()
-        try:
-            value = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-        # Plain bytes: torch's queue would share tensors through memory this process frees.
-        serialized = io.BytesIO()
-        torch.save(value, serialized)
-        results.put((rank, True, serialized.getvalue()))
+        init_method = f"file://{store_path}"
+        value = run_rank(fn, args, rank, world_size, backend=backend, init_method=init_method,
+                         timeout=timeout)  # fmt: skip
+        results.put((rank, True, value))
     except BaseException:  # report everything, including KeyboardInterrupt, to the parent
         results.put((rank, False, traceback.format_exc()))
 

@@ -18,7 +18,7 @@ if it lowers the error. Where every host of a measurement shared one machine (th
 cluster: the file's provenance names its cores), per-message and codec work are scaled by
 hosts per core; codec speeds come from ``commpress codecs --json``.
 
-A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 1, "message_s":
+A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 2, "message_s":
 {"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "uplink_efficiency":
 {"op/algorithm": e}, "exchange_efficiency": {"op/algorithm": e}, "codec_bytes_per_s":
 {codec: [enc, dec]}}`` (``uplink_efficiency`` and ``exchange_efficiency`` only for the
@@ -41,10 +41,13 @@ from commpress.sim.model import Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import parse_rate_bits
 
-FORMAT, VERSION = "commpress-sim-fit", 1
+FORMAT, VERSION = "commpress-sim-fit", 2
+#: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
+#: that reads 1 only would drop it silently, so 2 refuses to load there).
+READABLE_VERSIONS = (1, 2)
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
-MIN_ROWS = 3  # per op and algorithm: two unknowns (three with uplinks: 2 rows per level)
+MIN_ROWS = 3  # per op and algorithm: two unknowns, more with levels of their own (2 rows each)
 _SLOW = 1e-6  # a level's efficiency that makes it the bound of every step
 _ROUNDS = 8  # at most, of assigning rows to the level that bounds them, then fitting again
 _STEPS = 20  # at most, of Gauss-Newton on the model itself after the linear fit
@@ -307,7 +310,7 @@ def _residuals(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) 
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
     """``[m, 1/e, ...]`` that fit ``matrix @ x = target`` best with ``m >= 0`` and every
     efficiency at most 1 (``1/e >= 1``): the best of the unconstrained fits with each subset
-    of the unknowns held at its bound (two to three unknowns: at most eight fits)."""
+    of the unknowns held at its bound (two to four unknowns: at most 16 fits)."""
     bounds = [0.0] + [1.0] * (matrix.shape[1] - 1)
     best, best_residual = None, np.inf
     for held in itertools.product((False, True), repeat=matrix.shape[1]):
@@ -333,9 +336,10 @@ def load(path) -> dict:
     data = _json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a fit saved by `commpress sim --save-fit`")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path}: fit version {data.get('version')}, this commpress reads {VERSION}"
+            f"{path}: fit version {data.get('version')}, this commpress reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
     if missing:

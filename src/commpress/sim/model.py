@@ -72,9 +72,10 @@ class Params:
     #: (``benchmarks/tuner_2026-11-26/README.md``).
     uplink_efficiency: float | dict | None = None
     #: The same for the host links in a step where each rank sends to and receives from
-    #: one peer only (every step on two ranks); ``None``: ``efficiency``. gloo serialises
-    #: such an exchange at random when both ranks post their send first, as its own
-    #: collectives do (``benchmarks/two_ranks_2026-11-27/README.md``).
+    #: one peer only (every step on two ranks); ``None``: ``efficiency``. A fitted factor:
+    #: gloo was measured to serialise such an exchange at random when both ranks post
+    #: their send first, and its own collectives are inferred to do so
+    #: (``benchmarks/two_ranks_2026-11-27/README.md``); other backends need fits of their own.
     exchange_efficiency: float | dict | None = None
     #: codec -> (encode, decode) throughput in bytes of fp32 input per second; a codec not
     #: listed costs nothing (a GPU's codec kernels run at memory bandwidth, far above links)
@@ -218,7 +219,9 @@ class _Timing:
         self.topology, self.params, self.codec = topology, params, codec
         self.levels = {level.name: level for level in topology.levels()}
         self.totals: dict[str, np.ndarray] = {}
-        self.exchanged = False  # some step was a single-peer exchange
+        #: some step was a single-peer exchange (every step of today's schedules on two
+        #: ranks, none on more): the bottleneck is then judged at the exchange efficiency
+        self.exchanged = False
         self._patterns: dict[tuple, tuple[float, dict]] = {}
 
     def run(self, schedule: Schedule) -> float:

@@ -104,6 +104,7 @@ class Choice:
 _lock = threading.Lock()
 _network: Network | None = None
 _choices: dict = {}
+_warned: set = set()
 _errors: dict[str, float] = {}
 
 
@@ -115,8 +116,25 @@ def configure(**fields) -> Network:
     with _lock:
         _network = network
         _choices.clear()
+        _warned.clear()
         _params.cache_clear()  # the fit file may have been rewritten since
     return network
+
+
+def _warn_once_of_another_backend(setting: Network, backend: str) -> None:
+    """A fit is made from ``commpress bench`` rows, which run on gloo: its efficiencies
+    (the two-rank exchanges' above all) describe gloo, not another backend."""
+    if setting.fit is None or backend == "gloo":
+        return
+    with _lock:
+        if (setting.fit, backend) in _warned:
+            return
+        _warned.add((setting.fit, backend))
+    logger.warning(
+        "the tuner's fit %s was measured on gloo (`commpress bench`); on %s its link "
+        "efficiencies, the two-rank exchanges' above all, may not hold: fit %s rows",
+        setting.fit, backend, backend,
+    )  # fmt: skip
 
 
 def network() -> Network:
@@ -159,6 +177,7 @@ def choose(
     setting = network()
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
+    _warn_once_of_another_backend(setting, backend)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
