@@ -8,13 +8,15 @@ on one switch, 8 hosts in 2 racks, 1-64 MiB; codec speeds from ``codecs.json``),
 (fitted on 1 and 16 MiB, predicting 4 and 64 MiB). PHASE ``sweeps``: the ``sweep_*.json``
 rows (codecs none, int8, int4, measured after the fit) predicted by ``fit.json``, and the
 tuner's choice for their ``auto`` rows against the rows of the same invocation (with
-``fit_tuner.json``, the fit they ran with), and the rows measured twice. Run with
+``fit_tuner.json``, the fit they ran with), and the rows measured twice. PHASE ``repeat``:
+the sweeps against their repetition ``repeat_*.json`` (``repeat.sh``). Run with
 ``PYTHONPATH`` at another checkout to see that checkout's model on the same rows (its fit
 is then written to and read from ``fit_other.json``).
 """
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
@@ -46,6 +48,9 @@ def main(phase: str) -> None:
     rows = calibrate.read_bench(CALIBRATION)
     print(f"# The cost model on this VM: {phase}\n")
     print(f"commpress from `{calibrate.__file__}`\n")
+    if phase == "repeat":
+        repeat()
+        return
     if phase == "fit":
         fields = calibrate.fit_rows(rows, speeds)
         calibrate.save(fit_path(), fields)
@@ -62,6 +67,11 @@ def main(phase: str) -> None:
     print(f"Fit `{fit_path()}`: {calibrate.describe(fields)}")
     swept = calibrate.read_bench(SWEEPS)
     validate.table(validate.predict(swept, fields), "held out: later sweeps, none/int8/int4")
+    tuner_table([p for p in SWEEPS if "_more_" not in p])  # the tuner's candidates
+    reproducibility(fields)
+
+
+def tuner_table(paths: list[str]) -> None:
     global TUNER_FIT
     if fit_path() != f"{HERE}/fit.json":
         TUNER_FIT = fit_path()
@@ -74,7 +84,7 @@ def main(phase: str) -> None:
           "| explicit / best |")  # fmt: skip
     print("|---|---:|---|---|---|---|---:|---:|")
     ratios = {"ran": [], "explicit": []}
-    for path in [p for p in SWEEPS if "_more_" not in p]:  # the tuner's candidates
+    for path in paths:
         for size, ran, explicit in choices(path):
             ratios["ran"].append((size, ran))
             ratios["explicit"].append((size, explicit))
@@ -84,7 +94,6 @@ def main(phase: str) -> None:
             within, best = sum(r <= 1.10 for r in mine), sum(r <= 1.0 for r in mine)
             print(f"\n{name} / best, {label}: at most 1.10 in {within} of {len(mine)} rows, "
                   f"at most 1.00 in {best}")  # fmt: skip
-    reproducibility(fields)
 
 
 def choices(path: str) -> list[tuple]:
@@ -118,6 +127,39 @@ def choices(path: str) -> list[tuple]:
               f"| {fastest} | {ran:.2f} | {mine:.2f} |")  # fmt: skip
         out.append((size, ran, mine))
     return out
+
+
+def repeat() -> None:
+    """The sweeps against their repetition (``repeat_*.json``, same commands): how far each
+    row moved, and the model's errors against each and against the mean of the two."""
+    fields = calibrate.load(fit_path())
+    print(f"Fit `{fit_path()}`\n")
+    counts = collections.defaultdict(lambda: [0, 0, 0, 0, 0])  # codec -> the counts below
+    for sweep in [p for p in SWEEPS if "_more_" not in p]:
+        again = sweep.replace("sweep_", "repeat_")
+        first, second = calibrate.read_bench([sweep]), calibrate.read_bench([again])
+        times = {(r.algorithm, r.codec, r.size_bytes): r.time_s for r in second}
+        for row, predicted in validate.predict(first, fields):
+            if row.size_bytes < 4 << 20:
+                continue
+            other = times[(row.algorithm, row.codec, row.size_bytes)]
+            mean = (row.time_s + other) / 2
+            mine = counts[row.codec]
+            mine[0] += 1
+            mine[1] += abs(other / row.time_s - 1) <= 0.10
+            mine[2] += abs(predicted / row.time_s - 1) <= 0.10
+            mine[3] += abs(predicted / other - 1) <= 0.10
+            mine[4] += abs(predicted / mean - 1) <= 0.10
+    print("Rows of 4 MiB and above of `sweep_*.json` (not `sweep_more_*`) and `repeat_*.json`:\n")
+    print("| codec | rows | repeat within 10% of sweep | model within 10% of sweep "
+          "| of repeat | of their mean |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    total = [0] * 5
+    for codec, mine in sorted(counts.items()):
+        print(f"| {codec} | " + " | ".join(map(str, mine)) + " |")
+        total = [a + b for a, b in zip(total, mine, strict=True)]
+    print("| all | " + " | ".join(map(str, total)) + " |")
+    tuner_table(sorted(glob.glob(f"{HERE}/repeat_*.json")))
 
 
 def reproducibility(fields: dict) -> None:
