@@ -9,7 +9,7 @@ on one switch, 8 hosts in 2 racks, 1-64 MiB; codec speeds from ``codecs.json``),
 rows (codecs none, int8, int4, measured after the fit) predicted by ``fit.json``, and the
 tuner's choice for their ``auto`` rows against the rows of the same invocation (with
 ``fit_tuner.json``, the fit they ran with), and the rows measured twice. PHASE ``repeat``:
-the sweeps against their repetition ``repeat_*.json`` (``repeat.sh``). Run with
+the sweeps against their repetition ``repeat_*.json`` (``sweeps.sh repeat``). Run with
 ``PYTHONPATH`` at another checkout to see that checkout's model on the same rows (its fit
 is then written to and read from ``fit_other.json``).
 """
