@@ -76,10 +76,15 @@ def tuner_table(paths: list[str]) -> None:
     if fit_path() != f"{HERE}/fit.json":
         TUNER_FIT = fit_path()
     print("\n## The tuner's choices against the rows of the same invocation\n")
-    print(f"The tuner's fit: `{TUNER_FIT}` (the fit the sweeps ran with, before the")
-    print("`calib_more_*` rows). `ran`: the `auto` row itself, which ran the choice;")
-    print("`explicit`: the chosen pair's own explicit row; both over the fastest explicit row")
-    print("the request allows (native included). `offline`: the tuner's choice recomputed\n")
+    if TUNER_FIT.endswith("fit_tuner.json"):
+        print(f"The tuner's fit: `{TUNER_FIT}`, the one the sweeps ran with (before the")
+        print("`calib_more_*` rows).")
+    else:
+        print(f"The tuner's fit: `{TUNER_FIT}`, this checkout's own: not the one the sweeps")
+        print("ran with, so `offline` may differ from `ran`.")
+    print("`ran`: the pair the `auto` row ran, and that row's time; `explicit`: the same")
+    print("pair's own explicit row; both over the fastest explicit row the request allows")
+    print("(native included). `offline`: the tuner's choice recomputed here.\n")
     print("| file | size | codec asked | ran | offline | fastest allowed | ran / best "
           "| explicit / best |")  # fmt: skip
     print("|---|---:|---|---|---|---|---:|---:|")

@@ -172,19 +172,27 @@ def test_each_choice_is_logged_once(caplog):
 
 def test_a_fit_used_on_another_backend_than_gloo_is_warned_of_once(tmp_path, caplog):
     """Fits come from `commpress bench`, which runs on gloo: on NCCL the tuner says so,
-    once per fit and backend; without a fit, or on gloo, it says nothing."""
+    once per fit and backend (again after ``configure``); without a fit, on gloo, or with
+    CPU tensors on a group whose CPU backend is gloo, it says nothing."""
     fit = _fit(tmp_path, (1e-6, 1.0), (1e-6, 1.0))
-    with caplog.at_level(logging.WARNING, logger="commpress.tuner"):
-        tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False,
-                     backend="nccl")  # fmt: skip
-        tuner.configure(link="1gbit", fit=fit)
-        tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8")
-        for numel in (1 << 20, 1 << 21):
-            tuner.choose("all_gather", numel, torch.float32, 4, "int8", on_cpu=False,
-                         backend="nccl")  # fmt: skip
-    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "measured on gloo" in warnings[0] and "on nccl" in warnings[0]
+
+    def warnings_after(*calls) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="commpress.tuner"):
+            for numel, on_cpu, backend in calls:
+                tuner.choose("all_gather", numel, torch.float32, 4, "int8", on_cpu=on_cpu,
+                             backend=backend)  # fmt: skip
+        return [r.message for r in caplog.records if r.levelno == logging.WARNING]
+
+    assert warnings_after((1 << 20, False, "nccl")) == []  # no fit
+    tuner.configure(link="1gbit", fit=fit)
+    assert warnings_after((1 << 20, True, "gloo"), (1 << 21, True, "cpu:gloo,cuda:nccl")) == []
+    (warning,) = warnings_after((1 << 20, False, "nccl"), (1 << 21, False, "nccl"))
+    assert "measured on gloo" in warning and "on nccl" in warning
+    (mixed,) = warnings_after((1 << 22, False, "cpu:gloo,cuda:nccl"), (1 << 22, False, "nccl"))
+    assert "on cpu:gloo,cuda:nccl" in mixed
+    tuner.configure(link="1gbit", fit=fit)
+    assert len(warnings_after((1 << 20, False, "nccl"))) == 1
 
 
 def test_integration_specs_accept_auto_where_the_tuner_can_choose():

@@ -121,19 +121,20 @@ def configure(**fields) -> Network:
     return network
 
 
-def _warn_once_of_another_backend(setting: Network, backend: str) -> None:
+def _warn_once_of_another_backend(setting: Network, backend: str, on_cpu: bool) -> None:
     """A fit is made from ``commpress bench`` rows, which run on gloo: its efficiencies
-    (the two-rank exchanges' above all) describe gloo, not another backend."""
-    if setting.fit is None or backend == "gloo":
+    (the two-rank exchanges' above all) describe gloo, not another backend. A group of
+    several backends ("cpu:gloo,cuda:nccl") moves CPU tensors with gloo."""
+    if setting.fit is None or backend == "gloo" or (on_cpu and "gloo" in backend):
         return
     with _lock:
         if (setting.fit, backend) in _warned:
             return
         _warned.add((setting.fit, backend))
     logger.warning(
-        "the tuner's fit %s was measured on gloo (`commpress bench`); on %s its link "
-        "efficiencies, the two-rank exchanges' above all, may not hold: fit %s rows",
-        setting.fit, backend, backend,
+        "the tuner's fit %s was measured on gloo (`commpress bench` runs on gloo); on %s "
+        "its link efficiencies, the two-rank exchanges' above all, may not hold",
+        setting.fit, backend,
     )  # fmt: skip
 
 
@@ -177,7 +178,7 @@ def choose(
     setting = network()
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
-    _warn_once_of_another_backend(setting, backend)
+    _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
