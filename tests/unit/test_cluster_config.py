@@ -205,3 +205,17 @@ def test_rack_options_ask_for_the_cluster():
     assert wants_cluster(racks) and racks.racks == 2 and racks.uplink == "500mbit"
     with pytest.raises(SystemExit):
         parser.parse_args(["--racks", "0"])
+
+
+def test_a_job_rank_that_cannot_start_reports_why(tmp_path, monkeypatch):
+    """A rank in a namespace writes its traceback where the caller reads it, even when the
+    job itself cannot be unpickled (a module the namespace's interpreter cannot import):
+    before, it died without one and the caller saw only an exit status."""
+    from commpress.cluster import jobs
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "job.pkl").write_bytes(b"not a pickle")
+    assert jobs._main(str(tmp_path)) == 1
+    assert "UnpicklingError" in (tmp_path / "1.err").read_text()
+    assert not (tmp_path / "1.pt").exists()

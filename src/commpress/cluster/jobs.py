@@ -55,9 +55,9 @@ def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]
 def _main(scratch: str) -> int:
     job = Path(scratch)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
     torch.set_num_threads(1)
     try:
+        fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
         value = run_rank(fn, args, rank, world_size, backend="gloo", init_method="env://",
                          timeout=timeout)  # fmt: skip
         (job / f"{rank}.pt").write_bytes(value)
