@@ -209,9 +209,11 @@ def simulate_all_gather(schedules: list[Schedule], own_values=None) -> list[dict
         )
         repeated = {key: copies for key, copies in arrived[rank].items() if copies > 1}
         assert not repeated, f"rank {rank}: (chunk, piece) received more than once {repeated}"
+        slices_of = defaultdict(list)
+        for (chunk, _), cut in cuts[rank].items():
+            slices_of[chunk].append(cut)
         for chunk in others:
-            slices = [cut for (c, _), cut in cuts[rank].items() if c == chunk]
-            assert_tiles(slices, schedule.chunk_numel, f"rank {rank} chunk {chunk}")
+            assert_tiles(slices_of[chunk], schedule.chunk_numel, f"rank {rank} chunk {chunk}")
         if n > 1:
             repeated = {cut: times for cut, times in encoded[rank].items() if times > 1}
             assert not repeated, f"rank {rank} encodes its pieces more than once: {repeated}"
@@ -219,6 +221,26 @@ def simulate_all_gather(schedules: list[Schedule], own_values=None) -> list[dict
         else:
             assert not encoded[rank]
     return values
+
+
+#: A multiset of ranks as one int, a digit of this many bits per rank: adding two is one
+#: addition however many ranks (a Counter's costs one step per rank, which at 64 ranks was
+#: most of this file's time).
+_DIGIT_BITS = 16
+
+
+def _contribution(rank: int) -> int:
+    return 1 << (_DIGIT_BITS * rank)
+
+
+def _as_counter(total: int) -> Counter:
+    counts, rank = Counter(), 0
+    while total:
+        if digit := total & ((1 << _DIGIT_BITS) - 1):
+            counts[rank] = digit
+        total >>= _DIGIT_BITS
+        rank += 1
+    return counts
 
 
 def simulate_reduce_scatter(schedules: list[Schedule]) -> list[Counter]:
@@ -230,14 +252,14 @@ def simulate_reduce_scatter(schedules: list[Schedule]) -> list[Counter]:
 
     def payload(rank, send):
         if send.prepare is Prepare.ENCODE:
-            return Counter({rank: 1})
+            return _contribution(rank)
         key = (send.chunk, send.piece)
         assert key in partials[rank], f"rank {rank} forwards {key} it has no partial sum of"
         return partials[rank][key]
 
     def deliver(rank, receive, contributions):
         key = (receive.chunk, receive.piece)
-        own = Counter({rank: 1})
+        own = _contribution(rank)
         if receive.then is Then.ADD_REENCODE:
             partials[rank][key] = contributions + own
         elif receive.then is Then.ADD_KEEP:
@@ -252,22 +274,24 @@ def simulate_reduce_scatter(schedules: list[Schedule]) -> list[Counter]:
             raise AssertionError(f"rank {rank}: {receive.then} in a reduction")
 
     run_lock_step(schedules, payload, deliver)
-    everyone = Counter(range(n))
+    everyone = sum(_contribution(rank) for rank in range(n))
     reduced = []
     for rank, schedule in enumerate(schedules):
         if not schedule.steps:  # a world of one: the own chunk is the own contribution
-            results[rank][(rank, 0)] = (0, schedule.chunk_numel, Counter({rank: 1}))
+            results[rank][(rank, 0)] = (0, schedule.chunk_numel, _contribution(rank))
         assert {chunk for chunk, _ in results[rank]} == {rank}, (
             f"rank {rank} ends with chunks {sorted({chunk for chunk, _ in results[rank]})}"
         )
         for key, (_, _, total) in results[rank].items():
-            assert total == everyone, (
-                f"rank {rank} {key}: missing {sorted(everyone - total)}, "
-                f"duplicated {dict(total - everyone)}"
-            )
+            if total != everyone:
+                counts, all_ranks = _as_counter(total), Counter(range(n))
+                raise AssertionError(
+                    f"rank {rank} {key}: missing {sorted(all_ranks - counts)}, "
+                    f"duplicated {dict(counts - all_ranks)}"
+                )
         slices = [(offset, numel) for offset, numel, _ in results[rank].values()]
         assert_tiles(slices, schedule.chunk_numel, f"rank {rank} own chunk")
-        reduced.append(next(iter(results[rank].values()))[2])
+        reduced.append(_as_counter(next(iter(results[rank].values()))[2]))
     return reduced
 
 
