@@ -21,7 +21,7 @@ from commpress.bench import report
 from commpress.bench.arguments import byte_size, comma_list, positive_int
 from commpress.schedules.registry import NATIVE, OPS, every_algorithm, get_algorithm
 from commpress.sim import calibrate
-from commpress.sim.model import Params, simulate
+from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import parse_topology
 from commpress.units import parse_rate_bits
 
@@ -162,7 +162,7 @@ def _params(args) -> Params:
     }
     fields.update({key: value for key, value in explicit.items() if value is not None})
     if args.efficiency is not None:  # every level not given its own, as --help says
-        for level in ("uplink_efficiency", "exchange_efficiency"):
+        for level in OPTIONAL_EFFICIENCIES:
             if getattr(args, level) is None:
                 fields[level] = None
     return Params(**fields)

@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from commpress.codecs import get_codec
-from commpress.sim.model import Params, simulate
+from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
+from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import parse_rate_bits
 
@@ -126,10 +127,8 @@ def codec_speeds(path) -> dict:
     return {r["codec"]: (r["encode_gbps"] * 1e9, r["decode_gbps"] * 1e9) for r in rows}
 
 
-#: The kinds of link time a row can be bound by, each with the efficiency that the model
-#: applies to it (a Params field): host links, the links above them, and host links in a
-#: step where each rank exchanges with a single peer (every step on two ranks).
-LEVELS = {"host": "efficiency", "uplink": "uplink_efficiency", "exchange": "exchange_efficiency"}
+#: The levels that may get an efficiency of their own, in the order a tie prefers them.
+_OWN_CANDIDATES = tuple(level for level in LEVELS if level != "host")
 
 
 def terms(row: Measured, params: Params) -> tuple[float, dict, float]:
@@ -244,13 +243,14 @@ def _bound(level_s: dict, efficiencies: dict) -> str:
     if not times:
         return "host"
     longest = max(times.values())
-    return next(level for level in ("uplink", "exchange", "host") if times.get(level) == longest)
+    preferred = (*_OWN_CANDIDATES, "host")
+    return next(level for level in preferred if times.get(level) == longest)
 
 
 def _own_levels(bounds: list[str]) -> tuple[str, ...]:
     """The levels other than the host links that get an efficiency of their own."""
     own: list[str] = []
-    for level in ("uplink", "exchange"):
+    for level in _OWN_CANDIDATES:
         staying = sum(bounds.count(other) for other in LEVELS if other not in (level, *own))
         if bounds.count(level) >= 2 and staying >= 2:
             own.append(level)
@@ -350,7 +350,7 @@ def load(path) -> dict:
             "efficiency": {k: float(v) for k, v in data["efficiency"].items()},
             **{
                 field: {k: float(v) for k, v in data.get(field, {}).items()}
-                for field in ("uplink_efficiency", "exchange_efficiency")
+                for field in OPTIONAL_EFFICIENCIES
             },
             "latency_s": float(data.get("latency_s", 0.0)),
             "codec_bytes_per_s": {

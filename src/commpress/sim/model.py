@@ -53,8 +53,16 @@ _PASSES = {
 }
 
 
+#: The kinds of link time a call can be bound by, each with the Params field of its
+#: efficiency: host links, the links above them, and host links in a step where each rank
+#: exchanges with a single peer (every step on two ranks).
+LEVEL_EFFICIENCIES = {
+    "host": "efficiency",
+    "uplink": "uplink_efficiency",
+    "exchange": "exchange_efficiency",
+}
 #: Efficiencies a fit may leave out (no rows of that kind): the host links' applies.
-_OPTIONAL = ("uplink_efficiency", "exchange_efficiency")
+OPTIONAL_EFFICIENCIES = tuple(f for level, f in LEVEL_EFFICIENCIES.items() if level != "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +99,7 @@ class Params:
                                 ("efficiency", 0, 1), ("uplink_efficiency", 0, 1),
                                 ("exchange_efficiency", 0, 1)):  # fmt: skip
             values = getattr(self, name)
-            if values is None and name in _OPTIONAL:
+            if values is None and name in OPTIONAL_EFFICIENCIES:
                 continue
             for value in values.values() if isinstance(values, dict) else (values,):
                 if not value >= low or (high is not None and not 0 < value <= high):  # NaN too
@@ -101,11 +109,11 @@ class Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing
         that, ``algorithm``) resolved, and CPU work scaled by the cores hosts share."""
         resolved = {}
-        for name in ("message_s", "efficiency", *_OPTIONAL):
+        for name in ("message_s", "efficiency", *OPTIONAL_EFFICIENCIES):
             values = getattr(self, name)
             if isinstance(values, dict):
                 key = next((k for k in (f"{op}/{algorithm}", algorithm) if k in values), None)
-                if key is None and name in _OPTIONAL:  # fitted without rows of that kind
+                if key is None and name in OPTIONAL_EFFICIENCIES:  # no rows of that kind
                     resolved[name] = None
                     continue
                 if key is None:
