@@ -363,22 +363,35 @@ def test_an_uplink_efficiency_slows_only_the_links_above_the_hosts_and_names_the
               for params in (NO_OVERHEAD, slow)]  # fmt: skip
     assert switch[0] == switch[1]
 
-    fit = tmp_path / "fit.json"  # uplinks fitted at 0.5, host links at 1
-    calibrate.save(fit, {"message_s": {"all_gather/ring": 0.0}, "latency_s": 0.0,
-                         "efficiency": {"all_gather/ring": 1.0}, "codec_bytes_per_s": {},
-                         "uplink_efficiency": {"all_gather/ring": 0.5}})  # fmt: skip
+    fit = _ring_fit(tmp_path, uplink_efficiency=0.5)  # host links at 1
 
     def sim_time(*flags) -> float:
-        out = tmp_path / "row.json"
-        argv = ["sim", "--topology", "racks:count=2,uplink=1500mbit", "--nodes", "8",
-                "--size", "64M", "--link", "1gbit", "--fit", str(fit), "--json", str(out),
-                *flags]  # fmt: skip
-        assert main(argv) == 0
-        return json.loads(out.read_text())["rows"][0]["time_us"]
+        racks = ("--topology", "racks:count=2,uplink=1500mbit", "--nodes", "8")
+        return _command_line_time(tmp_path, fit, *racks, *flags)
 
     assert sim_time() == pytest.approx(slowed.time_us)
     assert sim_time("--efficiency", "0.9") == pytest.approx(full.time_us / 0.9)  # every level
     assert sim_time("--uplink-efficiency", "1") == pytest.approx(full.time_us)
+
+
+def _ring_fit(tmp_path, **level_efficiency) -> str:
+    """A saved fit of the ring all-gather alone: no per-message time, host links at full
+    rate, the other levels as given."""
+    fit = tmp_path / "fit.json"
+    fields = {"message_s": {"all_gather/ring": 0.0}, "latency_s": 0.0,
+              "efficiency": {"all_gather/ring": 1.0}, "codec_bytes_per_s": {}}  # fmt: skip
+    fields |= {name: {"all_gather/ring": e} for name, e in level_efficiency.items()}
+    calibrate.save(fit, fields)
+    return str(fit)
+
+
+def _command_line_time(tmp_path, fit, *flags) -> float:
+    """``time_us`` of the one row `commpress sim` prints for a 64 MiB ring all-gather on
+    1 Gbit/s links with ``fit``."""
+    out = tmp_path / "row.json"
+    argv = ["sim", "--size", "64M", "--link", "1gbit", "--fit", fit, "--json", str(out), *flags]
+    assert main(argv) == 0
+    return json.loads(out.read_text())["rows"][0]["time_us"]
 
 
 def test_an_exchange_efficiency_slows_only_steps_with_a_single_peer_both_ways(tmp_path):
@@ -399,18 +412,11 @@ def test_an_exchange_efficiency_slows_only_steps_with_a_single_peer_both_ways(tm
                 for params in (NO_OVERHEAD, slow)]  # fmt: skip
         assert four[0] == four[1]
 
-    fit = tmp_path / "fit.json"
-    calibrate.save(fit, {"message_s": {"all_gather/ring": 0.0}, "latency_s": 0.0,
-                         "efficiency": {"all_gather/ring": 1.0}, "codec_bytes_per_s": {},
-                         "exchange_efficiency": {"all_gather/ring": 0.5}})  # fmt: skip
+    fit = _ring_fit(tmp_path, exchange_efficiency=0.5)
     assert calibrate.load(fit)["exchange_efficiency"] == {"all_gather/ring": 0.5}
 
     def sim_time(*flags) -> float:
-        out = tmp_path / "row.json"
-        argv = ["sim", "--nodes", "2", "--size", "64M", "--link", "1gbit", "--fit", str(fit),
-                "--json", str(out), *flags]  # fmt: skip
-        assert main(argv) == 0
-        return json.loads(out.read_text())["rows"][0]["time_us"]
+        return _command_line_time(tmp_path, fit, "--nodes", "2", *flags)
 
     full = simulate("all_gather", "ring", "none", 64 << 20, Switch(2, GBIT), NO_OVERHEAD)
     assert sim_time() == pytest.approx(2 * full.time_us)
