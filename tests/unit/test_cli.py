@@ -252,6 +252,39 @@ print("ok")
     assert _run(code).strip() == "ok"
 
 
+def test_the_type_checking_imports_are_the_table_of_public_names():
+    """What IDEs and type checkers read (the ``TYPE_CHECKING`` block) names the same
+    objects as the table the package serves at run time."""
+    import ast
+    import importlib
+    import inspect
+
+    import commpress
+
+    tree = ast.parse(inspect.getsource(commpress))
+    block = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+
+    def from_import(module: str, name: str):
+        """What ``from module import name`` binds: the attribute, else the submodule."""
+        try:
+            return getattr(importlib.import_module(module), name)
+        except AttributeError:
+            return importlib.import_module(f"{module}.{name}")
+
+    imported = {
+        alias.asname or alias.name: from_import(statement.module, alias.name)
+        for statement in block.body
+        for alias in statement.names
+    }
+    assert sorted(imported) == sorted(commpress._PUBLIC)
+    for name, value in imported.items():
+        assert getattr(commpress, name) is value, name
+
+
 def test_a_command_whose_dependency_is_missing_is_a_one_line_error(monkeypatch, capsys):
     import commpress.cli as cli
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 import torch
@@ -219,3 +220,65 @@ def test_a_job_rank_that_cannot_start_reports_why(tmp_path, monkeypatch):
     assert jobs._main(str(tmp_path)) == 1
     assert "UnpicklingError" in (tmp_path / "1.err").read_text()
     assert not (tmp_path / "1.pt").exists()
+
+
+class _ProcessesAsHosts:
+    """A cluster whose hosts are local processes on 127.0.0.1: ``run_on_cluster``'s
+    error path without network namespaces."""
+
+    hosts = 2
+
+    def describe(self) -> str:
+        return "2 local processes"
+
+    def launch(self, command, *, timeout, output, env) -> int:
+        import socket
+        import subprocess
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        ranks = [
+            subprocess.Popen(
+                command,
+                stderr=output,
+                env={
+                    **os.environ,
+                    **env,
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(self.hosts),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                },
+            )
+            for rank in range(self.hosts)
+        ]
+        return max(rank.wait(timeout=timeout) for rank in ranks)
+
+
+def _refuse_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    return rank
+
+
+def _exit_without_a_word_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def test_a_job_rank_that_raises_reaches_the_caller_with_its_traceback():
+    from commpress.cluster.jobs import run_on_cluster
+    from commpress.cluster.local import DistributedError
+
+    with pytest.raises(DistributedError, match=r"(?s)rank 1 failed:.*ValueError: rank one refuses"):
+        run_on_cluster(_ProcessesAsHosts(), _refuse_on_rank_one, timeout=60)
+
+
+def test_a_job_rank_that_dies_without_a_traceback_reports_the_status():
+    from commpress.cluster.jobs import run_on_cluster
+    from commpress.cluster.local import DistributedError
+
+    with pytest.raises(DistributedError, match="2 local processes ended with status 3"):
+        run_on_cluster(_ProcessesAsHosts(), _exit_without_a_word_on_rank_one, timeout=60)
