@@ -519,3 +519,19 @@ def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
     assert crowded - wire == pytest.approx(4 * (alone - wire), rel=0.05)
     two = simulate("all_gather", "ring", "int8", 8 << 20, Switch(2, GBIT), shared).time_us
     assert two == simulate("all_gather", "ring", "int8", 8 << 20, Switch(2, GBIT), own).time_us
+
+
+def test_the_bottleneck_weighs_each_step_at_its_own_efficiency():
+    """8 hosts in 2 racks of 4, uplinks as fast as host links, exchanges at 0.1: a small
+    exchange across the racks (offset 4: host links 10 B-times, uplinks 4) and a large
+    step at offset 2 (host links 10, uplinks 20): the uplinks are busiest over the call.
+    Judging all the bytes at the exchange efficiency because one step was an exchange
+    would name the host links (110 against 24)."""
+    racks = Racks(8, GBIT, 2, GBIT)
+    params = Params(latency_s=0.0, message_s=0.0, efficiency=1.0, exchange_efficiency=0.1)
+    timing = model._Timing(racks, params, "none")
+    timing._step_s(((4, 1_000_000),))
+    timing._step_s(((2, 10_000_000),))
+    level, busiest = timing.bottleneck()
+    assert level.startswith("uplink")
+    assert busiest == 4 * 1_000_000 + 2 * 10_000_000

@@ -196,14 +196,7 @@ def simulate(
     (schedule,) = plan(op, ran, 0, n, numel, dtype, codec)
     timing = _Timing(topology, params, codec)
     time_s = timing.run(schedule)
-    busiest, bottleneck = 0.0, ""
-    relative = 0.0
-    for name, loads in timing.totals.items():
-        level = timing.levels[name]
-        per_link = float(loads.max()) / level.width
-        reached = level.rate_bits * params.level_efficiency(name, timing.exchanged)
-        if per_link / reached > relative:
-            relative, busiest, bottleneck = per_link / reached, per_link, name
+    bottleneck, busiest = timing.bottleneck()
     return Row(
         nodes=n,
         op=op,
@@ -226,11 +219,11 @@ class _Timing:
     def __init__(self, topology: Topology, params: Params, codec: str):
         self.topology, self.params, self.codec = topology, params, codec
         self.levels = {level.name: level for level in topology.levels()}
-        self.totals: dict[str, np.ndarray] = {}
-        #: some step was a single-peer exchange (every step of today's schedules on two
-        #: ranks, none on more): the bottleneck is then judged at the exchange efficiency
-        self.exchanged = False
-        self._patterns: dict[tuple, tuple[float, dict]] = {}
+        self.totals: dict[str, np.ndarray] = {}  # bytes per link of each level
+        #: seconds each link of a level is busy, each step's bytes at the efficiency of
+        #: that step (a single-peer exchange or not)
+        self.busy_s: dict[str, np.ndarray] = {}
+        self._patterns: dict[tuple, tuple[float, dict, bool]] = {}
 
     def run(self, schedule: Schedule) -> float:
         if schedule.transport is Transport.P2P:
@@ -317,27 +310,41 @@ class _Timing:
             seconds = self.params.message_s + self.params.latency_s * path + busiest
             found = self._patterns[sends] = (seconds, loads, exchange)
         seconds, loads, exchange = found
-        self.exchanged |= exchange
-        self._add(loads)
+        self._add(loads, exchange)
         return seconds
+
+    def bottleneck(self) -> tuple[str, float]:
+        """The level whose links were busiest in time over the whole call, and the bytes
+        its busiest link carried ("" and 0 when nothing was sent)."""
+        if not self.busy_s:
+            return "", 0.0
+        name = max(self.busy_s, key=lambda level: float(self.busy_s[level].max(initial=0.0)))
+        return name, float(self.totals[name].max(initial=0.0)) / self.levels[name].width
+
+    def _link_s(self, name: str, bytes_: np.ndarray, exchange: bool) -> np.ndarray:
+        level = self.levels[name]
+        reached = level.rate_bits * self.params.level_efficiency(name, exchange)
+        return np.asarray(bytes_, dtype=float) / level.width * 8 / reached
 
     def _busiest_s(self, loads: dict, exchange: bool = False) -> float:
         return max(
-            float(bytes_.max(initial=0.0)) / self.levels[name].width * 8
-            / (self.levels[name].rate_bits * self.params.level_efficiency(name, exchange))
+            float(self._link_s(name, bytes_, exchange).max(initial=0.0))
             for name, bytes_ in loads.items()
-        )  # fmt: skip
+        )
 
     def _handle_s(self, receive) -> float:
         decodes, encodes = _PASSES[receive.then]
         return self.params.codec_s(self.codec, receive.numel, encodes, decodes)
 
-    def _add(self, loads: dict) -> None:
+    def _add(self, loads: dict, exchange: bool = False) -> None:
         for name, bytes_ in loads.items():
+            seconds = self._link_s(name, bytes_, exchange)
             if name in self.totals:
                 self.totals[name] = self.totals[name] + bytes_
+                self.busy_s[name] = self.busy_s[name] + seconds
             else:
                 self.totals[name] = np.asarray(bytes_, dtype=float).copy()
+                self.busy_s[name] = seconds
 
 
 def _single_peer_exchange(offsets: np.ndarray, n: int) -> bool:
