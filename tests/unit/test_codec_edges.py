@@ -243,3 +243,25 @@ def test_inputs_that_require_grad_are_encoded_outside_autograd(spec):
     payload = codec.encode(x)
     assert not payload.requires_grad
     assert torch.equal(payload, codec.encode(x.detach()))
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+@pytest.mark.parametrize("numel", [512, 517])
+def test_a_strided_input_encodes_as_its_contiguous_copy(spec, numel):
+    """With the default (native) kernels: a 1-D view with a stride of 2 reached the C
+    encoder as its data pointer, which read the wrong elements (an assertion stopped it;
+    under ``python -O`` nothing would have)."""
+    codec = cp.get_codec(spec)
+    x = torch.randn(2 * numel)[::2]
+    assert not x.is_contiguous()
+    assert torch.equal(codec.encode(x), codec.encode(x.contiguous()))
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_a_strided_payload_is_refused_by_name(spec):
+    codec = cp.get_codec(spec)
+    payload = codec.encode(torch.randn(512))
+    column = torch.zeros(payload.numel(), 2, dtype=torch.uint8)
+    column[:, 0] = payload
+    with pytest.raises(ValueError, match="payload must be contiguous"):
+        codec.decode(column[:, 0], 512, torch.float32)

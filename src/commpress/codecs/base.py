@@ -89,7 +89,7 @@ class CodecBase:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         self.check_dtype(x.dtype, "x.dtype")
-        return x.detach().reshape(-1)
+        return x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         if not isinstance(payload, torch.Tensor):
@@ -99,6 +99,8 @@ class CodecBase:
                 f"payload must be a 1-D torch.uint8 tensor, got {payload.dtype} "
                 f"with shape {tuple(payload.shape)}"
             )
+        if not payload.is_contiguous():
+            raise ValueError("payload must be contiguous (a strided view: pass .contiguous())")
         check_numel(numel)
         self.check_dtype(dtype, "dtype")
         expected = self.wire_bytes(numel, dtype)

@@ -23,7 +23,7 @@ class NoneCodec(CodecBase):
         return numel * dtype.itemsize
 
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        flat = self.check_input(x).contiguous()
+        flat = self.check_input(x)
         return self.payload_buffer(out, flat).copy_(flat.view(torch.uint8))
 
     def decode(self, payload, numel, dtype, out=None):
