@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from commpress.codecs import native, rounding_noise
-from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
+from commpress.codecs.base import CodecBase, check_numel, is_aligned, view_as_dtype
 from commpress.codecs.kernels import Kernel
 
 IMPLEMENTATIONS = ("fused", "compiled", "reference")
@@ -141,6 +141,13 @@ class BlockScaledCodec(CodecBase):
         flat = self.check_input(x)
         payload = self.payload_buffer(out, flat)
         whole_blocks, tail = divmod(flat.numel(), self.block)
+        if whole_blocks and not tail and is_aligned(payload, torch.float32):
+            # whole blocks, scales aligned in place: the kernel writes the payload itself
+            scale_bytes = 4 * whole_blocks
+            scales = payload[:scale_bytes].view(torch.float32)
+            codes = payload[scale_bytes:].view(whole_blocks, self.code_bytes(self.block))
+            self._encode_rows(flat.view(whole_blocks, self.block), scales, codes)
+            return payload
         scale_bytes = 4 * num_blocks(flat.numel(), self.block)
         codes = payload[scale_bytes:]
         # Scales are staged in their own (small) tensor: the payload slot may be misaligned.
@@ -173,12 +180,17 @@ class BlockScaledCodec(CodecBase):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self.check_payload(payload, numel, dtype)
+        result = self.output(out, numel, dtype, payload.device)
+        whole_blocks, tail = divmod(numel, self.block)
         scale_bytes = 4 * num_blocks(numel, self.block)
+        if whole_blocks and not tail and is_aligned(payload, torch.float32):
+            absmax = payload[:scale_bytes].view(torch.float32).view(-1, 1)
+            codes = payload[scale_bytes:].view(whole_blocks, self.code_bytes(self.block))
+            self._decode_rows(absmax, codes, result)
+            return result
         absmax = view_as_dtype(payload[:scale_bytes], torch.float32).view(-1, 1)
         codes = payload[scale_bytes:]
-        whole_blocks, tail = divmod(numel, self.block)
         per_block = self.code_bytes(self.block)
-        result = self.output(out, numel, dtype, payload.device)
         whole = whole_blocks * self.block
         if whole_blocks:
             block_codes = codes[: whole_blocks * per_block].view(whole_blocks, per_block)
@@ -206,7 +218,7 @@ class BlockScaledCodec(CodecBase):
         """
         if self.impl != "fused" or name is None:
             return None
-        if any(t.device.type != "cpu" or t.dtype not in NATIVE_DTYPES for t in tensors):
+        if any(not t.is_cpu or t.dtype not in NATIVE_DTYPES for t in tensors):
             return None
         return native.kernel(name)
 

@@ -120,11 +120,18 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     """
     function = getattr(library, f"commpress_{name}")
     function.restype = ctypes.c_int
+    tensors: tuple[int, ...] = ()  # the positions of the pointer arguments
 
     def call(*args: torch.Tensor | float | int | None) -> bool:
+        nonlocal tensors
         if function.argtypes is None:
+            tensors = tuple(i for i, arg in enumerate(args) if _c_type(arg) is ctypes.c_void_p)
             function.argtypes = [_c_type(arg) for arg in args]
-        return function(*[_pointer(a) if isinstance(a, torch.Tensor) else a for a in args]) == 0
+        values = list(args)
+        for i in tensors:
+            if values[i] is not None:
+                values[i] = _pointer(values[i])
+        return function(*values) == 0
 
     return call
 
@@ -136,5 +143,6 @@ def _c_type(arg: torch.Tensor | float | int | None) -> type:
 
 
 def _pointer(tensor: torch.Tensor) -> int:
-    assert tensor.is_contiguous() and tensor.device.type == "cpu", "native kernel input"
+    if not (tensor.is_cpu and tensor.is_contiguous()):  # the kernel would read other memory
+        raise ValueError("a native kernel takes contiguous CPU tensors only")
     return tensor.data_ptr()

@@ -28,7 +28,7 @@ class Batch:
         if not sends and not receives:
             self._works = []
             return
-        on_cpu = all(t.device.type == "cpu" for t, _ in (*sends, *receives))
+        on_cpu = all(t.is_cpu for t, _ in (*sends, *receives))
         if on_cpu and sends_may_go_alone(group_):
             self._works = post_each(group_, sends, receives)
             return
