@@ -254,6 +254,32 @@ def test_error_feedback_residual_holds_exactly_what_the_encoding_lost():
             assert after.abs().max() <= (inp + before).abs().max() / 254 * 1.001
 
 
+def _error_feedback_after_a_non_finite_step(rank, world_size):
+    numel = world_size * 1000
+    generator = torch.Generator().manual_seed(rank)
+    residual, out = torch.zeros(numel), torch.empty(1000)
+    bad = torch.randn(numel, generator=generator)
+    bad[5], bad[1000 + 5] = float("inf"), float("nan")
+    steps = []
+    for inp in (
+        bad,
+        torch.randn(numel, generator=generator),
+        torch.randn(numel, generator=generator),
+    ):
+        cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", residual=residual)
+        steps.append((out.isfinite().all().item(), residual.isfinite().all().item()))
+    return steps
+
+
+def test_one_non_finite_step_does_not_poison_the_error_feedback_of_later_steps():
+    """The overflow reaches the output of its own step (chunks 0 and 1 hold it); the next
+    clean steps end finite, and so does the residual. Before, the residual kept the NaN
+    block and every later output of that block was NaN."""
+    for rank, steps in enumerate(run_distributed(_error_feedback_after_a_non_finite_step, 2)):
+        assert steps[0][0] is False, rank  # propagated, never replaced
+        assert steps[1:] == [(True, True), (True, True)], rank
+
+
 def _empty(rank, world_size):
     finished = []
     for algorithm in ("ring", "ring-hop", "alltoall"):

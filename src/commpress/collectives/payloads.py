@@ -204,7 +204,7 @@ class PartialSums(_InSlots):
 class Contributions:
     """``result`` holds this rank's chunk summed in fp32 after the run. ``residual``: error
     feedback (fp32, shaped like ``contributions``): added before each encode, then set to
-    what the encode lost."""
+    what the encode lost (zero where that is not finite)."""
 
     def __init__(
         self,
@@ -235,7 +235,11 @@ class Contributions:
         corrected = self.contributions[destination].float() + self.residual[destination]
         self.codec.encode(corrected, out=self.sent[destination])
         lost = decode_fp32(self.codec, self.sent[destination], self.numel, torch.float32)
-        torch.sub(corrected, lost, out=self.residual[destination])
+        residual = torch.sub(corrected, lost, out=self.residual[destination])
+        # a non-finite value has reached this call's output; fed back, it would reach every
+        # later call's too (an fp16 overflow step that the grad scaler skips would stall
+        # training): its residual starts again from zero
+        residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def begin(self) -> None:
         self.result = self.contributions[self.rank].to(torch.float32, copy=True)

@@ -72,6 +72,8 @@ def reduce_scatter_tensor(
     ``residual`` (``alltoall`` only; fp32, ``inp``'s size): error feedback. It is added
     to ``inp`` before encoding and then holds what the encoding lost, so that
     ``inp + residual_before == sent + residual_after`` for this rank's contributions.
+    Where that is not finite (a NaN or an infinity in ``inp``, which reaches ``out``), the
+    residual restarts from zero, so that one bad step does not poison the later ones.
     """
     world_size = dist.get_world_size(group)
     check_op(op)
