@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import types
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
@@ -98,3 +100,102 @@ def test_inexact_sums_and_rank_dependent_all_gathers_are_refused():
 
 def test_what_stays_allowed_still_works():
     assert all(run_distributed(_accepted, 2, timeout=60))
+
+
+def _bad_timeouts_and_shapes(rank, world_size):
+    if rank != 0:  # the peer never enters a collective: a call that communicated would hang
+        return None
+    five = timedelta(seconds=5)
+    calls = {
+        "int timeout, all_gather": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), timeout=5
+        ),
+        "float timeout, reduce_scatter": lambda: cp.reduce_scatter_tensor(
+            torch.zeros(8), torch.zeros(16), timeout=5.0
+        ),
+        "negative timeout, all_reduce": lambda: cp.all_reduce(torch.zeros(8), timeout=-five),
+        "int timeout, ddp hook": lambda: cp.ddp.hook("int8", group=object(), timeout=5),
+        "0-dim inp": lambda: cp.all_gather_into_tensor(torch.zeros(2), torch.tensor(1.0)),
+        "0-dim out": lambda: cp.reduce_scatter_tensor(torch.tensor(1.0), torch.zeros(2)),
+    }
+    errors = {}
+    with forbid_communication() as attempted:
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, ValueError) as error:
+                errors[name] = (type(error).__name__, str(error))
+    assert attempted == []
+    return errors
+
+
+def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_front():
+    """Before, an int timeout reached gloo's ``wait`` mid-call on the rank that gave it
+    (the others returned), and a 0-dim ``inp`` raised an IndexError on the communication
+    thread."""
+    errors = run_distributed(_bad_timeouts_and_shapes, 2)[0]
+    for name in (
+        "int timeout, all_gather",
+        "float timeout, reduce_scatter",
+        "int timeout, ddp hook",
+    ):
+        kind, message = errors[name]
+        assert kind == "TypeError" and "timeout must be a datetime.timedelta" in message, name
+    assert errors["negative timeout, all_reduce"][0] == "ValueError"
+    assert "timeout must be positive" in errors["negative timeout, all_reduce"][1]
+    assert errors["0-dim inp"] == ("ValueError", errors["0-dim inp"][1])
+    assert "inp is a 0-dim tensor" in errors["0-dim inp"][1]
+    assert "out is a 0-dim tensor" in errors["0-dim out"][1]
+
+
+def _wait_with_a_number(rank, world_size):
+    work = cp.all_reduce(torch.ones(8), codec="none", async_op=True)
+    try:
+        work.wait(5)
+    except TypeError as error:
+        message = str(error)
+    work.wait()
+    return message
+
+
+def test_an_async_handle_refuses_a_timeout_that_is_not_a_timedelta():
+    for message in run_distributed(_wait_with_a_number, 2):
+        assert "timeout must be a datetime.timedelta" in message
+
+
+def _outside_a_group(rank, world_size):
+    import warnings
+
+    group = dist.new_group([0, 1])
+    calls = {
+        "all_gather": lambda: cp.all_gather_into_tensor(torch.zeros(8), torch.ones(4), group),
+        "reduce_scatter": lambda: cp.reduce_scatter_tensor(
+            torch.zeros(4), torch.ones(8), group=group
+        ),
+        "all_reduce": lambda: cp.all_reduce(torch.ones(4), group=group),
+    }
+    results = {}
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = call()
+        results[name] = (value, [str(w.message) for w in caught])
+    if rank == 2:
+        torch_value = dist.all_reduce(torch.ones(4), group=group)
+        return results, torch_value
+    return results, None
+
+
+def test_a_rank_outside_the_group_does_nothing_as_torch_does():
+    """Rank 2 is not in the group of ranks 0 and 1: like torch.distributed, the call returns
+    None at once with a warning (before: a ValueError that spoke of world_size=-1). The
+    members still run the collective between them."""
+    results = run_distributed(_outside_a_group, 3, timeout=120)
+    outside, torch_value = results[2]
+    assert torch_value is None
+    for name, (value, warned) in outside.items():
+        assert value is None, name
+        assert any("not in the group" in message for message in warned), name
+    for rank in (0, 1):
+        for name, (_, warned) in results[rank][0].items():
+            assert not any("not in the group" in message for message in warned), (rank, name)

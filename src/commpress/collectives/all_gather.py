@@ -30,6 +30,8 @@ from commpress.collectives.checks import (
     check_device,
     check_pair,
     check_same_result_on_every_rank,
+    check_timeout,
+    outside_group,
 )
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
@@ -65,6 +67,9 @@ def all_gather_into_tensor(
     stalls once every rank is known to agree can leave ``out`` partly written, as a failing
     torch collective does.
     """
+    if outside_group(group, "all_gather_into_tensor"):
+        return None
+    check_timeout(timeout)
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm)
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)

@@ -19,6 +19,8 @@ from commpress.collectives.checks import (
     check_op,
     check_reduction_dtype,
     check_same_result_on_every_rank,
+    check_timeout,
+    outside_group,
 )
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
@@ -44,6 +46,9 @@ def all_reduce(
 ):
     """Sum (or average) ``tensor`` over ranks, in place; same convention as
     :func:`torch.distributed.all_reduce`, plus ``codec``, ``algorithm`` and ``timeout``."""
+    if outside_group(group, "all_reduce"):
+        return None
+    check_timeout(timeout)
     check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
     check_op(op)
     if not isinstance(tensor, torch.Tensor):

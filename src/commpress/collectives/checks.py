@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -11,6 +14,31 @@ from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 #: What a compressed reduction can sum exactly: it accumulates in fp32.
 REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:
+    """Whether this rank is not a member of ``group``; then, as torch.distributed's own
+    collectives do, the call does nothing, with a warning."""
+    if group is None or dist.get_rank(group) >= 0:
+        return False
+    warnings.warn(
+        f"commpress.{name} called on global rank {dist.get_rank()}, which is not in the "
+        "group: nothing done (as torch.distributed does)",
+        stacklevel=3,
+    )
+    return True
+
+
+def check_timeout(timeout, argument: str = "timeout") -> None:
+    if timeout is None:
+        return
+    if not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"{argument} must be a datetime.timedelta or None, got {timeout!r}: "
+            f"e.g. {argument}=datetime.timedelta(seconds=30)"
+        )
+    if timeout <= timedelta(0):
+        raise ValueError(f"{argument} must be positive, got {timeout}")
 
 
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
@@ -49,6 +77,8 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
     for name, tensor in (("out", out), ("inp", inp)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() == 0:
+            raise ValueError(f"{name} is a 0-dim tensor: give it a dimension ({name}.reshape(1))")
     big, small, big_name = (out, inp, "out") if gather else (inp, out, "inp")
     if big.numel() != small.numel() * world_size:
         raise ValueError(

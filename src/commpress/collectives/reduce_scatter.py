@@ -37,6 +37,8 @@ from commpress.collectives.checks import (
     check_pair,
     check_reduction_dtype,
     check_residual,
+    check_timeout,
+    outside_group,
 )
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
@@ -75,6 +77,9 @@ def reduce_scatter_tensor(
     Where that is not finite (a NaN or an infinity in ``inp``, which reaches ``out``), the
     residual restarts from zero, so that one bad step does not poison the later ones.
     """
+    if outside_group(group, "reduce_scatter_tensor"):
+        return None
+    check_timeout(timeout)
     world_size = dist.get_world_size(group)
     check_op(op)
     check_pair(out, inp, world_size=world_size, gather=False)

@@ -23,6 +23,8 @@ from datetime import timedelta
 
 import torch
 
+from commpress.collectives.checks import check_timeout
+
 #: ``active`` on the communication thread: whatever runs there (a collective, or a
 #: callback its completion runs) is on it.
 _on_comm_thread = threading.local()
@@ -83,6 +85,7 @@ class CollectiveWork:
         self._order = order
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        check_timeout(timeout)
         seconds = None if timeout is None else timeout.total_seconds()
         try:
             self._future.result(timeout=seconds)

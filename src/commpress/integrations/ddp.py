@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from commpress.collectives.checks import check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
@@ -44,6 +45,7 @@ def hook(
     so that commpress's traffic never interleaves with DDP's own.
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
+    check_timeout(timeout)
     if group is None:
         group = dist.new_group()
     return HookState(spec, group, timeout), compressed_allreduce_hook

@@ -25,6 +25,7 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
+from commpress.collectives.checks import check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
@@ -79,6 +80,7 @@ def compress(
     """
     if _unavailable is not None:
         raise _unavailable
+    check_timeout(timeout)
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
     gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)

@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.collectives.checks import check_timeout
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.schedules import wire_bytes
@@ -81,10 +82,7 @@ class Reducer:
         it raises (default: the process group's)."""
         if not isinstance(algorithm, LowRankAlgorithm):
             raise TypeError(f"algorithm must be a LowRankAlgorithm, got {type(algorithm).__name__}")
-        if timeout is not None and not isinstance(timeout, timedelta):
-            raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-        if timeout is not None and timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        check_timeout(timeout)
         self.algorithm, self.group, self.timeout = algorithm, group, timeout
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
