@@ -422,6 +422,12 @@ def _misuse(rank, world_size):
     cp.fsdp.compress(twice)
     errors["twice"] = error_of(lambda: cp.fsdp.compress(twice))
     errors["dtype"] = error_of(lambda: cp.fsdp.compress(shard(small_model(torch.float64))))
+    errors["float64 sum"] = error_of(  # before: accepted, then refused in the first backward
+        lambda: cp.fsdp.compress(shard(small_model(torch.float64)), "none", "none")
+    )
+    errors["float64 native sum"] = error_of(
+        lambda: cp.fsdp.compress(shard(small_model(torch.float64)), "none", "none@native")
+    )
     errors["feedback"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8", error_feedback=True)
     )
@@ -456,6 +462,9 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
         and "'<root>' is already compressed" in errors["twice"][1]
     )
     assert errors["dtype"][0] == "TypeError" and "module '0'" in errors["dtype"][1]
+    kind, message = errors["float64 sum"]
+    assert kind == "TypeError" and "module '0' reduce-scatter dtype=torch.float64" in message
+    assert errors["float64 native sum"] is None
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]
     kind, message = errors["budget"]

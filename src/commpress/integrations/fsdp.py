@@ -25,7 +25,7 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
-from commpress.collectives.checks import check_timeout
+from commpress.collectives.checks import check_reduction_dtype, check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
@@ -171,7 +171,10 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
                 gather.codec.check_dtype(dtype, f"module {name!r} all-gather dtype")
             if scatter is not None:
                 reduce_dtype = policy.reduce_dtype or dtype
-                scatter.codec.check_dtype(reduce_dtype, f"module {name!r} reduce-scatter dtype")
+                argument = f"module {name!r} reduce-scatter dtype"
+                scatter.codec.check_dtype(reduce_dtype, argument)
+                if scatter.algorithm != "native":
+                    check_reduction_dtype(reduce_dtype, argument)
 
 
 def _check_tuned(name, group, dtypes, gather, scatter, error_feedback) -> None:
