@@ -202,6 +202,18 @@ def test_attach_restores_racks_and_uplink_and_down_leaves_nothing(prefix, capsys
             cluster_for(None, None, uplink="1gbit", prefix=prefix),
         ):
             pass
+        with (  # before, an MTU or delay that the cluster up did not have was ignored
+            pytest.raises(ValueError, match="mtu=9000 but cluster .* MTU 1500"),
+            cluster_for(None, None, mtu=9000, prefix=prefix),
+        ):
+            pass
+        with (
+            pytest.raises(ValueError, match="delay='1ms' but cluster"),
+            cluster_for(None, None, delay="1ms", prefix=prefix),
+        ):
+            pass
+        with cluster_for(None, None, mtu=1500, prefix=prefix) as found:
+            assert found.link.mtu == 1500
         assert main(["cluster", "status", "--prefix", prefix]) == 0
         status = capsys.readouterr().out
         assert "3 racks of 2 hosts, uplinks 200mbit" in status

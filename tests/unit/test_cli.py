@@ -63,6 +63,31 @@ def test_bench_rejects_a_first_size_above_the_last(capsys):
     assert "must not exceed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--algorithm", "rign"], "--algorithm 'rign': all_gather runs one of native, ring"),
+        (["--op", "reduce_scatter", "--algorithm", "multicast"], "reduce_scatter runs one of"),
+        (["--algorithm", "native,multicast"], "multicast sends IP multicast between the hosts"),
+    ],
+)
+def test_bench_checks_its_algorithms_before_any_process_starts(argv, message, capsys, monkeypatch):
+    """Before, the ranks started and died with a traceback each (exit status 1)."""
+    import commpress.bench.collectives as bench
+
+    def no_processes(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(bench, "run_distributed", no_processes)
+    assert main(["bench", "-b", "4K", "-e", "4K", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_refuses_multicast_without_the_cluster(capsys):
+    assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
+    assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dtype", ["double", "bf16", "FLOAT", "", "float,double", "float,"])
 def test_bench_rejects_an_unknown_dtype(dtype, capsys):
     with pytest.raises(SystemExit) as exit_info:

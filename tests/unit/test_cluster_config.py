@@ -197,11 +197,21 @@ def test_rack_names_fit_linux_interface_names_and_belong_to_the_layout():
     assert layout.rack_of_bridge("abcdef-r12") == 12 and layout.rack_of_bridge("abcdef-u1") is None
 
 
-def test_rack_options_ask_for_the_cluster():
+@pytest.mark.parametrize(
+    "argv", [["--delay", "1ms"], ["--mtu", "9000"], ["--prefix", "nu"], ["--hosts", "2"]]
+)
+def test_any_cluster_option_asks_for_the_cluster(argv):
+    """Before, ``commpress bench --prefix nu`` (a cluster up under that name) and ``--mtu``
+    or ``--delay`` alone ran local processes and said nothing."""
     parser = argparse.ArgumentParser()
     add_link_arguments(parser, required=False)
     assert not wants_cluster(parser.parse_args([]))
-    assert not wants_cluster(parser.parse_args(["--delay", "1ms"]))
+    assert wants_cluster(parser.parse_args(argv))
+
+
+def test_rack_options_ask_for_the_cluster():
+    parser = argparse.ArgumentParser()
+    add_link_arguments(parser, required=False)
     racks = parser.parse_args(["--racks", "2", "--uplink", "500mbit"])
     assert wants_cluster(racks) and racks.racks == 2 and racks.uplink == "500mbit"
     with pytest.raises(SystemExit):

@@ -70,7 +70,7 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.collectives import inband
-from commpress.schedules import busbw_factor, busiest_link_bytes
+from commpress.schedules import algorithms, busbw_factor, busiest_link_bytes
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
@@ -357,9 +357,23 @@ def title(
     return text
 
 
+def check_algorithms(names: list[str], op: str, on_cluster: bool) -> None:
+    """Every ``--algorithm`` runs ``op`` (or is ``auto``); multicast needs the cluster."""
+    known = (*algorithms(op), tuner.AUTO)
+    for name in names:
+        if name not in known:
+            raise ValueError(f"--algorithm {name!r}: {op} runs one of {', '.join(known)}")
+    if "multicast" in names and not on_cluster:
+        raise ValueError(
+            "--algorithm multicast sends IP multicast between the hosts of the emulated "
+            "cluster: give --hosts and --link (or --prefix of a cluster that is up)"
+        )
+
+
 def main(args) -> int:
     if args.minbytes > args.maxbytes:
         raise ValueError(f"-b ({args.minbytes}) must not exceed -e ({args.maxbytes})")
+    check_algorithms(args.algorithm, args.op, wants_cluster(args))
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
         if tuner.is_auto(codec):
             tuner.budget(codec)

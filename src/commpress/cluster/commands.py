@@ -12,6 +12,9 @@ from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import Layout
 
+DEFAULT_PREFIX = "cp"
+DEFAULT_MTU = 1500
+
 
 def add_link_arguments(parser, *, required: bool) -> None:
     """Options that describe (or find) a cluster; shared by every command that uses one."""
@@ -29,16 +32,17 @@ def add_link_arguments(parser, *, required: bool) -> None:
         "--uplink", help="rate of every rack's uplink, each way: 500mbit (the --link rate)"
     )
     parser.add_argument("--delay", help="added to every packet a host sends: 1ms, 200us")
-    parser.add_argument("--mtu", type=positive_int, default=1500, help="MTU of every link (1500)")
-    add_prefix_argument(parser)
+    parser.add_argument("--mtu", type=positive_int, help=f"MTU of every link ({DEFAULT_MTU})")
+    add_prefix_argument(parser, default=None)
 
 
-CLUSTER_OPTIONS = ("hosts", "link", "racks", "uplink")
+#: The options of :func:`add_link_arguments`: giving any of them asks for the cluster.
+CLUSTER_OPTIONS = ("hosts", "link", "racks", "uplink", "delay", "mtu", "prefix")
 
 
 def wants_cluster(args) -> bool:
-    """Whether a command that can also run locally was asked for the emulated cluster: any of
-    ``--hosts``, ``--link``, ``--racks``, ``--uplink`` given."""
+    """Whether a command that can also run locally was asked for the emulated cluster: any
+    option of :data:`CLUSTER_OPTIONS` given."""
     return any(getattr(args, name) is not None for name in CLUSTER_OPTIONS)
 
 
@@ -53,14 +57,16 @@ def cluster_from(args) -> Iterator[Emulated]:
         uplink=args.uplink,
         delay=args.delay,
         mtu=args.mtu,
-        prefix=args.prefix,
+        prefix=args.prefix or DEFAULT_PREFIX,
     ) as cluster:
         yield cluster
 
 
-def add_prefix_argument(parser) -> None:
+def add_prefix_argument(parser, default: str | None = DEFAULT_PREFIX) -> None:
     parser.add_argument(
-        "--prefix", default="cp", help="names of the cluster's namespaces and links (cp)"
+        "--prefix",
+        default=default,
+        help=f"names of the cluster's namespaces and links ({DEFAULT_PREFIX})",
     )
 
 
@@ -84,8 +90,8 @@ def cluster_up(args) -> int:
         racks=1 if args.racks is None else args.racks,
         uplink=args.uplink,
         delay=args.delay,
-        mtu=args.mtu,
-        prefix=args.prefix,
+        mtu=DEFAULT_MTU if args.mtu is None else args.mtu,
+        prefix=args.prefix or DEFAULT_PREFIX,
     )
     cluster.up()
     print(f"cluster up: {cluster.describe()}")

@@ -29,7 +29,7 @@ from typing import Any
 from commpress.cluster import system
 from commpress.cluster.counters import PROC_NET_DEV, Counters, parse_net_dev
 from commpress.cluster.layout import MULTICAST_ROUTE, Layout, check_hosts, check_racks
-from commpress.cluster.link import Link, format_rate
+from commpress.cluster.link import Link, format_rate, parse_delay
 from commpress.cluster.system import ClusterError
 
 # `ip netns exec NS` shows /etc/netns/NS/hosts as /etc/hosts: hosts resolve each other's names
@@ -439,12 +439,12 @@ def cluster_for(
     racks: int | None = None,
     uplink: str | None = None,
     delay: str | None = None,
-    mtu: int = 1500,
+    mtu: int | None = None,
     prefix: str = "cp",
 ) -> Iterator[Emulated]:
     """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``/``racks``/
-    ``uplink``, each where given), else a new one built from them (one rack where ``racks`` is
-    None) and removed on exit."""
+    ``uplink``/``delay``/``mtu``, each where given), else a new one built from them (one
+    rack where ``racks`` is None, MTU 1500 where ``mtu`` is) and removed on exit."""
     layout = Layout(prefix)
     if present(layout):
         cluster = Emulated.attach(prefix)
@@ -467,6 +467,12 @@ def cluster_for(
         ):
             has = cluster.describe_racks() or "one rack (no uplink)"
             raise ValueError(f"uplink={uplink!r} but cluster {prefix!r} is up with {has}")
+        if mtu is not None and mtu != cluster.link.mtu:
+            raise ValueError(f"mtu={mtu} but cluster {prefix!r} is up with MTU {cluster.link.mtu}")
+        if delay is not None and abs(parse_delay(delay) - (cluster.link.delay_s or 0)) > 1e-6:
+            raise ValueError(
+                f"delay={delay!r} but cluster {prefix!r} is up with {cluster.link.describe()}"
+            )
         yield cluster
         return
     if hosts is None or link is None:
@@ -474,6 +480,7 @@ def cluster_for(
             f"no cluster named {prefix!r} is up: give both --hosts and --link to build one"
         )
     racks = 1 if racks is None else racks
+    mtu = 1500 if mtu is None else mtu
     with Emulated(
         hosts, link, racks=racks, uplink=uplink, delay=delay, mtu=mtu, prefix=prefix
     ) as cluster:

@@ -71,7 +71,7 @@ def config_from(args) -> TrainConfig:
 
 def main(args) -> int:
     config = config_from(args)
-    _check_specs(config)
+    _check_specs(config, wants_cluster(args))
     if not wants_cluster(args):
         results = run_distributed(train_worker, args.nprocs, config, timeout=args.timeout)[0]
         where = f"{args.nprocs} local gloo processes"
@@ -120,8 +120,8 @@ def _add_hidden_share(results: list[dict]) -> None:
         row["hidden"] = 1 - row["exposed_ms"] / serial if serial else float("nan")
 
 
-def _check_specs(config: TrainConfig) -> None:
-    """Bad specs fail here, before any process starts."""
+def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
+    """Bad specs fail here, before any process starts; multicast needs the cluster."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations.spec import CollectiveSpec
     from commpress.lowrank import get_algorithm
@@ -131,9 +131,15 @@ def _check_specs(config: TrainConfig) -> None:
             get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
             continue
         if config.strategy == "fsdp":
-            CollectiveSpec.parse(
+            gather = CollectiveSpec.parse(
                 run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True
             )
+            if gather.algorithm == "multicast" and not on_cluster:
+                raise ValueError(
+                    f"all-gather spec {run.all_gather!r}: multicast sends IP multicast between "
+                    "the hosts of the emulated cluster: give --hosts and --link (or --prefix "
+                    "of a cluster that is up)"
+                )
         CollectiveSpec.parse(
             run.reduce_scatter,
             REDUCE_SCATTER_ALGORITHMS,
