@@ -292,3 +292,34 @@ def test_a_job_rank_that_dies_without_a_traceback_reports_the_status():
 
     with pytest.raises(DistributedError, match="2 local processes ended with status 3"):
         run_on_cluster(_ProcessesAsHosts(), _exit_without_a_word_on_rank_one, timeout=60)
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_cluster_config import _ProcessesAsHosts
+from commpress.cluster.jobs import run_on_cluster
+
+def add_rank(rank, world_size, base):
+    return base + rank
+
+if __name__ == "__main__":
+    print(run_on_cluster(_ProcessesAsHosts(), add_rank, 40, timeout=60))
+"""
+
+
+def test_a_function_of_the_script_being_run_reaches_the_hosts(tmp_path):
+    """``Emulated(...).run(fn, ...)`` with ``fn`` defined in the user's script, as the README
+    shows it: before, each rank failed with "Can't get attribute 'add_rank' on <module
+    'commpress.cluster.jobs'>"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[40, 41]"

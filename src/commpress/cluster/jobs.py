@@ -3,12 +3,16 @@
 The cluster counterpart of :func:`commpress.cluster.local.run_distributed`:
 one gloo rank per host, launched by :mod:`commpress.cluster.launcher`, joined over
 the emulated links. ``fn`` and its arguments travel by pickle through a scratch
-folder (the namespaces share the file system); so do results and tracebacks.
+folder (the namespaces share the file system); so do results and tracebacks. An ``fn``
+defined in the script being run (``__main__``) is found as multiprocessing's spawn finds
+it: each rank imports that script first, without running its ``if __name__ ==
+"__main__"`` block.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pickle
 import sys
@@ -35,6 +39,9 @@ def main_of_script(path: str, *args: Any) -> Any:
 def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="commpress-cluster-") as scratch:
         job = Path(scratch)
+        if getattr(fn, "__module__", None) == "__main__":
+            # the ranks import the caller's script first, as multiprocessing's spawn does
+            (job / "main").write_text(_main_script(fn))
         (job / "job.pkl").write_bytes(pickle.dumps((fn, args, timeout)))
         status = cluster.launch(
             [sys.executable, "-m", "commpress.cluster.jobs", scratch],
@@ -52,11 +59,35 @@ def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]
         return [torch.load(job / f"{rank}.pt", weights_only=False) for rank in range(cluster.hosts)]
 
 
+def _main_script(fn) -> str:
+    """The path of the script that defines ``fn`` in ``__main__``."""
+    path = getattr(sys.modules["__main__"], "__file__", None)
+    if path is None:
+        raise ValueError(
+            f"fn={fn.__qualname__} is defined in an interactive session, which the hosts "
+            "cannot import: define it in a module or a script"
+        )
+    return os.path.abspath(path)
+
+
+def _import_as_main(path: str) -> None:
+    """Run the script at ``path`` as the module ``__mp_main__`` (its ``if __name__ ==
+    "__main__"`` block does not run) and make it ``__main__``, where pickle looks up the
+    functions it defined."""
+    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["__mp_main__"] = module
+    spec.loader.exec_module(module)
+    sys.modules["__main__"] = module
+
+
 def _main(scratch: str) -> int:
     job = Path(scratch)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     try:
+        if (job / "main").exists():
+            _import_as_main((job / "main").read_text())
         fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
         value = run_rank(fn, args, rank, world_size, backend="gloo", init_method="env://",
                          timeout=timeout)  # fmt: skip
