@@ -83,6 +83,28 @@ def test_bench_checks_its_algorithms_before_any_process_starts(argv, message, ca
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--json", "{missing}/rows.json"],
+        ["bench", "--plot", "{folder}"],
+        ["sim", "--json", "{missing}/rows.json"],
+        ["sim", "--calibrate", "x.json", "--save-fit", "{missing}/fit.json"],
+        ["codecs", "--markdown", "{missing}/codecs.md"],
+        ["train", "--markdown", "{missing}/train.md"],
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(argv, tmp_path, capsys):
+    """Before, a sweep ran to its end and then lost its rows to a FileNotFoundError."""
+    missing = tmp_path / "no_such_folder"
+    argv = [a.format(missing=missing, folder=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "does not exist" in error or "is a folder" in error
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

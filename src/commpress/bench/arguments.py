@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: ``--dtype`` values, named as nccl-tests names them -> the name of the torch dtype.
@@ -75,3 +76,16 @@ def dtype_list(text: str) -> list[str]:
     if len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"a dtype named twice in {text!r}")
     return names
+
+
+def output_path(text: str) -> str:
+    """A file the command will write once it has run: its folder must exist now, so that a
+    long sweep does not end in a ``FileNotFoundError`` that loses its results."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} is not writable")
+    return text

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from commpress.bench import report
-from commpress.bench.arguments import positive_int
+from commpress.bench.arguments import output_path, positive_int
 from commpress.codecs import get_codec
 
 DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
@@ -152,5 +152,9 @@ def add_arguments(parser) -> None:
         "--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
+    )
+    parser.add_argument(
+        "--markdown", type=output_path, metavar="PATH", help="also write a markdown report"
+    )

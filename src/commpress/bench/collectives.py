@@ -55,6 +55,7 @@ from commpress.bench.arguments import (
     comma_list,
     dtype_list,
     non_negative_int,
+    output_path,
     positive_int,
     probability,
     size_factor,
@@ -489,6 +490,6 @@ def add_arguments(parser) -> None:
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--markdown", metavar="PATH")
-    parser.add_argument("--plot", metavar="PATH", help="PNG of busbw vs size")
+    parser.add_argument("--json", type=output_path, metavar="PATH")
+    parser.add_argument("--markdown", type=output_path, metavar="PATH")
+    parser.add_argument("--plot", type=output_path, metavar="PATH", help="PNG of busbw vs size")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from commpress.bench.arguments import byte_size, comma_list
+from commpress.bench.arguments import byte_size, comma_list, output_path
 from commpress.cluster.commands import add_link_arguments
 
 
@@ -96,7 +96,10 @@ def paired_arguments(
     parser.add_argument("--sizes", type=_byte_sizes, default=_byte_sizes(sizes))
     parser.add_argument("--codecs", type=comma_list, default=comma_list(codecs))
     parser.add_argument("--rounds", type=int, default=rounds)
-    parser.add_argument("--json")
+    parser.add_argument(
+        "--json",
+        type=output_path,
+    )
     return parser
 
 

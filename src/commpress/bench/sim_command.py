@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from commpress.bench import report
-from commpress.bench.arguments import byte_size, comma_list, positive_int
+from commpress.bench.arguments import byte_size, comma_list, output_path, positive_int
 from commpress.schedules.registry import NATIVE, OPS, every_algorithm, get_algorithm
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
@@ -101,11 +101,15 @@ def add_arguments(parser) -> None:
         metavar="BENCH.json",
         help="fit message time and efficiency to `commpress bench --json` rows",
     )
-    parser.add_argument("--save-fit", metavar="FIT.json", help="where --calibrate saves its fit")
+    parser.add_argument(
+        "--save-fit", type=output_path, metavar="FIT.json", help="where --calibrate saves its fit"
+    )
     parser.add_argument("--fit", metavar="FIT.json", help="use a fit saved by --save-fit")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--markdown", metavar="PATH")
-    parser.add_argument("--plot", metavar="PATH", help="time against nodes (needs matplotlib)")
+    parser.add_argument("--json", type=output_path, metavar="PATH")
+    parser.add_argument("--markdown", type=output_path, metavar="PATH")
+    parser.add_argument(
+        "--plot", type=output_path, metavar="PATH", help="time against nodes (needs matplotlib)"
+    )
     # fmt: skip
 
 

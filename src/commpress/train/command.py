@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from commpress.bench import report
-from commpress.bench.arguments import positive_int
+from commpress.bench.arguments import output_path, positive_int
 from commpress.cluster.commands import (
     add_link_arguments,
     cluster_from,
@@ -232,4 +232,6 @@ def add_arguments(parser) -> None:
     add_link_arguments(parser, required=False)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the job")
     parser.add_argument("--out", default="train-results", help="folder for CSV, JSON, PNG")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")
+    parser.add_argument(
+        "--markdown", type=output_path, metavar="PATH", help="also write the table as markdown"
+    )
