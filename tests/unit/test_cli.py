@@ -144,6 +144,21 @@ def test_bench_counts_elements_of_the_dtype(tmp_path):
     assert all(row["wrong"] == 0 for row in rows.values())
 
 
+def test_bench_reports_the_size_it_moved_and_refuses_one_too_small(tmp_path, capsys):
+    """1000 B of float on 3 ranks moves 3 x 83 elements: the row says 996 B (before: 1000,
+    with a count of 250 and an algbw computed from 1000); 3 B moves nothing and is refused
+    before any process starts."""
+    path = tmp_path / "rows.json"
+    argv = ["bench", "--nprocs", "3", "-b", "1000", "-e", "1000", "-n", "1", "-w", "0",
+            "--algorithm", "native", "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert (row["size_bytes"], row["count"]) == (996, 249)
+    assert row["algbw_gbps"] == pytest.approx(996 / row["time_us"] / 1e3)
+    assert main(["bench", "--nprocs", "3", "-b", "3", "-e", "3"]) == 2
+    assert "needs at least 12 bytes (one element per rank)" in capsys.readouterr().err
+
+
 def test_ci_runs_exactly_the_test_command_of_the_readme():
     """CI must test what a new user runs: the README's second command, verbatim."""
     from pathlib import Path
@@ -216,6 +231,10 @@ def test_schedule_of_one_rank_is_its_plan_printed():
         (["--op", "all_gather", "--algorithm", "ring", "--rank", "4"], "--rank must be in [0, 4)"),
         (["--op", "all_gather", "--algorithm", "ring", "--rank", "-1"], "got -1"),
         (["--op", "all_gather", "--algorithm", "ring", "--codec", "int9"], "unknown codec"),
+        (  # before: chunks of 3 elements, 12 in all, and no word
+            ["--op", "reduce_scatter", "--algorithm", "ring", "--numel", "10"],
+            "--numel 10 does not split into 4 equal chunks",
+        ),
     ],
 )
 def test_schedule_rejects_bad_input_in_one_line(argv, message, capsys):

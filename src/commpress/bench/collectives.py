@@ -193,13 +193,31 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
 
 
 def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
-    """nccl-tests sizes: all-gather's total output, reduce-scatter's total input."""
+    """nccl-tests sizes: all-gather's total output, reduce-scatter's total input, each
+    rounded down to whole elements split evenly over the ranks."""
     count = size_bytes // dtype.itemsize
     if op == "all_gather":
         return count // world_size
     if op == "reduce_scatter":
         return count - count % world_size
     return count
+
+
+def _moved_count(op: str, numel: int, world_size: int) -> int:
+    """The elements a row reports (nccl-tests' ``count``) for an input of ``numel``."""
+    return numel * world_size if op == "all_gather" else numel
+
+
+def check_sizes(op: str, smallest: int, dtypes: list[str], world_size: int) -> None:
+    """The smallest size must give every rank at least one element of every dtype."""
+    for name in dtypes:
+        dtype = torch_dtype(name)
+        if _moved_count(op, _input_numel(op, smallest, world_size, dtype), world_size) < 1:
+            least = dtype.itemsize * (1 if op == "all_reduce" else world_size)
+            raise ValueError(
+                f"-b {smallest}: {op} of {name} on {world_size} ranks needs at least {least} "
+                "bytes (one element per rank)"
+            )
 
 
 def _repairs() -> int:
@@ -254,7 +272,8 @@ def _worker(rank, world_size, config):
             wrong = torch.tensor([correctness.count_wrong(out, exact, bound)])
             dist.all_reduce(wrong)
             error = (out.double() - exact).norm() / exact.norm()
-            algbw = size_bytes / seconds / 1e9
+            count = _moved_count(op, numel, world_size)
+            algbw = count * dtype.itemsize / seconds / 1e9
             wire = inband.call_wire_bytes(op, algorithm, codec, inp, None)
             rows.append(
                 {
@@ -262,8 +281,8 @@ def _worker(rank, world_size, config):
                     "algorithm": requested[0],
                     "codec": requested[1],
                     **({"chosen": f"{codec}@{algorithm}"} if chosen else {}),
-                    "size_bytes": size_bytes,
-                    "count": size_bytes // dtype.itemsize,
+                    "size_bytes": count * dtype.itemsize,  # what moved, not what was asked
+                    "count": count,
                     "type": dtype_name,
                     "time_us": seconds * 1e6,
                     "algbw_gbps": algbw,
@@ -400,11 +419,13 @@ def main(args) -> int:
     if not wants_cluster(args):
         if tuned:  # local processes share this machine; the link is the model's default
             config["tune"] = {"fit": args.tune_fit, "shared_cores": os.cpu_count()}
+        check_sizes(args.op, args.minbytes, args.dtype, args.nprocs or 4)
         rows = run_distributed(_worker, args.nprocs or 4, config, timeout=args.timeout)[0]
     else:
         if args.nprocs is not None:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
+            check_sizes(args.op, args.minbytes, args.dtype, cluster.hosts)
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
             if tuned:
                 config["tune"] = _tune(args, cluster)

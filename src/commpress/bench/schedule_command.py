@@ -46,6 +46,11 @@ def run(args) -> int:
             else f"is not an algorithm of {args.op}"
         )
         raise ValueError(f"--algorithm {args.algorithm!r} {why}; choose from {', '.join(known)}")
+    if args.op == "reduce_scatter" and args.numel % args.world:
+        raise ValueError(  # as reduce_scatter_tensor refuses it
+            f"--numel {args.numel} does not split into {args.world} equal chunks: a "
+            "reduce-scatter's input holds world x its output"
+        )
     if args.rank is not None and not 0 <= args.rank < args.world:
         raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
     dtype = torch_dtype(args.dtype)

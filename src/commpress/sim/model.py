@@ -202,7 +202,7 @@ def simulate(
         op=op,
         algorithm=algorithm,
         codec=codec,
-        size_bytes=size_bytes,
+        size_bytes=numel * (n if op == "all_gather" else 1) * dtype.itemsize,  # what moves
         topology=str(topology),
         link_bits=topology.link_bits,
         time_us=time_s * 1e6,
