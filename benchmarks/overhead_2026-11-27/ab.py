@@ -3,7 +3,7 @@ processes: the per-call cost of a small compressed all-gather or reduce-scatter.
 
 ``python benchmarks/overhead_2026-11-27/ab.py --before COMMIT --hosts 4 --rounds 100
 --sizes 1M,4M`` (root; hosts at 1 Gbit/s, prefix ``cpab``). The package at ``COMMIT`` is
-extracted and renamed ``commpress_before`` (every ``commpress`` word of its sources), so
+extracted and renamed ``commpress_before`` (every import and dotted name of it), so
 that both versions load side by side; the variants of a round run back to back in a
 rotated order (:func:`commpress.bench.paired.interleaved_rounds`). Per variant: the median
 time of the slowest rank, and the median CPU seconds per call of a rank's process (every
@@ -32,6 +32,9 @@ from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 
 WARMUP = 3
+#: The package's name where it names the package (``commpress.x``, ``import commpress``,
+#: ``from commpress``), not in strings such as the stochastic-rounding seed's text
+IMPORTS = re.compile(r"(?<![\w-])commpress(?=\.)|(?<=import )commpress\b|(?<=from )commpress\b")
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -45,8 +48,7 @@ def extract(commit: str, into: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     package = into / "src" / "commpress"
     for source in package.rglob("*.py"):
-        text = source.read_text()
-        source.write_text(re.sub(r"\bcommpress\b", "commpress_before", text))
+        source.write_text(IMPORTS.sub("commpress_before", source.read_text()))
     package.rename(into / "commpress_before")
 
 

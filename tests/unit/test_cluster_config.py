@@ -299,27 +299,48 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_cluster_config import _ProcessesAsHosts
 from commpress.cluster.jobs import run_on_cluster
+{base}
 
 def add_rank(rank, world_size, base):
-    return base + rank
+    return base + rank + OFFSET
 
-if __name__ == "__main__":
-    print(run_on_cluster(_ProcessesAsHosts(), add_rank, 40, timeout=60))
+{call}
 """
+GUARDED = """if __name__ == "__main__":
+    print(run_on_cluster(_ProcessesAsHosts(), add_rank, 40, timeout=60))"""
 
 
-def test_a_function_of_the_script_being_run_reaches_the_hosts(tmp_path):
-    """``Emulated(...).run(fn, ...)`` with ``fn`` defined in the user's script, as the README
-    shows it: before, each rank failed with "Can't get attribute 'add_rank' on <module
-    'commpress.cluster.jobs'>"."""
+def _run_script(folder, call: str, *how: str):
+    """``python [how...]`` on a user script in ``folder/pkg/user_script.py``; run as a module
+    (``-m``), it takes ``OFFSET`` from a module beside it by a relative import."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent)))
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
-    )
+    package = folder / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "beside.py").write_text("OFFSET = 0\n")
+    base = "from .beside import OFFSET" if how else "OFFSET = 0"
+    script = package / "user_script.py"
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), call=call, base=base))
+    argv = [sys.executable, *how] if how else [sys.executable, str(script)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=folder)
+
+
+@pytest.mark.parametrize("how", [(), ("-m", "pkg.user_script")])
+def test_a_function_of_the_script_being_run_reaches_the_hosts(tmp_path, how):
+    """``Emulated(...).run(fn, ...)`` with ``fn`` defined in the user's script, as the README
+    shows it, run as a file or as a module: before, each rank failed with "Can't get
+    attribute 'add_rank' on <module 'commpress.cluster.jobs'>"."""
+    done = _run_script(tmp_path, GUARDED, *how)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[40, 41]"
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """Its top level runs again on every host: there it must not build or run a cluster."""
+    call = "print(run_on_cluster(_ProcessesAsHosts(), add_rank, 40, timeout=60))"
+    done = _run_script(tmp_path, call)
+    assert done.returncode != 0
+    assert 'put it under `if __name__ == "__main__":`' in done.stderr

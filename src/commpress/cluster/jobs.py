@@ -12,12 +12,14 @@ it: each rank imports that script first, without running its ``if __name__ ==
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import json
 import os
 import pickle
+import runpy
 import sys
 import tempfile
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 
 from commpress.cluster.local import DistributedError
 from commpress.cluster.rank import run_rank
+from commpress.cluster.system import IMPORTING_SCRIPT, check_not_importing_script
 
 
 def main_of_script(path: str, *args: Any) -> Any:
@@ -37,11 +40,12 @@ def main_of_script(path: str, *args: Any) -> Any:
 
 
 def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]:
+    check_not_importing_script("a job is being run on the cluster")
     with tempfile.TemporaryDirectory(prefix="commpress-cluster-") as scratch:
         job = Path(scratch)
         if getattr(fn, "__module__", None) == "__main__":
             # the ranks import the caller's script first, as multiprocessing's spawn does
-            (job / "main").write_text(_main_script(fn))
+            (job / "main.json").write_text(json.dumps(_main_script(fn)))
         (job / "job.pkl").write_bytes(pickle.dumps((fn, args, timeout)))
         status = cluster.launch(
             [sys.executable, "-m", "commpress.cluster.jobs", scratch],
@@ -59,26 +63,37 @@ def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]
         return [torch.load(job / f"{rank}.pt", weights_only=False) for rank in range(cluster.hosts)]
 
 
-def _main_script(fn) -> str:
-    """The path of the script that defines ``fn`` in ``__main__``."""
-    path = getattr(sys.modules["__main__"], "__file__", None)
+def _main_script(fn) -> dict:
+    """How a rank finds the script that defines ``fn`` in ``__main__``: by module name
+    (``python -m package.script``) or by path."""
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name != "__main__":
+        return {"name": spec.name}
+    path = getattr(main, "__file__", None)
     if path is None:
         raise ValueError(
             f"fn={fn.__qualname__} is defined in an interactive session, which the hosts "
             "cannot import: define it in a module or a script"
         )
-    return os.path.abspath(path)
+    return {"path": os.path.abspath(path)}
 
 
-def _import_as_main(path: str) -> None:
-    """Run the script at ``path`` as the module ``__mp_main__`` (its ``if __name__ ==
+def _import_as_main(script: dict) -> None:
+    """Run the caller's script as the module ``__mp_main__`` (its ``if __name__ ==
     "__main__"`` block does not run) and make it ``__main__``, where pickle looks up the
     functions it defined."""
-    spec = importlib.util.spec_from_file_location("__mp_main__", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["__mp_main__"] = module
-    spec.loader.exec_module(module)
-    sys.modules["__main__"] = module
+    os.environ[IMPORTING_SCRIPT] = "1"
+    try:
+        if "name" in script:
+            names = runpy.run_module(script["name"], run_name="__mp_main__", alter_sys=True)
+        else:
+            names = runpy.run_path(script["path"], run_name="__mp_main__")
+    finally:
+        del os.environ[IMPORTING_SCRIPT]
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(names)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
 
 
 def _main(scratch: str) -> int:
@@ -86,8 +101,8 @@ def _main(scratch: str) -> int:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     try:
-        if (job / "main").exists():
-            _import_as_main((job / "main").read_text())
+        if (job / "main.json").exists():
+            _import_as_main(json.loads((job / "main.json").read_text()))
         fn, args, timeout = pickle.loads((job / "job.pkl").read_bytes())
         value = run_rank(fn, args, rank, world_size, backend="gloo", init_method="env://",
                          timeout=timeout)  # fmt: skip

@@ -18,8 +18,25 @@ class ClusterError(RuntimeError):
     """The emulated cluster cannot be built, used or removed; the message says what to do."""
 
 
+#: Set in a host's rank while it imports the script whose function it runs
+#: (:mod:`commpress.cluster.jobs`): a cluster built or run then is that script's top level
+#: running again on every host.
+IMPORTING_SCRIPT = "COMMPRESS_IMPORTING_SCRIPT"
+
+
+def check_not_importing_script(what: str) -> None:
+    if os.environ.get(IMPORTING_SCRIPT):
+        raise ClusterError(
+            f"{what} while a host imports the script that called it: the script's top level "
+            "runs again on every host (as under multiprocessing); put it under "
+            '`if __name__ == "__main__":`'
+        )
+
+
 def check_can_build() -> None:
-    """Root and iproute2 are needed to create namespaces, links and qdiscs."""
+    """Root and iproute2 are needed to create namespaces, links and qdiscs; and not from a
+    host importing the caller's script."""
+    check_not_importing_script("a cluster is being built")
     if os.geteuid() != 0:
         raise ClusterError(
             "the emulated cluster needs root to create network namespaces: run as root "

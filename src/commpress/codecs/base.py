@@ -150,8 +150,10 @@ def is_aligned(payload_bytes: torch.Tensor, dtype: torch.dtype) -> bool:
 
     Payloads are often slices of a larger buffer, whose offsets need not be aligned.
     """
-    itemsize = dtype.itemsize
-    return payload_bytes.storage_offset() % itemsize == 0
+    itemsize = dtype.itemsize  # torch's view needs the offset; a kernel, the address
+    return (
+        payload_bytes.storage_offset() % itemsize == 0 and payload_bytes.data_ptr() % itemsize == 0
+    )
 
 
 def view_as_dtype(payload_bytes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -50,6 +50,12 @@ def pad_to_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
     return F.pad(flat, (0, nblocks * block - n)).view(nblocks, block)
 
 
+def _leading(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` rows of ``tensor``: itself when that is all of it (a slice is a
+    tensor operation of several microseconds, on every encode and decode)."""
+    return tensor if tensor.shape[0] == count else tensor[:count]
+
+
 def block_absmax(blocks: torch.Tensor) -> torch.Tensor:
     """Per-row absmax of ``(nblocks, block)`` as ``(nblocks, 1)``, with one canonical NaN."""
     absmax = blocks.abs().amax(dim=1, keepdim=True)
@@ -141,27 +147,25 @@ class BlockScaledCodec(CodecBase):
         flat = self.check_input(x)
         payload = self.payload_buffer(out, flat)
         whole_blocks, tail = divmod(flat.numel(), self.block)
-        if whole_blocks and not tail and is_aligned(payload, torch.float32):
-            # whole blocks, scales aligned in place: the kernel writes the payload itself
-            scale_bytes = 4 * whole_blocks
-            scales = payload[:scale_bytes].view(torch.float32)
-            codes = payload[scale_bytes:].view(whole_blocks, self.code_bytes(self.block))
-            self._encode_rows(flat.view(whole_blocks, self.block), scales, codes)
-            return payload
         scale_bytes = 4 * num_blocks(flat.numel(), self.block)
         codes = payload[scale_bytes:]
-        # Scales are staged in their own (small) tensor: the payload slot may be misaligned.
-        scales = torch.empty(scale_bytes // 4, device=flat.device)
+        # The C kernel writes the scales into the payload where they are aligned there;
+        # elsewhere (and off the CPU, for torch.compile) they are staged and copied in.
+        in_place = payload.is_cpu and is_aligned(payload, torch.float32)
+        if in_place:
+            scales = payload[:scale_bytes].view(torch.float32)
+        else:
+            scales = torch.empty(scale_bytes // 4, device=flat.device)
         per_block = self.code_bytes(self.block)
-        whole = whole_blocks * self.block
         # Kernels see whole blocks only, as a free (rows, block) view: no copy for padding.
         if whole_blocks:
             self._encode_rows(
-                flat[:whole].view(whole_blocks, self.block),
-                scales[:whole_blocks],
-                codes[: whole_blocks * per_block].view(whole_blocks, per_block),
+                _leading(flat, whole_blocks * self.block).view(whole_blocks, self.block),
+                _leading(scales, whole_blocks),
+                _leading(codes, whole_blocks * per_block).view(whole_blocks, per_block),
             )
         if tail:
+            whole = whole_blocks * self.block
             tail_codes = codes.new_empty(1, per_block)
             self._encode_rows(
                 pad_to_blocks(flat[whole:], self.block), scales[whole_blocks:], tail_codes
@@ -169,7 +173,8 @@ class BlockScaledCodec(CodecBase):
             codes[whole_blocks * per_block :] = tail_codes.view(-1)[
                 : codes.numel() - whole_blocks * per_block
             ]
-        payload[:scale_bytes] = scales.view(torch.uint8)
+        if not in_place:
+            payload[:scale_bytes] = scales.view(torch.uint8)
         return payload
 
     def decode(
@@ -183,18 +188,16 @@ class BlockScaledCodec(CodecBase):
         result = self.output(out, numel, dtype, payload.device)
         whole_blocks, tail = divmod(numel, self.block)
         scale_bytes = 4 * num_blocks(numel, self.block)
-        if whole_blocks and not tail and is_aligned(payload, torch.float32):
-            absmax = payload[:scale_bytes].view(torch.float32).view(-1, 1)
-            codes = payload[scale_bytes:].view(whole_blocks, self.code_bytes(self.block))
-            self._decode_rows(absmax, codes, result)
-            return result
         absmax = view_as_dtype(payload[:scale_bytes], torch.float32).view(-1, 1)
         codes = payload[scale_bytes:]
         per_block = self.code_bytes(self.block)
         whole = whole_blocks * self.block
         if whole_blocks:
-            block_codes = codes[: whole_blocks * per_block].view(whole_blocks, per_block)
-            self._decode_rows(absmax[:whole_blocks], block_codes, result[:whole])
+            self._decode_rows(
+                _leading(absmax, whole_blocks),
+                _leading(codes, whole_blocks * per_block).view(whole_blocks, per_block),
+                _leading(result, whole),
+            )
         if tail:
             tail_codes = pad_to_blocks(codes[whole_blocks * per_block :], per_block)
             padded = result.new_empty(self.block)
