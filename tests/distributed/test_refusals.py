@@ -143,7 +143,7 @@ def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_fron
         assert kind == "TypeError" and "timeout must be a datetime.timedelta" in message, name
     assert errors["negative timeout, all_reduce"][0] == "ValueError"
     assert "timeout must be positive" in errors["negative timeout, all_reduce"][1]
-    assert errors["0-dim inp"] == ("ValueError", errors["0-dim inp"][1])
+    assert errors["0-dim inp"][0] == errors["0-dim out"][0] == "ValueError"
     assert "inp is a 0-dim tensor" in errors["0-dim inp"][1]
     assert "out is a 0-dim tensor" in errors["0-dim out"][1]
 
@@ -180,10 +180,7 @@ def _outside_a_group(rank, world_size):
             warnings.simplefilter("always")
             value = call()
         results[name] = (value, [str(w.message) for w in caught])
-    if rank == 2:
-        torch_value = dist.all_reduce(torch.ones(4), group=group)
-        return results, torch_value
-    return results, None
+    return results
 
 
 def test_a_rank_outside_the_group_does_nothing_as_torch_does():
@@ -191,11 +188,9 @@ def test_a_rank_outside_the_group_does_nothing_as_torch_does():
     None at once with a warning (before: a ValueError that spoke of world_size=-1). The
     members still run the collective between them."""
     results = run_distributed(_outside_a_group, 3, timeout=120)
-    outside, torch_value = results[2]
-    assert torch_value is None
-    for name, (value, warned) in outside.items():
+    for name, (value, warned) in results[2].items():
         assert value is None, name
         assert any("not in the group" in message for message in warned), name
     for rank in (0, 1):
-        for name, (_, warned) in results[rank][0].items():
+        for name, (_, warned) in results[rank].items():
             assert not any("not in the group" in message for message in warned), (rank, name)

@@ -169,7 +169,7 @@ def test_bad_topologies_and_sizes_are_named():
         parse_topology("fattree:radix=5", 8, GBIT)
     with pytest.raises(ValueError, match="racks uplink"):
         parse_topology("racks:count=2,uplink=fast", 8, GBIT)
-    with pytest.raises(ValueError, match="does not split"):
+    with pytest.raises(ValueError, match="holds no torch.float32 element for each of 8 nodes"):
         simulate("reduce_scatter", "ring", "none", 12, Switch(8, GBIT))
     with pytest.raises(ValueError, match="nodes must be"):
         Switch(1, GBIT)
@@ -521,24 +521,32 @@ def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
     assert two == simulate("all_gather", "ring", "int8", 8 << 20, Switch(2, GBIT), own).time_us
 
 
-def test_the_bottleneck_weighs_each_step_at_its_own_efficiency():
-    """8 hosts in 2 racks of 4, uplinks as fast as host links, exchanges at 0.1: a small
-    exchange across the racks (offset 4: host links 10 B-times, uplinks 4) and a large
-    step at offset 2 (host links 10, uplinks 20): the uplinks are busiest over the call.
-    Judging all the bytes at the exchange efficiency because one step was an exchange
-    would name the host links (110 against 24)."""
+@pytest.mark.parametrize(
+    ("exchanged", "level", "wrong"),
+    [(1_000_000, "uplink", "all at the exchange efficiency: host 110 against uplink 24"),
+     (5_000_000, "host", "none at the exchange efficiency: host 15 against uplink 40")],
+)  # fmt: skip
+def test_the_bottleneck_weighs_each_step_at_its_own_efficiency(exchanged, level, wrong):
+    """8 hosts in 2 racks of 4, uplinks as fast as host links, exchanges at 0.1: an
+    exchange across the racks (offset 4, E bytes: host links busy 10E, uplinks 4E) and a
+    step at offset 2 of 10 MB (host links 10, uplinks 20). E = 1 MB: uplinks 24 against
+    host links 20; E = 5 MB: host links 60 against uplinks 40. Each weighting but the
+    step's own names the other level (``wrong``)."""
     racks = Racks(8, GBIT, 2, GBIT)
     params = Params(latency_s=0.0, message_s=0.0, efficiency=1.0, exchange_efficiency=0.1)
     timing = model._Timing(racks, params, "none")
-    timing._step_s(((4, 1_000_000),))
+    timing._step_s(((4, exchanged),))
     timing._step_s(((2, 10_000_000),))
-    level, busiest = timing.bottleneck()
-    assert level.startswith("uplink")
-    assert busiest == 4 * 1_000_000 + 2 * 10_000_000
+    found, busiest = timing.bottleneck()
+    assert found.startswith(level), wrong
+    assert busiest == (exchanged + 10_000_000 if level == "host" else 4 * exchanged + 2e7)
 
 
 def test_a_row_is_labelled_with_the_bytes_that_move():
     """1 KiB of float on 3 nodes gathers 3 x 85 elements: the row says 1020 B (before: the
-    1024 asked for), as `commpress bench` reports it."""
+    1024 asked for), as `commpress bench` reports it; a reduce-scatter of 1 KiB on 3 nodes
+    rounds down the same way (before: refused here, rounded by the command line only)."""
     row = simulate("all_gather", "ring", "none", 1024, Switch(3, GBIT), NO_OVERHEAD)
+    assert row.size_bytes == 1020 and row.tx_bytes_per_host == 2 * 85 * 4
+    row = simulate("reduce_scatter", "ring", "none", 1024, Switch(3, GBIT), NO_OVERHEAD)
     assert row.size_bytes == 1020 and row.tx_bytes_per_host == 2 * 85 * 4

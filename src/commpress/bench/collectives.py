@@ -64,6 +64,7 @@ from commpress.bench.arguments import (
 from commpress.cluster import Link, read_local, read_retransmitted
 from commpress.cluster.commands import (
     add_link_arguments,
+    check_multicast_on_cluster,
     cluster_from,
     multicast_options,
     wants_cluster,
@@ -71,7 +72,13 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.collectives import inband
-from commpress.schedules import algorithms, busbw_factor, busiest_link_bytes
+from commpress.schedules import (
+    algorithms,
+    busbw_factor,
+    busiest_link_bytes,
+    input_numel,
+    moved_bytes,
+)
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
@@ -192,27 +199,11 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     return statistics.median(times), cpu_us, tuple(map(list, zip(*per_rank, strict=True)))
 
 
-def _input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
-    """nccl-tests sizes: all-gather's total output, reduce-scatter's total input, each
-    rounded down to whole elements split evenly over the ranks."""
-    count = size_bytes // dtype.itemsize
-    if op == "all_gather":
-        return count // world_size
-    if op == "reduce_scatter":
-        return count - count % world_size
-    return count
-
-
-def _moved_count(op: str, numel: int, world_size: int) -> int:
-    """The elements a row reports (nccl-tests' ``count``) for an input of ``numel``."""
-    return numel * world_size if op == "all_gather" else numel
-
-
 def check_sizes(op: str, smallest: int, dtypes: list[str], world_size: int) -> None:
     """The smallest size must give every rank at least one element of every dtype."""
     for name in dtypes:
         dtype = torch_dtype(name)
-        if _moved_count(op, _input_numel(op, smallest, world_size, dtype), world_size) < 1:
+        if input_numel(op, smallest, world_size, dtype) < 1:
             least = dtype.itemsize * (1 if op == "all_reduce" else world_size)
             raise ValueError(
                 f"-b {smallest}: {op} of {name} on {world_size} ranks needs at least {least} "
@@ -236,7 +227,7 @@ def _worker(rank, world_size, config):
         config["dtypes"], sizes(config["begin"], config["end"], config["factor"])
     ):
         dtype = torch_dtype(dtype_name)
-        numel = _input_numel(op, size_bytes, world_size, dtype)
+        numel = input_numel(op, size_bytes, world_size, dtype)
         inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
         inp = inputs[rank]
         out = _output(op, inp, world_size)
@@ -272,8 +263,8 @@ def _worker(rank, world_size, config):
             wrong = torch.tensor([correctness.count_wrong(out, exact, bound)])
             dist.all_reduce(wrong)
             error = (out.double() - exact).norm() / exact.norm()
-            count = _moved_count(op, numel, world_size)
-            algbw = count * dtype.itemsize / seconds / 1e9
+            moved = moved_bytes(op, numel, world_size, dtype)
+            algbw = moved / seconds / 1e9
             wire = inband.call_wire_bytes(op, algorithm, codec, inp, None)
             rows.append(
                 {
@@ -281,8 +272,8 @@ def _worker(rank, world_size, config):
                     "algorithm": requested[0],
                     "codec": requested[1],
                     **({"chosen": f"{codec}@{algorithm}"} if chosen else {}),
-                    "size_bytes": count * dtype.itemsize,  # what moved, not what was asked
-                    "count": count,
+                    "size_bytes": moved,  # what moved, not what was asked
+                    "count": moved // dtype.itemsize,
                     "type": dtype_name,
                     "time_us": seconds * 1e6,
                     "algbw_gbps": algbw,
@@ -383,11 +374,7 @@ def check_algorithms(names: list[str], op: str, on_cluster: bool) -> None:
     for name in names:
         if name not in known:
             raise ValueError(f"--algorithm {name!r}: {op} runs one of {', '.join(known)}")
-    if "multicast" in names and not on_cluster:
-        raise ValueError(
-            "--algorithm multicast sends IP multicast between the hosts of the emulated "
-            "cluster: give --hosts and --link (or --prefix of a cluster that is up)"
-        )
+    check_multicast_on_cluster("multicast" in names, on_cluster, "--algorithm multicast")
 
 
 def main(args) -> int:
@@ -424,8 +411,10 @@ def main(args) -> int:
     else:
         if args.nprocs is not None:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
+        if args.hosts is not None:  # before a cluster is built for nothing
+            check_sizes(args.op, args.minbytes, args.dtype, args.hosts)
         with cluster_from(args) as cluster:
-            check_sizes(args.op, args.minbytes, args.dtype, cluster.hosts)
+            check_sizes(args.op, args.minbytes, args.dtype, cluster.hosts)  # one that is up
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
             if tuned:
                 config["tune"] = _tune(args, cluster)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from commpress.bench.arguments import byte_size, comma_list, output_path
 from commpress.cluster.commands import add_link_arguments
+from commpress.cluster.link import DEFAULT_MTU
 
 
 def paired_difference(
@@ -92,7 +93,7 @@ def paired_arguments(
     (a list), ``--rounds`` and ``--json``, with these defaults."""
     parser = argparse.ArgumentParser(description=description)
     add_link_arguments(parser, required=False)
-    parser.set_defaults(hosts=8, link="1gbit", mtu=1500, prefix=prefix)
+    parser.set_defaults(hosts=8, link="1gbit", mtu=DEFAULT_MTU, prefix=prefix)
     parser.add_argument("--sizes", type=_byte_sizes, default=_byte_sizes(sizes))
     parser.add_argument("--codecs", type=comma_list, default=comma_list(codecs))
     parser.add_argument("--rounds", type=int, default=rounds)

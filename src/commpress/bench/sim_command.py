@@ -3,7 +3,8 @@
 Sweeps nodes x ops x algorithms x codecs x sizes x link rates through the cost model
 (:mod:`commpress.sim`), which reads the runtime's own schedules, and prints a table
 (``native`` once per size, whatever the codecs; pairs an algorithm does not run are
-skipped and named; a reduce-scatter's size is rounded down to equal chunks);
+skipped and named; sizes round down to whole elements split evenly over the nodes, and
+each row gives the size that moves);
 ``--json`` and ``--markdown`` keep the rows, ``--plot`` draws time against nodes.
 ``--calibrate BENCH.json [...]`` fits the model's per-message time and link efficiency to
 ``commpress bench`` rows (and codec speeds to ``commpress codecs`` JSON) and saves the
@@ -129,8 +130,6 @@ def main(args) -> int:
         if algorithm == NATIVE and codec != args.codec[0]:
             continue  # native ignores the codec: one row
         topology = parse_topology(args.topology, nodes, parse_rate_bits(link, "--link"))
-        if op == "reduce_scatter":  # whole elements in equal chunks: round down
-            size -= size % (nodes * 4)
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
         row["link"] = link
         rows.append(row)

@@ -10,10 +10,8 @@ from collections.abc import Iterator
 from commpress.bench.arguments import positive_int
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
-from commpress.cluster.layout import Layout
-
-DEFAULT_PREFIX = "cp"
-DEFAULT_MTU = 1500
+from commpress.cluster.layout import DEFAULT_PREFIX, Layout
+from commpress.cluster.link import DEFAULT_MTU
 
 
 def add_link_arguments(parser, *, required: bool) -> None:
@@ -44,6 +42,16 @@ def wants_cluster(args) -> bool:
     """Whether a command that can also run locally was asked for the emulated cluster: any
     option of :data:`CLUSTER_OPTIONS` given."""
     return any(getattr(args, name) is not None for name in CLUSTER_OPTIONS)
+
+
+def check_multicast_on_cluster(multicasts: bool, on_cluster: bool, what: str) -> None:
+    """Multicast runs between the hosts of the emulated cluster only (local processes
+    share no network interface it can send on)."""
+    if multicasts and not on_cluster:
+        raise ValueError(
+            f"{what}: multicast sends IP multicast between the hosts of the emulated "
+            "cluster: give --hosts and --link (or --prefix of a cluster that is up)"
+        )
 
 
 @contextlib.contextmanager

@@ -28,8 +28,14 @@ from typing import Any
 
 from commpress.cluster import system
 from commpress.cluster.counters import PROC_NET_DEV, Counters, parse_net_dev
-from commpress.cluster.layout import MULTICAST_ROUTE, Layout, check_hosts, check_racks
-from commpress.cluster.link import Link, format_rate, parse_delay
+from commpress.cluster.layout import (
+    DEFAULT_PREFIX,
+    MULTICAST_ROUTE,
+    Layout,
+    check_hosts,
+    check_racks,
+)
+from commpress.cluster.link import DEFAULT_MTU, Link, format_rate, parse_delay
 from commpress.cluster.system import ClusterError
 
 # `ip netns exec NS` shows /etc/netns/NS/hosts as /etc/hosts: hosts resolve each other's names
@@ -61,8 +67,8 @@ class Emulated:
         racks: int = 1,
         uplink: str | int | None = None,
         delay: str | None = None,
-        mtu: int = 1500,
-        prefix: str = "cp",
+        mtu: int = DEFAULT_MTU,
+        prefix: str = DEFAULT_PREFIX,
     ) -> None:
         self.hosts = check_hosts(hosts)
         self.racks = check_racks(racks, self.hosts)
@@ -101,7 +107,7 @@ class Emulated:
         self.down()
 
     @classmethod
-    def attach(cls, prefix: str = "cp") -> Emulated:
+    def attach(cls, prefix: str = DEFAULT_PREFIX) -> Emulated:
         """The cluster that ``commpress cluster up`` (or another process) built."""
         layout = Layout(prefix)
         hosts = sorted(h for h in map(layout.host_of, system.namespaces()) if h is not None)
@@ -440,11 +446,12 @@ def cluster_for(
     uplink: str | None = None,
     delay: str | None = None,
     mtu: int | None = None,
-    prefix: str = "cp",
+    prefix: str = DEFAULT_PREFIX,
 ) -> Iterator[Emulated]:
     """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``/``racks``/
     ``uplink``/``delay``/``mtu``, each where given), else a new one built from them (one
-    rack where ``racks`` is None, MTU 1500 where ``mtu`` is) and removed on exit."""
+    rack where ``racks`` is None, :data:`~commpress.cluster.link.DEFAULT_MTU` where ``mtu``
+    is) and removed on exit."""
     layout = Layout(prefix)
     if present(layout):
         cluster = Emulated.attach(prefix)
@@ -480,7 +487,7 @@ def cluster_for(
             f"no cluster named {prefix!r} is up: give both --hosts and --link to build one"
         )
     racks = 1 if racks is None else racks
-    mtu = 1500 if mtu is None else mtu
+    mtu = DEFAULT_MTU if mtu is None else mtu
     with Emulated(
         hosts, link, racks=racks, uplink=uplink, delay=delay, mtu=mtu, prefix=prefix
     ) as cluster:

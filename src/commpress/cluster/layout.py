@@ -19,11 +19,13 @@ from dataclasses import dataclass
 MAX_HOSTS = 254  # host addresses .1 to .254 of one /24
 MULTICAST_ROUTE = "224.0.0.0/4"
 _PREFIX = re.compile(r"[a-z][a-z0-9]{0,5}")
+#: The name of a cluster when none is given.
+DEFAULT_PREFIX = "cp"
 
 
 @dataclass(frozen=True)
 class Layout:
-    prefix: str = "cp"
+    prefix: str = DEFAULT_PREFIX
     subnet: str = "10.213.0"
     interface: str = "eth0"
     prefix_length: int = 24

@@ -49,16 +49,20 @@ def format_rate(bits: int) -> str:
     return f"{bits}bit"
 
 
+#: Ethernet's MTU, every link's when none is given.
+DEFAULT_MTU = 1500
+
+
 @dataclass(frozen=True)
 class Link:
     """One full-duplex host link: ``rate_bits`` per second each way, optional delay."""
 
     rate_bits: int
     delay_s: float | None = None
-    mtu: int = 1500
+    mtu: int = DEFAULT_MTU
 
     @classmethod
-    def parse(cls, rate, delay=None, mtu: int = 1500) -> Link:
+    def parse(cls, rate, delay=None, mtu: int = DEFAULT_MTU) -> Link:
         rate_bits = rate if isinstance(rate, int) and not isinstance(rate, bool) else None
         if rate_bits is None:
             rate_bits = parse_rate(rate)

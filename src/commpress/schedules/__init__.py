@@ -16,7 +16,13 @@ from commpress.schedules.registry import (
     register,
 )
 from commpress.schedules.steps import Prepare, Receive, Schedule, Send, Step, Then, Transport
-from commpress.schedules.wire import busbw_factor, busiest_link_bytes, wire_bytes
+from commpress.schedules.wire import (
+    busbw_factor,
+    busiest_link_bytes,
+    input_numel,
+    moved_bytes,
+    wire_bytes,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -34,6 +40,8 @@ __all__ = [
     "busbw_factor",
     "busiest_link_bytes",
     "get_algorithm",
+    "input_numel",
+    "moved_bytes",
     "partial_sum_dtype",
     "plan",
     "register",

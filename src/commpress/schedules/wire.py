@@ -92,6 +92,22 @@ def busiest_link_bytes(
     )
 
 
+def input_numel(op: str, size_bytes: int, world_size: int, dtype: torch.dtype) -> int:
+    """A rank's input for a size as nccl-tests count it (an all-gather's whole output, a
+    reduction's input), rounded down to whole elements split evenly over the ranks."""
+    count = size_bytes // dtype.itemsize
+    if op == "all_gather":
+        return count // world_size
+    if op == "reduce_scatter":
+        return count - count % world_size
+    return count
+
+
+def moved_bytes(op: str, numel: int, world_size: int, dtype: torch.dtype) -> int:
+    """The size, as nccl-tests count it, of a call whose rank input is ``numel``."""
+    return numel * (world_size if op == "all_gather" else 1) * dtype.itemsize
+
+
 def busbw_factor(op: str, world_size: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor compares a collective's
     bandwidth with the link's whatever n. It is native's wire bytes over the op's size:

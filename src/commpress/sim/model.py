@@ -38,7 +38,15 @@ import numpy as np
 import torch
 
 from commpress.codecs import get_codec
-from commpress.schedules import Prepare, Schedule, Then, Transport, plan
+from commpress.schedules import (
+    Prepare,
+    Schedule,
+    Then,
+    Transport,
+    input_numel,
+    moved_bytes,
+    plan,
+)
 from commpress.schedules.registry import NATIVE
 from commpress.sim.topology import Topology
 from commpress.transport.reliable_broadcast import Options
@@ -183,11 +191,9 @@ def simulate(
     params = (Params() if params is None else params).for_call(op, algorithm, n)
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"op must be all_gather or reduce_scatter, got {op!r}")
-    numel = size_bytes // dtype.itemsize
-    if op == "all_gather":
-        numel //= n
-    if numel < 1 or (op == "reduce_scatter" and numel % n):
-        raise ValueError(f"size {size_bytes} B does not split into {n} equal chunks of {dtype}")
+    numel = input_numel(op, size_bytes, n, dtype)  # rounded down as `commpress bench` does
+    if numel < 1:
+        raise ValueError(f"size {size_bytes} B holds no {dtype} element for each of {n} nodes")
     if algorithm == NATIVE:
         codec, ran = "none", "ring" if op == "all_gather" else "ring-hop"
     else:
@@ -202,7 +208,7 @@ def simulate(
         op=op,
         algorithm=algorithm,
         codec=codec,
-        size_bytes=numel * (n if op == "all_gather" else 1) * dtype.itemsize,  # what moves
+        size_bytes=moved_bytes(op, numel, n, dtype),
         topology=str(topology),
         link_bits=topology.link_bits,
         time_us=time_s * 1e6,

@@ -20,6 +20,7 @@ from commpress.bench import report
 from commpress.bench.arguments import output_path, positive_int
 from commpress.cluster.commands import (
     add_link_arguments,
+    check_multicast_on_cluster,
     cluster_from,
     multicast_options,
     wants_cluster,
@@ -134,12 +135,8 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
             gather = CollectiveSpec.parse(
                 run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True
             )
-            if gather.algorithm == "multicast" and not on_cluster:
-                raise ValueError(
-                    f"all-gather spec {run.all_gather!r}: multicast sends IP multicast between "
-                    "the hosts of the emulated cluster: give --hosts and --link (or --prefix "
-                    "of a cluster that is up)"
-                )
+            multicasts = gather.algorithm == "multicast"
+            check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
         CollectiveSpec.parse(
             run.reduce_scatter,
             REDUCE_SCATTER_ALGORITHMS,
