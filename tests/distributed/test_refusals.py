@@ -15,6 +15,19 @@ from commpress.collectives import checks
 from commpress.testing.silence import forbid_communication
 
 
+def _errors_without_communication(calls: dict) -> dict:
+    """``name -> (error type, message)`` of each call, none of which may communicate."""
+    errors = {}
+    with forbid_communication() as attempted:
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, ValueError) as error:
+                errors[name] = (type(error).__name__, str(error))
+    assert attempted == []
+    return errors
+
+
 def _refused(rank, world_size):
     if rank != 0:  # the peer never enters a collective: a call that communicated would hang
         return None
@@ -37,15 +50,7 @@ def _refused(rank, world_size):
             torch.zeros(16, device="meta"), torch.zeros(8, device="meta"), algorithm="multicast"
         ),
     }
-    errors = {}
-    with forbid_communication() as attempted:
-        for name, call in calls.items():
-            try:
-                call()
-            except (TypeError, ValueError) as error:
-                errors[name] = (type(error).__name__, str(error))
-    assert attempted == []
-    return errors
+    return _errors_without_communication(calls)
 
 
 def test_multicast_refuses_tensors_off_the_cpu_and_cuda():
@@ -118,15 +123,7 @@ def _bad_timeouts_and_shapes(rank, world_size):
         "0-dim inp": lambda: cp.all_gather_into_tensor(torch.zeros(2), torch.tensor(1.0)),
         "0-dim out": lambda: cp.reduce_scatter_tensor(torch.tensor(1.0), torch.zeros(2)),
     }
-    errors = {}
-    with forbid_communication() as attempted:
-        for name, call in calls.items():
-            try:
-                call()
-            except (TypeError, ValueError) as error:
-                errors[name] = (type(error).__name__, str(error))
-    assert attempted == []
-    return errors
+    return _errors_without_communication(calls)
 
 
 def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_front():
