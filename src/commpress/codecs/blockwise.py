@@ -150,8 +150,10 @@ class BlockScaledCodec(CodecBase):
         scale_bytes = 4 * num_blocks(flat.numel(), self.block)
         codes = payload[scale_bytes:]
         # The C kernel writes the scales into the payload where they are aligned there;
-        # elsewhere (and off the CPU, for torch.compile) they are staged and copied in.
-        in_place = payload.is_cpu and is_aligned(payload, torch.float32)
+        # torch's kernels get them staged and copied in (inductor cannot compile a copy
+        # into a float view of a uint8 buffer: an internal assert in torch 2.13)
+        native_rows = self._native(self.native_encode, flat) is not None
+        in_place = native_rows and is_aligned(payload, torch.float32)
         if in_place:
             scales = payload[:scale_bytes].view(torch.float32)
         else:
