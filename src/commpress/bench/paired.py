@@ -97,10 +97,7 @@ def paired_arguments(
     parser.add_argument("--sizes", type=_byte_sizes, default=_byte_sizes(sizes))
     parser.add_argument("--codecs", type=comma_list, default=comma_list(codecs))
     parser.add_argument("--rounds", type=int, default=rounds)
-    parser.add_argument(
-        "--json",
-        type=output_path,
-    )
+    parser.add_argument("--json", type=output_path)
     return parser
 
 

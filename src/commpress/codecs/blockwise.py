@@ -152,8 +152,8 @@ class BlockScaledCodec(CodecBase):
         # The C kernel writes the scales into the payload where they are aligned there;
         # torch's kernels get them staged and copied in (inductor cannot compile a copy
         # into a float view of a uint8 buffer: an internal assert in torch 2.13)
-        native_rows = self._native(self.native_encode, flat) is not None
-        in_place = native_rows and is_aligned(payload, torch.float32)
+        fast = self._native(self.native_encode, flat)
+        in_place = fast is not None and is_aligned(payload, torch.float32)
         if in_place:
             scales = payload[:scale_bytes].view(torch.float32)
         else:
@@ -162,6 +162,7 @@ class BlockScaledCodec(CodecBase):
         # Kernels see whole blocks only, as a free (rows, block) view: no copy for padding.
         if whole_blocks:
             self._encode_rows(
+                fast,
                 _leading(flat, whole_blocks * self.block).view(whole_blocks, self.block),
                 _leading(scales, whole_blocks),
                 _leading(codes, whole_blocks * per_block).view(whole_blocks, per_block),
@@ -170,7 +171,7 @@ class BlockScaledCodec(CodecBase):
             whole = whole_blocks * self.block
             tail_codes = codes.new_empty(1, per_block)
             self._encode_rows(
-                pad_to_blocks(flat[whole:], self.block), scales[whole_blocks:], tail_codes
+                fast, pad_to_blocks(flat[whole:], self.block), scales[whole_blocks:], tail_codes
             )
             codes[whole_blocks * per_block :] = tail_codes.view(-1)[
                 : codes.numel() - whole_blocks * per_block
@@ -227,10 +228,10 @@ class BlockScaledCodec(CodecBase):
             return None
         return native.kernel(name)
 
-    def _encode_rows(self, blocks: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor):
+    def _encode_rows(self, fast, blocks: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor):
+        """``fast``: the native encoder of :meth:`_native` for these rows, or None."""
         rows = blocks.shape[0]
         noise = self.noise(rows, blocks.device)
-        fast = self._native(self.native_encode, blocks)
         if fast and self._encode_native(fast, blocks, noise, scales, codes):
             return
         self.encode_kernel(blocks, noise, scales, codes, fused=self.impl != "reference")
