@@ -268,16 +268,24 @@ def _error_feedback_after_a_non_finite_step(rank, world_size):
     ):
         cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", residual=residual)
         steps.append((out.isfinite().all().item(), residual.isfinite().all().item()))
-    return steps
+        if len(steps) == 1:
+            after_the_bad_step = residual.clone()
+    return steps, after_the_bad_step
 
 
 def test_one_non_finite_step_does_not_poison_the_error_feedback_of_later_steps():
     """The overflow reaches the output of its own step (chunks 0 and 1 hold it); the next
     clean steps end finite, and so does the residual. Before, the residual kept the NaN
-    block and every later output of that block was NaN."""
-    for rank, steps in enumerate(run_distributed(_error_feedback_after_a_non_finite_step, 2)):
+    block and every later output of that block was NaN. Only the bad value's block of 256
+    restarts: the rest of its chunk keeps its rounding error (not the whole residual
+    zeroed)."""
+    results = run_distributed(_error_feedback_after_a_non_finite_step, 2)
+    for rank, (steps, residual) in enumerate(results):
         assert steps[0][0] is False, rank  # propagated, never replaced
         assert steps[1:] == [(True, True), (True, True)], rank
+        sent = residual[(1 - rank) * 1000 : (2 - rank) * 1000]  # the chunk this rank encodes
+        assert torch.equal(sent[:256], torch.zeros(256)), rank  # the bad value's block
+        assert (sent[256:] != 0).sum() > 500, rank
 
 
 def _empty(rank, world_size):
