@@ -89,6 +89,8 @@ class CodecBase:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         self.check_dtype(x.dtype, "x.dtype")
+        if x.dim() == 1 and not x.requires_grad and x.is_contiguous():
+            return x  # as it is: each view costs microseconds, on every call
         return x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
@@ -137,7 +139,7 @@ class CodecBase:
             )
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
-        return out.view(-1)
+        return out if out.dim() == 1 else out.view(-1)
 
 
 def check_numel(numel: int) -> None:

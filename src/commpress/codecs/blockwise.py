@@ -146,13 +146,15 @@ class BlockScaledCodec(CodecBase):
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x)
         payload = self.payload_buffer(out, flat)
+        fast = self._native(self.native_encode, flat)
+        if fast and self._encode_by_address(fast, flat, payload):
+            return payload
         whole_blocks, tail = divmod(flat.numel(), self.block)
         scale_bytes = 4 * num_blocks(flat.numel(), self.block)
         codes = payload[scale_bytes:]
         # The C kernel writes the scales into the payload where they are aligned there;
         # torch's kernels get them staged and copied in (inductor cannot compile a copy
         # into a float view of a uint8 buffer: an internal assert in torch 2.13)
-        fast = self._native(self.native_encode, flat)
         in_place = fast is not None and is_aligned(payload, torch.float32)
         if in_place:
             scales = payload[:scale_bytes].view(torch.float32)
@@ -189,6 +191,9 @@ class BlockScaledCodec(CodecBase):
     ) -> torch.Tensor:
         self.check_payload(payload, numel, dtype)
         result = self.output(out, numel, dtype, payload.device)
+        fast = self._native(self.native_decode, result)
+        if fast and self._decode_by_address(fast, payload, numel, result):
+            return result
         whole_blocks, tail = divmod(numel, self.block)
         scale_bytes = 4 * num_blocks(numel, self.block)
         absmax = view_as_dtype(payload[:scale_bytes], torch.float32).view(-1, 1)
@@ -197,6 +202,7 @@ class BlockScaledCodec(CodecBase):
         whole = whole_blocks * self.block
         if whole_blocks:
             self._decode_rows(
+                fast,
                 _leading(absmax, whole_blocks),
                 _leading(codes, whole_blocks * per_block).view(whole_blocks, per_block),
                 _leading(result, whole),
@@ -204,7 +210,7 @@ class BlockScaledCodec(CodecBase):
         if tail:
             tail_codes = pad_to_blocks(codes[whole_blocks * per_block :], per_block)
             padded = result.new_empty(self.block)
-            self._decode_rows(absmax[whole_blocks:], tail_codes, padded)
+            self._decode_rows(fast, absmax[whole_blocks:], tail_codes, padded)
             result[whole:] = padded[:tail]
         return result
 
@@ -227,6 +233,27 @@ class BlockScaledCodec(CodecBase):
         if any(not t.is_cpu or t.dtype not in NATIVE_DTYPES for t in tensors):
             return None
         return native.kernel(name)
+
+    def _encode_by_address(self, fast, flat: torch.Tensor, payload: torch.Tensor) -> bool:
+        """The common case, with no tensor view made (each costs microseconds, on every
+        call): fp32 input of whole blocks into a payload whose scales are aligned. False
+        where it does not apply; nothing is written then."""
+        rows, tail = divmod(flat.numel(), self.block)
+        start = payload.data_ptr()
+        if tail or flat.dtype != torch.float32 or start % 4:
+            return False
+        scales, codes = native.Address(start), native.Address(start + 4 * rows)
+        noise = self.noise(rows, flat.device)
+        return fast(flat, noise, rows, self.block, self.qmax, scales, codes)
+
+    def _decode_by_address(self, fast, payload: torch.Tensor, numel: int, out: torch.Tensor):
+        """:meth:`_encode_by_address`'s twin: whole blocks into fp32."""
+        rows, tail = divmod(numel, self.block)
+        start = payload.data_ptr()
+        if tail or out.dtype != torch.float32 or start % 4:
+            return False
+        scales, codes = native.Address(start), native.Address(start + 4 * rows)
+        return fast(scales, codes, rows, self.block, self.qmax, out)
 
     def _encode_rows(self, fast, blocks: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor):
         """``fast``: the native encoder of :meth:`_native` for these rows, or None."""
@@ -251,8 +278,8 @@ class BlockScaledCodec(CodecBase):
                 return False
         return True
 
-    def _decode_rows(self, absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
-        fast = self._native(self.native_decode, out)
+    def _decode_rows(self, fast, absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
+        """``fast``: the native decoder of :meth:`_native` for ``out``, or None."""
         if fast and self._decode_native(fast, absmax, codes, out):
             return
         self.decode_kernel(absmax, codes, out, fused=self.impl != "reference")

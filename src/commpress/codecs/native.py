@@ -103,6 +103,12 @@ def load(source: Path = SOURCE, instead: str = "torch.compile kernels") -> ctype
         return _libraries[source]
 
 
+class Address(int):
+    """A raw address, passed where the C side takes a pointer (instead of a tensor, whose
+    views cost microseconds each to make): the caller vouches that it points into memory
+    of a contiguous CPU tensor it holds."""
+
+
 def kernel(name: str) -> Callable[..., bool] | None:
     """The C function ``commpress_<name>`` taking tensors, or None where unavailable."""
     library = load()
@@ -113,8 +119,8 @@ def kernel(name: str) -> Callable[..., bool] | None:
 def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     """Make ``commpress_<name>`` of ``library`` callable with tensors and numbers.
 
-    Each tensor passes its data pointer (None passes NULL), a float a C float, an int a
-    64-bit int; the C types are fixed by the first call (every call site passes the same
+    Each tensor passes its data pointer (an :class:`Address` itself, None NULL), a float a
+    C float, an int a 64-bit int; the C types are fixed by the first call (every call site passes the same
     kinds), so that later calls convert in ctypes' C code. The callable returns False
     when the C side declined the arguments (an odd int4 block).
     """
@@ -129,7 +135,7 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
             function.argtypes = [_c_type(arg) for arg in args]
         values = list(args)
         for i in tensors:
-            if values[i] is not None:
+            if isinstance(values[i], torch.Tensor):
                 values[i] = _pointer(values[i])
         return function(*values) == 0
 
@@ -137,7 +143,7 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
 
 
 def _c_type(arg: torch.Tensor | float | int | None) -> type:
-    if arg is None or isinstance(arg, torch.Tensor):
+    if arg is None or isinstance(arg, (torch.Tensor, Address)):
         return ctypes.c_void_p
     return ctypes.c_float if isinstance(arg, float) else ctypes.c_int64
 

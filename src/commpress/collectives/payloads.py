@@ -21,6 +21,19 @@ from commpress.schedules import Receive, Schedule, Send, Then, Transport
 from commpress.schedules.wire import HEADER_BYTES
 
 
+def slots(name: str, schedule: Schedule, device: torch.device) -> Slots:
+    """The :class:`Slots` of a run of ``schedule``: those of the last run under ``name``
+    when it ran the same schedule (a training step repeats the same few calls) in the same
+    workspace memory, with their views (each costs microseconds to make) and their messages
+    back in their rows."""
+    last = _last_slots.get((name, device))
+    if last is not None and last.schedule is schedule and last.epoch == workspace.epoch:
+        last.restore()
+        return last
+    made = _last_slots[name, device] = Slots(name, schedule, device)
+    return made
+
+
 class Slots:
     """One payload buffer per (chunk, piece), each chunk's pieces back to back in a row:
     ``rows`` is (world_size, bytes of one chunk's payloads). A point-to-point schedule's
@@ -28,6 +41,7 @@ class Slots:
     (:mod:`commpress.collectives.inband`)."""
 
     def __init__(self, name: str, schedule: Schedule, device):
+        self.schedule = schedule
         transfers = [t for step in schedule.steps for t in (*step.sends, *step.receives)]
         cuts = sorted({(t.piece, t.offset, t.numel, t.wire_bytes) for t in transfers})
         self.pieces = [(offset, numel) for _, offset, numel, _ in cuts]
@@ -39,29 +53,50 @@ class Slots:
             row += self.header + wire
         n = schedule.world_size
         self.rows = workspace.take(name, n * row, torch.uint8, device).view(n, row)
-        self._moved: dict[tuple[int, int], torch.Tensor] = {}  # (chunk, piece) -> message
+        self.epoch = workspace.epoch  # after the take, which may have replaced the buffer
+        # (chunk, piece) -> its message and its payload, made once per run: a run asks for
+        # each several times, and a view costs microseconds to make
+        self._messages: dict[tuple[int, int], torch.Tensor] = {}
+        self._payloads: dict[tuple[int, int], torch.Tensor] = {}
+        self._moved: set[tuple[int, int]] = set()
 
     def __call__(self, chunk: int, piece: int) -> torch.Tensor:
-        moved = self._moved.get((chunk, piece)) if self._moved else None
-        if moved is not None:
-            return moved[self.header :]
-        start, size = self._bytes[piece]
-        return self.rows[chunk, start : start + size]
+        payload = self._payloads.get((chunk, piece))
+        if payload is None:
+            payload = self.message(chunk, piece)
+            if self.header:
+                payload = payload[self.header :]
+            self._payloads[chunk, piece] = payload
+        return payload
 
     def message(self, chunk: int, piece: int) -> torch.Tensor:
         """The payload with the room for its header in front."""
-        moved = self._moved.get((chunk, piece)) if self._moved else None
-        if moved is not None:
-            return moved
-        start, size = self._bytes[piece]
-        return self.rows[chunk, start - self.header : start + size]
+        message = self._messages.get((chunk, piece))
+        if message is None:
+            start, size = self._bytes[piece]
+            message = self.rows[chunk, start - self.header : start + size]
+            self._messages[chunk, piece] = message
+        return message
 
     def move(self, chunk: int, piece: int, message: torch.Tensor) -> None:
         """From now on the message of ``(chunk, piece)`` lives in ``message`` (header room
         first), not in its row."""
         if message.numel() != self.message(chunk, piece).numel():
             raise ValueError("a moved message must keep its size")
-        self._moved[chunk, piece] = message
+        self._messages[chunk, piece] = message
+        self._payloads.pop((chunk, piece), None)
+        self._moved.add((chunk, piece))
+
+    def restore(self) -> None:
+        """Every message back in its row, for the next run."""
+        for key in self._moved:
+            self._messages.pop(key, None)
+            self._payloads.pop(key, None)
+        self._moved.clear()
+
+
+#: The last :class:`Slots` made under each (name, device) (:func:`slots`).
+_last_slots: dict[tuple[str, torch.device], Slots] = {}
 
 
 class _InSlots:
@@ -92,12 +127,12 @@ class Gathered(_InSlots):
         self.rank, self.codec = schedule.rank, codec
         self.inp, self.dtype, self.device = inp, inp.dtype, inp.device
         self.chunks = out.view(schedule.world_size, inp.numel())
-        self.slots = Slots("all_gather.payloads", schedule, inp.device)
+        self.slots = slots("all_gather.payloads", schedule, inp.device)
         self._held: list[tuple[int, int, int, int]] | None = None
         self.held_bytes = out.numel() * out.element_size()
 
     def encode_own(self, send: Send) -> None:
-        part = self.inp[send.offset : send.offset + send.numel]
+        part = _piece(self.inp, send.offset, send.numel)
         self.codec.encode(part, out=self.slots(send.chunk, send.piece))
 
     def begin(self) -> None:
@@ -139,7 +174,7 @@ class Gathered(_InSlots):
         if self._held is not None:
             self._held.append((chunk, piece, offset, numel))
             return
-        out = self.chunks[chunk, offset : offset + numel]
+        out = _piece(self.chunks[chunk], offset, numel)
         self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
 
@@ -160,7 +195,7 @@ class PartialSums(_InSlots):
         self.sent_dtype = getattr(torch, schedule.payload_dtype)
         numel, device = contributions.shape[1], contributions.device
         self.device = device
-        self.slots = Slots("reduce_scatter.payloads", schedule, device)
+        self.slots = slots("reduce_scatter.payloads", schedule, device)
         largest = max((size for _, size in self.slots.pieces), default=0)
         self.result = workspace.take("reduce_scatter.result", numel, torch.float32, device)
         self.scratch = workspace.take("reduce_scatter.scratch", largest, torch.float32, device)
@@ -170,7 +205,7 @@ class PartialSums(_InSlots):
         self.world_size = schedule.world_size
 
     def encode_own(self, send: Send) -> None:
-        own = self.contributions[send.chunk, send.offset : send.offset + send.numel]
+        own = _piece(self.contributions[send.chunk], send.offset, send.numel)
         self.codec.encode(own.to(self.sent_dtype), out=self.slots(send.chunk, send.piece))
 
     def begin(self) -> None:
@@ -184,21 +219,23 @@ class PartialSums(_InSlots):
         pass
 
     def handle(self, receive: Receive) -> None:
-        parts = slice(receive.offset, receive.offset + receive.numel)
+        numel = receive.numel
         payload = self.slots(receive.chunk, receive.piece)
-        partial = self.scratch[: receive.numel]
+        keep = receive.then is Then.ADD_KEEP
+        # the last hop sums straight into the result
+        partial = _piece(self.result, receive.offset, numel) if keep else _piece(self.scratch, 0, numel)
         if self.narrow is None:
-            self.codec.decode(payload, receive.numel, torch.float32, out=partial)
+            self.codec.decode(payload, numel, torch.float32, out=partial)
         else:
-            rounded = self.narrow[: receive.numel]
-            partial.copy_(self.codec.decode(payload, receive.numel, self.sent_dtype, out=rounded))
-        partial += self.contributions[receive.chunk, parts]
-        if receive.then is Then.ADD_KEEP:
-            self.result[parts].copy_(partial)
-        elif self.narrow is None:
+            rounded = self.narrow[:numel]
+            partial.copy_(self.codec.decode(payload, numel, self.sent_dtype, out=rounded))
+        partial += _piece(self.contributions[receive.chunk], receive.offset, numel)
+        if keep:
+            return
+        if self.narrow is None:
             self.codec.encode(partial, out=payload)
         else:
-            self.codec.encode(self.narrow[: receive.numel].copy_(partial), out=payload)
+            self.codec.encode(self.narrow[:numel].copy_(partial), out=payload)
 
 
 class Contributions:
@@ -255,6 +292,12 @@ class Contributions:
 
     def exchanged(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.sent.view(-1), self.received.view(-1)
+
+
+def _piece(row: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
+    """``row[offset : offset + numel]``: ``row`` itself where that is all of it (a slice
+    costs microseconds, several times a run)."""
+    return row if offset == 0 and numel == row.shape[0] else row[offset : offset + numel]
 
 
 def reduction(

@@ -17,6 +17,9 @@ ALIGNMENT = 64
 class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.device], torch.Tensor] = {}
+        #: Changes whenever a buffer is replaced or freed: a view taken under an earlier
+        #: epoch may point into memory the workspace no longer holds.
+        self.epoch = 0
 
     def take(self, name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         """A tensor of ``numel`` elements of ``dtype`` (contents undefined), valid until the
@@ -27,6 +30,7 @@ class Workspace:
         if buffer is None or buffer.numel() < nbytes:
             del buffer  # let the old one go before the larger one is allocated
             self._buffers.pop(key, None)
+            self.epoch += 1
             rounded = -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
             buffer = torch.empty(rounded, dtype=torch.uint8, device=device)
             self._buffers[key] = buffer
@@ -42,6 +46,7 @@ class Workspace:
 
     def release(self) -> None:
         self._buffers.clear()
+        self.epoch += 1
 
 
 #: The communication thread's workspace.
