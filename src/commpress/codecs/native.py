@@ -120,9 +120,9 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     """Make ``commpress_<name>`` of ``library`` callable with tensors and numbers.
 
     Each tensor passes its data pointer (an :class:`Address` itself, None NULL), a float a
-    C float, an int a 64-bit int; the C types are fixed by the first call (every call site passes the same
-    kinds), so that later calls convert in ctypes' C code. The callable returns False
-    when the C side declined the arguments (an odd int4 block).
+    C float, an int a 64-bit int; the C types are fixed by the first call (every call site
+    passes the same kinds), so that later calls convert in ctypes' C code. The callable
+    returns False when the C side declined the arguments (an odd int4 block).
     """
     function = getattr(library, f"commpress_{name}")
     function.restype = ctypes.c_int

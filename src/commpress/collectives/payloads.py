@@ -222,8 +222,10 @@ class PartialSums(_InSlots):
         numel = receive.numel
         payload = self.slots(receive.chunk, receive.piece)
         keep = receive.then is Then.ADD_KEEP
-        # the last hop sums straight into the result
-        partial = _piece(self.result, receive.offset, numel) if keep else _piece(self.scratch, 0, numel)
+        if keep:  # the last hop sums straight into the result
+            partial = _piece(self.result, receive.offset, numel)
+        else:
+            partial = _piece(self.scratch, 0, numel)
         if self.narrow is None:
             self.codec.decode(payload, numel, torch.float32, out=partial)
         else:
