@@ -428,6 +428,14 @@ def _misuse(rank, world_size):
     errors["float64 native sum"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model(torch.float64)), "none", "none@native")
     )
+    tuned64 = shard(small_model(torch.float64))  # the tuner leaves a float64 sum to torch
+    errors["float64 tuned sum"] = error_of(lambda: cp.fsdp.compress(tuned64, "none", "none@auto"))
+
+    def step64():
+        x, y = data(rank, 0)
+        F.cross_entropy(tuned64(x.double()), y).backward()
+
+    errors["float64 tuned step"] = error_of(step64)
     errors["feedback"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8", error_feedback=True)
     )
@@ -465,6 +473,7 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     kind, message = errors["float64 sum"]
     assert kind == "TypeError" and "module '0' reduce-scatter dtype=torch.float64" in message
     assert errors["float64 native sum"] is None
+    assert errors["float64 tuned sum"] is None and errors["float64 tuned step"] is None
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]
     kind, message = errors["budget"]

@@ -45,6 +45,18 @@ def test_the_choice_follows_what_each_algorithm_costs(tmp_path):
         assert tuner.choose(op, numel, torch.float32, 4, "int8").algorithm == "native"
 
 
+def test_a_sum_fp32_cannot_hold_is_left_to_torch(tmp_path):
+    """Compressed reductions accumulate in fp32: a float64 reduce-scatter goes to torch's own
+    collective however much cheaper the model finds the others; a tuner without it says so."""
+    tuner.configure(link="1gbit", fit=_fit(tmp_path, (1e-6, 0.5), (1e-6, 1.0)))
+    assert tuner.choose("reduce_scatter", 4 << 20, torch.float32, 4, "none").algorithm != "native"
+    assert tuner.choose("reduce_scatter", 4 << 20, torch.float64, 4, "none").algorithm == "native"
+    assert tuner.choose("all_gather", 1 << 20, torch.float64, 4, "none").algorithm != "native"
+    tuner.configure(link="1gbit", algorithms=("ring", "alltoall"))
+    with pytest.raises(ValueError, match="only 'native' may run it"):
+        tuner.check("reduce_scatter", torch.float64, 4, "none")
+
+
 def test_ties_go_to_the_exact_choice():
     """The model ties native with the uncompressed ring, and bf16 with fp16 on fp16 input:
     the tuner must not pay an argument check or an error for nothing."""

@@ -8,12 +8,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.schedules import NATIVE, get_algorithm
+from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_on_every_rank
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 #: What a compressed reduction can sum exactly: it accumulates in fp32.
-REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:

@@ -32,7 +32,7 @@ from commpress.integrations.groups import OwnGroups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
-from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
+from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
 
 try:
@@ -173,7 +173,7 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
                 reduce_dtype = policy.reduce_dtype or dtype
                 argument = f"module {name!r} reduce-scatter dtype"
                 scatter.codec.check_dtype(reduce_dtype, argument)
-                if scatter.algorithm != "native":
+                if scatter.algorithm not in (NATIVE, AUTO):  # the tuner picks native for it
                     check_reduction_dtype(reduce_dtype, argument)
 
 

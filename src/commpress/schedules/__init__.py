@@ -5,7 +5,11 @@ torch.distributed or a tensor. The executor (:mod:`commpress.collectives.executo
 them; the byte counts (:mod:`commpress.schedules.wire`) read them; so will the cost model.
 """
 
-from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, partial_sum_dtype
+from commpress.schedules.payloads import (
+    DEFAULT_CHUNK_BYTES,
+    REDUCTION_DTYPES,
+    partial_sum_dtype,
+)
 from commpress.schedules.registry import (
     NATIVE,
     OPS,
@@ -43,6 +47,7 @@ __all__ = [
     "input_numel",
     "moved_bytes",
     "partial_sum_dtype",
+    "REDUCTION_DTYPES",
     "plan",
     "register",
     "wire_bytes",

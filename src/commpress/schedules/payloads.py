@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import torch
 
+#: Dtypes a compressed reduction may sum: it accumulates in fp32, which holds these exactly
+#: (any other is left to torch's own collective).
+REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 #: Piece size of the pipelined ring reduce-scatter, in bytes of fp32 (MVAPICH's choice for
 #: its compressed reduce-scatter).
 DEFAULT_CHUNK_BYTES = 2 << 20

@@ -37,6 +37,7 @@ import torch
 
 from commpress.codecs import get_codec
 from commpress.schedules.error_growth import error_growth
+from commpress.schedules.payloads import REDUCTION_DTYPES
 from commpress.schedules.registry import (
     ERROR_FEEDBACK_ALGORITHMS,
     NATIVE,
@@ -328,6 +329,8 @@ def _candidates(
 ) -> list[tuple[str, str]]:
     if algorithm == AUTO:
         names = [a for a in setting.algorithms if a in algorithms(op)]
+        if op == "reduce_scatter" and dtype not in REDUCTION_DTYPES:
+            names = _native_only(names, op, dtype)
     else:
         names = [algorithm]
     limit, specs = budget(codec) if is_auto(codec) else (None, (str(get_codec(codec)),))
@@ -366,6 +369,18 @@ def _candidates(
             f"({'CPU' if on_cpu else 'GPU'} tensors, {backend})"
         )
     return pairs
+
+
+def _native_only(names: list[str], op: str, dtype: torch.dtype) -> list[str]:
+    """A compressed reduction sums in fp32, which cannot hold ``dtype`` exactly: only torch's
+    own collective may reduce it."""
+    if NATIVE not in names:
+        raise ValueError(
+            f"{op} of {dtype}: compressed reductions accumulate in float32, which cannot hold "
+            f"{dtype} exactly, so only 'native' may run it, and the tuner's algorithms "
+            f"{names} leave it out"
+        )
+    return [NATIVE]
 
 
 def _usable(spec: str, dtype: torch.dtype) -> bool:
