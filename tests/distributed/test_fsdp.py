@@ -430,10 +430,15 @@ def _misuse(rank, world_size):
     )
     tuned64 = shard(small_model(torch.float64))  # the tuner leaves a float64 sum to torch
     errors["float64 tuned sum"] = error_of(lambda: cp.fsdp.compress(tuned64, "none", "none@auto"))
+    plain64 = shard(small_model(torch.float64))
 
     def step64():
         x, y = data(rank, 0)
-        F.cross_entropy(tuned64(x.double()), y).backward()
+        for model in (tuned64, plain64):
+            F.cross_entropy(model(x.double()), y).backward()
+        for tuned, plain in zip(tuned64.parameters(), plain64.parameters(), strict=True):
+            if not torch.equal(tuned.grad.to_local(), plain.grad.to_local()):
+                raise AssertionError("float64 gradients differ from plain FSDP's")
 
     errors["float64 tuned step"] = error_of(step64)
     errors["feedback"] = error_of(

@@ -1,7 +1,11 @@
 """The payload slots of a run are kept for the next run of the same schedule, with every
-message back in its row, and never outlive the workspace memory they point into."""
+message back in its row, and never keep workspace memory alive that the workspace has
+let go."""
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import torch
 
@@ -11,6 +15,7 @@ from commpress.collectives.workspace import release_workspace, workspace
 from commpress.schedules import plan
 
 CPU = torch.device("cpu")
+NAME = "test.slots"
 
 
 def _schedule(numel: int):
@@ -25,27 +30,39 @@ def _inside(view: torch.Tensor, whole: torch.Tensor) -> bool:
 
 def test_the_same_schedule_reuses_its_slots_with_moved_messages_back_in_their_rows():
     schedule = _schedule(4096)
-    first = slots("test.slots", schedule, CPU)
+    first = slots(NAME, schedule, CPU)
     elsewhere = torch.empty_like(first.message(2, 0))
     first.move(2, 0, elsewhere)
     assert first(2, 0).data_ptr() == elsewhere.data_ptr() + first.header
 
-    again = slots("test.slots", schedule, CPU)
+    again = slots(NAME, schedule, CPU)
     assert again is first
     assert _inside(again.message(2, 0), again.rows) and _inside(again(2, 0), again.rows)
     assert again(2, 0).data_ptr() == again.message(2, 0).data_ptr() + again.header
 
 
-def test_another_schedule_or_freed_workspace_memory_makes_new_slots():
-    schedule = _schedule(4096)
-    first = slots("test.slots", schedule, CPU)
-    assert slots("test.slots", _schedule(8192), CPU) is not first
+def test_the_slots_of_several_call_shapes_are_kept_side_by_side():
+    small, large = _schedule(4096), _schedule(8192)
+    slots(NAME, large, CPU)  # the larger first: the smaller takes no new memory
+    kept_small = slots(NAME, small, CPU)
+    assert slots(NAME, large, CPU) is not kept_small
+    assert slots(NAME, small, CPU) is kept_small
 
-    kept = slots("test.slots", schedule, CPU)
-    epoch = workspace.epoch
+
+def test_slots_never_keep_memory_the_workspace_let_go():
+    """A freed or a replaced (grown) buffer drops every slot kept: their views would keep
+    the old memory allocated (on a GPU: device memory ``release_workspace`` said it freed)."""
+    schedule = _schedule(4096)
+    released = weakref.ref(slots(NAME, schedule, CPU))
     release_workspace()
-    assert workspace.epoch != epoch
-    remade = slots("test.slots", schedule, CPU)
-    assert remade is not kept
+    gc.collect()
+    assert released() is None
+    remade = slots(NAME, schedule, CPU)
     for chunk in range(4):
         assert _inside(remade(chunk, 0), remade.rows)
+
+    outgrown = weakref.ref(remade)
+    del remade
+    workspace.take(NAME, 1 << 24, torch.uint8, CPU)  # the buffer grows: a new allocation
+    gc.collect()
+    assert outgrown() is None

@@ -139,6 +139,9 @@ class BlockScaledCodec(CodecBase):
         self.check_dtype(dtype, "dtype")
         return 4 * num_blocks(numel, self.block) + self.code_bytes(numel)
 
+    #: Whether encodes draw noise (:meth:`noise`) for stochastic rounding.
+    draws_noise: ClassVar[bool] = False
+
     def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         """Uniform noise for ``rows`` blocks of stochastic rounding; None for round-to-nearest."""
         return None
@@ -236,15 +239,15 @@ class BlockScaledCodec(CodecBase):
 
     def _encode_by_address(self, fast, flat: torch.Tensor, payload: torch.Tensor) -> bool:
         """The common case, with no tensor view made (each costs microseconds, on every
-        call): fp32 input of whole blocks into a payload whose scales are aligned. False
-        where it does not apply; nothing is written then."""
+        call): fp32 input of whole blocks, rounded to nearest, into a payload whose scales
+        are aligned. False where it does not apply; nothing is written or drawn then (a
+        stochastic encode draws its noise once, on the other path)."""
         rows, tail = divmod(flat.numel(), self.block)
         start = payload.data_ptr()
-        if tail or flat.dtype != torch.float32 or start % 4:
+        if tail or flat.dtype != torch.float32 or start % 4 or self.draws_noise:
             return False
         scales, codes = native.Address(start), native.Address(start + 4 * rows)
-        noise = self.noise(rows, flat.device)
-        return fast(flat, noise, rows, self.block, self.qmax, scales, codes)
+        return fast(flat, None, rows, self.block, self.qmax, scales, codes)
 
     def _decode_by_address(self, fast, payload: torch.Tensor, numel: int, out: torch.Tensor):
         """:meth:`_encode_by_address`'s twin: whole blocks into fp32."""
@@ -341,6 +344,10 @@ class IntegerBlockCodec(BlockScaledCodec):
         # A decoded value sits a few fp32 ulps off its grid point: round-to-nearest finds
         # the point again, stochastic rounding may leave it by one step.
         return not self.stochastic
+
+    @property
+    def draws_noise(self) -> bool:
+        return self.stochastic
 
     def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         if not self.stochastic:

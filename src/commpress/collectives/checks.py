@@ -12,7 +12,6 @@ from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_on_every_rank
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
-#: What a compressed reduction can sum exactly: it accumulates in fp32.
 
 
 def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:

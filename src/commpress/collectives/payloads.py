@@ -22,15 +22,16 @@ from commpress.schedules.wire import HEADER_BYTES
 
 
 def slots(name: str, schedule: Schedule, device: torch.device) -> Slots:
-    """The :class:`Slots` of a run of ``schedule``: those of the last run under ``name``
-    when it ran the same schedule (a training step repeats the same few calls) in the same
-    workspace memory, with their views (each costs microseconds to make) and their messages
-    back in their rows."""
-    last = _last_slots.get((name, device))
-    if last is not None and last.schedule is schedule and last.epoch == workspace.epoch:
-        last.restore()
-        return last
-    made = _last_slots[name, device] = Slots(name, schedule, device)
+    """The :class:`Slots` of a run of ``schedule``: those of its last run, where the
+    workspace still holds their memory (a training step repeats the same calls), with their
+    views (each costs microseconds to make) and their messages back in their rows."""
+    key = ("slots", name, torch.device(device), id(schedule))  # a Slots holds its schedule
+    kept = workspace.kept(key)
+    if isinstance(kept, Slots) and kept.schedule is schedule:
+        kept.restore()
+        return kept
+    made = Slots(name, schedule, device)
+    workspace.keep(key, made)
     return made
 
 
@@ -53,7 +54,6 @@ class Slots:
             row += self.header + wire
         n = schedule.world_size
         self.rows = workspace.take(name, n * row, torch.uint8, device).view(n, row)
-        self.epoch = workspace.epoch  # after the take, which may have replaced the buffer
         # (chunk, piece) -> its message and its payload, made once per run: a run asks for
         # each several times, and a view costs microseconds to make
         self._messages: dict[tuple[int, int], torch.Tensor] = {}
@@ -93,10 +93,6 @@ class Slots:
             self._messages.pop(key, None)
             self._payloads.pop(key, None)
         self._moved.clear()
-
-
-#: The last :class:`Slots` made under each (name, device) (:func:`slots`).
-_last_slots: dict[tuple[str, torch.device], Slots] = {}
 
 
 class _InSlots:

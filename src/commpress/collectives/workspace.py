@@ -12,14 +12,16 @@ from __future__ import annotations
 import torch
 
 ALIGNMENT = 64
+#: Values kept at most (:meth:`Workspace.keep`): a model's distinct collective shapes.
+KEPT_MOST = 512
 
 
 class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.device], torch.Tensor] = {}
-        #: Changes whenever a buffer is replaced or freed: a view taken under an earlier
-        #: epoch may point into memory the workspace no longer holds.
-        self.epoch = 0
+        # what callers keep between collectives that holds views of the buffers (each view
+        # keeps its memory alive): dropped with them, before a buffer is replaced
+        self._kept: dict[object, object] = {}
 
     def take(self, name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         """A tensor of ``numel`` elements of ``dtype`` (contents undefined), valid until the
@@ -30,7 +32,7 @@ class Workspace:
         if buffer is None or buffer.numel() < nbytes:
             del buffer  # let the old one go before the larger one is allocated
             self._buffers.pop(key, None)
-            self.epoch += 1
+            self._kept.clear()
             rounded = -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
             buffer = torch.empty(rounded, dtype=torch.uint8, device=device)
             self._buffers[key] = buffer
@@ -44,9 +46,20 @@ class Workspace:
     def held_bytes(self) -> int:
         return sum(buffer.numel() for buffer in self._buffers.values())
 
+    def kept(self, key) -> object | None:
+        """What :meth:`keep` kept under ``key``, unless a buffer was replaced or freed since."""
+        return self._kept.get(key)
+
+    def keep(self, key, value) -> None:
+        """Keep ``value``, which holds views of the buffers, for later collectives; at most
+        :data:`KEPT_MOST` values (more drops every one kept before)."""
+        if len(self._kept) >= KEPT_MOST:
+            self._kept.clear()
+        self._kept[key] = value
+
     def release(self) -> None:
+        self._kept.clear()
         self._buffers.clear()
-        self.epoch += 1
 
 
 #: The communication thread's workspace.
