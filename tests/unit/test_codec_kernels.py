@@ -123,6 +123,20 @@ def _in_blocks_led_by(values: torch.Tensor, lead: float, block: int) -> torch.Te
     return torch.cat([torch.full((rows, 1), lead), padded.view(rows, block - 1)], 1)
 
 
+def test_a_native_pointer_argument_is_a_tensor_an_address_or_none():
+    """An address passes as ``native.Address`` only: a plain int where the C side takes a
+    pointer is refused, not dereferenced."""
+    x, out = torch.randn(256), torch.empty(256)
+    payload = cp.get_codec("int8").encode(x)
+    decode = native.kernel("decode_int8")
+    start = payload.data_ptr()
+    scales, codes = native.Address(start), native.Address(start + 4)
+    assert decode(scales, codes, 1, 256, 127.0, out)
+    assert torch.equal(out, cp.get_codec("int8").decode(payload, 256, torch.float32))
+    with pytest.raises(TypeError, match="argument 0 must be a tensor, an Address or None"):
+        decode(start, codes, 1, 256, 127.0, out)
+
+
 def test_native_fp8_rounds_every_grid_point_and_tie_as_torch_casts():
     """The C rounding itself, against torch's cast to float8_e4m3fn: with an absmax and a
     qmax of 512 the kernel sees v = (x / 512) * 512 = x exactly, so every value above is

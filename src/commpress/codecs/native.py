@@ -137,6 +137,8 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
         for i in tensors:
             if isinstance(values[i], torch.Tensor):
                 values[i] = _pointer(values[i])
+            elif values[i] is not None and not isinstance(values[i], Address):
+                raise TypeError(f"argument {i} must be a tensor, an Address or None")
         return function(*values) == 0
 
     return call
