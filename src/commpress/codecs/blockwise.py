@@ -162,7 +162,7 @@ class BlockScaledCodec(CodecBase):
         if in_place:
             scales = payload[:scale_bytes].view(torch.float32)
         else:
-            scales = torch.empty(scale_bytes // 4, device=flat.device)
+            scales = torch.empty(scale_bytes // 4, dtype=torch.float32, device=flat.device)
         per_block = self.code_bytes(self.block)
         # Kernels see whole blocks only, as a free (rows, block) view: no copy for padding.
         if whole_blocks:
@@ -239,24 +239,36 @@ class BlockScaledCodec(CodecBase):
 
     def _encode_by_address(self, fast, flat: torch.Tensor, payload: torch.Tensor) -> bool:
         """The common case, with no tensor view made (each costs microseconds, on every
-        call): fp32 input of whole blocks, rounded to nearest, into a payload whose scales
-        are aligned. False where it does not apply; nothing is written or drawn then (a
-        stochastic encode draws its noise once, on the other path)."""
+        call): whole blocks, rounded to nearest, into a payload whose scales are aligned;
+        16-bit input widened to fp32 in one copy, up to :data:`WIDEN_ELEMENTS`. False where
+        it does not apply; nothing is written or drawn then (a stochastic encode draws its
+        noise once, on the other path)."""
         rows, tail = divmod(flat.numel(), self.block)
         start = payload.data_ptr()
-        if tail or flat.dtype != torch.float32 or start % 4 or self.draws_noise:
+        if tail or start % 4 or self.draws_noise or not self._widens_at_once(flat):
             return False
         scales, codes = native.Address(start), native.Address(start + 4 * rows)
-        return fast(flat, None, rows, self.block, self.qmax, scales, codes)
+        return fast(flat.float(), None, rows, self.block, self.qmax, scales, codes)
 
     def _decode_by_address(self, fast, payload: torch.Tensor, numel: int, out: torch.Tensor):
-        """:meth:`_encode_by_address`'s twin: whole blocks into fp32."""
+        """:meth:`_encode_by_address`'s twin: whole blocks, through one fp32 buffer for
+        16-bit output (rounded into it by one copy)."""
         rows, tail = divmod(numel, self.block)
         start = payload.data_ptr()
-        if tail or out.dtype != torch.float32 or start % 4:
+        if tail or start % 4 or not self._widens_at_once(out):
             return False
+        wide = out if out.dtype == torch.float32 else torch.empty(numel, dtype=torch.float32)
         scales, codes = native.Address(start), native.Address(start + 4 * rows)
-        return fast(scales, codes, rows, self.block, self.qmax, out)
+        if not fast(scales, codes, rows, self.block, self.qmax, wide):
+            return False
+        if wide is not out:
+            out.copy_(wide)
+        return True
+
+    @staticmethod
+    def _widens_at_once(tensor: torch.Tensor) -> bool:
+        """fp32 (nothing to widen), or 16-bit of at most :data:`WIDEN_ELEMENTS`."""
+        return tensor.dtype == torch.float32 or tensor.numel() <= WIDEN_ELEMENTS
 
     def _encode_rows(self, fast, blocks: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor):
         """``fast``: the native encoder of :meth:`_native` for these rows, or None."""
@@ -271,7 +283,7 @@ class BlockScaledCodec(CodecBase):
         if blocks.dtype == torch.float32:
             return fast(blocks, noise, blocks.shape[0], self.block, self.qmax, scales, codes)
         slices = self._widening_slices(blocks.shape[0])
-        wide = torch.empty(slices[0].stop, self.block)  # reused: fresh memory is slow to touch
+        wide = torch.empty(slices[0].stop, self.block, dtype=torch.float32)  # reused across slices
         for rows in slices:
             part = wide[: rows.stop - rows.start].copy_(blocks[rows])
             part_noise = None if noise is None else noise[rows]
@@ -292,7 +304,7 @@ class BlockScaledCodec(CodecBase):
         if out.dtype == torch.float32:
             return fast(absmax, codes, codes.shape[0], self.block, self.qmax, out)
         slices = self._widening_slices(codes.shape[0])
-        wide = torch.empty(slices[0].stop * self.block)
+        wide = torch.empty(slices[0].stop * self.block, dtype=torch.float32)
         for rows in slices:
             count = rows.stop - rows.start
             part = wide[: count * self.block]
