@@ -257,7 +257,7 @@ class BlockScaledCodec(CodecBase):
         start = payload.data_ptr()
         if tail or start % 4 or not self._widens_at_once(out):
             return False
-        wide = out if out.dtype == torch.float32 else torch.empty(numel, dtype=torch.float32)
+        wide = out if out.dtype == torch.float32 else out.new_empty(numel, dtype=torch.float32)
         scales, codes = native.Address(start), native.Address(start + 4 * rows)
         if not fast(scales, codes, rows, self.block, self.qmax, wide):
             return False
@@ -283,7 +283,7 @@ class BlockScaledCodec(CodecBase):
         if blocks.dtype == torch.float32:
             return fast(blocks, noise, blocks.shape[0], self.block, self.qmax, scales, codes)
         slices = self._widening_slices(blocks.shape[0])
-        wide = torch.empty(slices[0].stop, self.block, dtype=torch.float32)  # reused across slices
+        wide = blocks.new_empty(slices[0].stop, self.block, dtype=torch.float32)  # for every slice
         for rows in slices:
             part = wide[: rows.stop - rows.start].copy_(blocks[rows])
             part_noise = None if noise is None else noise[rows]
@@ -304,7 +304,7 @@ class BlockScaledCodec(CodecBase):
         if out.dtype == torch.float32:
             return fast(absmax, codes, codes.shape[0], self.block, self.qmax, out)
         slices = self._widening_slices(codes.shape[0])
-        wide = torch.empty(slices[0].stop * self.block, dtype=torch.float32)
+        wide = out.new_empty(slices[0].stop * self.block, dtype=torch.float32)
         for rows in slices:
             count = rows.stop - rows.start
             part = wide[: count * self.block]

@@ -49,4 +49,4 @@ def uniform(generators: Generators, seed: int, shape: tuple[int, ...], device) -
                 generator = torch.Generator(device=device)
                 generator.manual_seed(stream_seed(seed, rank, device))
                 generators[key] = generator
-    return torch.rand(shape, generator=generator, device=device)
+    return torch.rand(shape, generator=generator, dtype=torch.float32, device=device)
