@@ -60,11 +60,6 @@ def work_from_future(future: torch.futures.Future) -> dist.Work:
     return _create_work_from_future()(future)
 
 
-def dynamo_config() -> Any:
-    """``torch._dynamo.config`` (its ``patch`` raises the recompile limit of the codecs)."""
-    return _module("torch._dynamo.config")
-
-
 def dynamo_counters() -> Any:
     """``torch._dynamo.utils.counters`` (tests count compilations with it)."""
     return _attribute(_module("torch._dynamo.utils"), "counters", "torch._dynamo.utils.counters")
@@ -92,9 +87,19 @@ class ParamGroup:
 
 def fsdp_param_groups(module: torch.nn.Module) -> list[ParamGroup]:
     """The parameter groups of an ``FSDPModule`` (``_get_fsdp_state()._fsdp_param_groups``)."""
+    return [_param_group(group) for group in _state_param_groups(module)]
+
+
+def _state_param_groups(module: torch.nn.Module) -> list:
+    """The ``FSDPParamGroup`` objects of an ``FSDPModule``: the list ``_fsdp_param_groups``
+    (torch 2.13), or the one group or None ``_fsdp_param_group`` of earlier releases (torch
+    2.11, seen on a GPU machine: ``benchmarks/gpu_2026-11-27/README.md``)."""
     state = _attribute(module, "_get_fsdp_state", "FSDPModule._get_fsdp_state")()
-    groups = _attribute(state, "_fsdp_param_groups", "FSDPState._fsdp_param_groups")
-    return [_param_group(group) for group in groups]
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    api = "FSDPState._fsdp_param_groups (before torch 2.13: _fsdp_param_group)"
+    group = _attribute(state, "_fsdp_param_group", api)
+    return [] if group is None else [group]
 
 
 def _param_group(group: Any) -> ParamGroup:
@@ -128,8 +133,7 @@ def wrap_fsdp_collectives(module: torch.nn.Module, which: str, wrap: Callable) -
     broken collectives)."""
     if which not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"which must be 'all_gather' or 'reduce_scatter', got {which!r}")
-    state = _attribute(module, "_get_fsdp_state", "FSDPModule._get_fsdp_state")()
-    for group in _attribute(state, "_fsdp_param_groups", "FSDPState._fsdp_param_groups"):
+    for group in _state_param_groups(module):
         name = f"_{which}_comm"
         setattr(group, name, wrap(_attribute(group, name, f"FSDPParamGroup.{name}")))
 
@@ -165,7 +169,6 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
     "torch._C._distributed_c10d._create_work_from_future": _create_work_from_future,
-    "torch._dynamo.config": dynamo_config,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,
 }

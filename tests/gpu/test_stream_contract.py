@@ -10,9 +10,10 @@ The collective runs once before, so that no compilation on the communication thr
 outlasts the sleep and hides a missing hand-over.
 
 One GPU allows a one-rank NCCL job. It runs every stream hand-over (the communication
-thread encodes, decodes and copies on its own stream) but no hop: NCCL point-to-point
-from the communication thread, the fingerprint exchange and the twin process groups
-need two GPUs and are not covered here.
+thread encodes, decodes and copies on its own stream) but no hop. Two ranks share the GPU
+on a gloo group (NCCL refuses two ranks on one device): their hops run, staged through
+host memory. NCCL point-to-point from the communication thread, the fingerprint exchange
+on NCCL and the twin process groups need two GPUs and are not covered here.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ def _slow_communication_stream() -> None:
     work.StreamOrder.on_comm_stream = slowed
 
 
-def _produce_collect_consume(issue, slow: str) -> torch.Tensor:
+def _produce_collect_consume(issue, slow: str, out_numel: int = NUMEL) -> torch.Tensor:
     """Fill the input (after a sleep if the producer is slow), run ``issue(inp, out)`` to its
     ``wait()``, and read the output on the same stream at once; the copy it read."""
     values = _values()  # before the sleep: a copy from host memory would wait it out
     inp = torch.zeros(NUMEL, device="cuda")
-    out = torch.full((NUMEL,), -1.0, device="cuda")
+    out = torch.full((out_numel,), -1.0, device="cuda")
     if slow == "producer":
         cuda_sleep(SLEEP_CYCLES)  # the producer is still busy when the collective is issued
     inp.copy_(values)
@@ -106,10 +107,11 @@ def _round_trip(spec: str) -> torch.Tensor:
 def _unhurried_then_hurried(issue, expected: torch.Tensor, slow: str):
     """The verdicts of a first run with nobody slow (no compilation is left for the second
     to wait on) and of a second with ``slow`` ("producer" or "communication") slow."""
-    unhurried = _verdict(_produce_collect_consume(issue, "none"), expected)
+    size = expected.numel()
+    unhurried = _verdict(_produce_collect_consume(issue, "none", size), expected)
     if slow == "communication":
         _slow_communication_stream()
-    return unhurried, _verdict(_produce_collect_consume(issue, slow), expected)
+    return unhurried, _verdict(_produce_collect_consume(issue, slow, size), expected)
 
 
 def _ordered(rank, world_size, op, spec, algorithm, side_stream, slow):
@@ -202,12 +204,30 @@ def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which, slow):
     _check(run_distributed(_adapters, 1, which, slow, backend="nccl", timeout=180))
 
 
+def _two_ranks_on_gloo(rank, world_size, spec, algorithm, slow):
+    torch.cuda.set_device(0)
+    expected = _round_trip(spec).repeat(world_size)  # every rank gathers the same values
+    issue = _collective("all_gather", spec, algorithm)
+    return _unhurried_then_hurried(issue, expected, slow)
+
+
+@pytest.mark.parametrize("slow", ["producer", "communication"])
+@pytest.mark.parametrize(("spec", "algorithm"), [("int8", "ring"), ("int8", "backend")])
+def test_two_ranks_on_gloo_keep_the_stream_contract(spec, algorithm, slow):
+    """With a hop: two ranks share the GPU on a gloo group (messages staged through host
+    memory), each its producer or its communication stream slow."""
+    results = run_distributed(
+        _two_ranks_on_gloo, 2, spec, algorithm, slow, backend="gloo", timeout=180
+    )
+    for verdicts in results:
+        _check([verdicts])
+
+
 @pytest.mark.parametrize("side_stream", [False, True])
 @pytest.mark.parametrize("broken", ["producer", "consumer"])
 def test_a_deliberately_unordered_collective_is_caught(broken, side_stream):
     """The check above can fail: with either half of the hand-over removed, the collective
-    reads the input too early or the consumer reads the output too early. (The side-stream
-    cases were added after the one GPU session and have not run yet.)"""
+    reads the input too early or the consumer reads the output too early."""
     args = (broken, side_stream)
     _, (ok, detail) = run_distributed(_unordered, 1, *args, backend="nccl", timeout=180)[0]
     assert not ok, f"the {broken} half removed, yet the check passed ({detail})"
@@ -236,8 +256,7 @@ def _unordered(rank, world_size, broken, side_stream):
 def test_a_future_that_orders_no_stream_is_caught(which):
     """The adapters' check can fail too: with the future FSDP2 and DDP wait on completed
     as a plain CPU future (what the FSDP2 adapter amounted to before the GPU session), the
-    consumer reads the output before the slow communication stream has written it.
-    (Added after the one GPU session; not run yet.)"""
+    consumer reads the output before the slow communication stream has written it."""
     _, (ok, detail) = run_distributed(_futures_unordered, 1, which, backend="nccl", timeout=180)[0]
     assert not ok, f"a future without CUDA events, yet the check passed ({detail})"
 

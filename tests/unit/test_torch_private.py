@@ -66,7 +66,8 @@ def _renamed_param_groups(rank, world_size):
     model = nn.Linear(8, 8)
     fully_shard(model)
     state = model._get_fsdp_state()
-    del state._fsdp_param_groups  # what a torch release that renamed it would look like
+    for name in ("_fsdp_param_groups", "_fsdp_param_group"):  # torch 2.13's, or 2.11's
+        vars(state).pop(name, None)  # what a torch release that renamed it would look like
     try:
         cp.fsdp.compress(model)  # its dtype checks read the parameter groups
     except PrivateAPIMissing as error:
@@ -77,3 +78,34 @@ def _renamed_param_groups(rank, world_size):
 def test_a_renamed_fsdp_attribute_fails_loudly_instead_of_skipping_checks():
     message = run_distributed(_renamed_param_groups, 2, timeout=60)[0]
     assert message is not None and "FSDPState._fsdp_param_groups" in message
+
+
+class _OlderModule:
+    """An FSDP2 module as torch 2.11 shows it: its state holds ``_fsdp_param_group`` (one
+    group, or None for a module without parameters of its own), no list."""
+
+    def __init__(self, group):
+        self._state = type("FSDPStateBefore213", (), {"_fsdp_param_group": group})()
+
+    def _get_fsdp_state(self):
+        return self._state
+
+
+def _older_layout(rank, world_size):
+    model = nn.Linear(8, 8)
+    fully_shard(model)
+    (group,) = _torch_private._state_param_groups(model)
+    older = _OlderModule(group)
+    seen = []
+    _torch_private.wrap_fsdp_collectives(older, "all_gather", lambda c: seen.append(c) or c)
+    groups = _torch_private.fsdp_param_groups(older)
+    return (
+        len(seen),
+        [tuple(s.to_local().shape) for g in groups for s in g.sharded],
+        _torch_private.fsdp_param_groups(_OlderModule(None)),
+    )
+
+
+def test_the_single_parameter_group_of_older_torch_releases_is_read():
+    wrapped, shards, without_parameters = run_distributed(_older_layout, 2, timeout=60)[0]
+    assert (wrapped, shards, without_parameters) == (1, [(4, 8), (4,)], [])

@@ -5,6 +5,13 @@ path is that same function through ``torch.compile(dynamic=True)``: sizes are
 symbolic, so new tensor sizes do not recompile. The reference is the
 specification, and the tests check that both paths agree bit for bit.
 
+Each signature (the dtypes of the arguments, CUDA or not, noise or none) compiles a twin
+of the reference with a code object of its own, so that dynamo keeps a cache and a
+recompile budget per signature: a handful of graphs each, under torch's default limit of
+8 per code object, which one shared function would exceed (3 input dtypes x noise or
+none x size-1 specialisations). The alternative, raising the limit around every call,
+cost about 47 us of CPU per call (``benchmarks/gpu_2026-11-27/README.md``).
+
 If compilation is unavailable (no C++ compiler, an unsupported platform), the
 first failure emits one ``RuntimeWarning`` and every kernel falls back to its
 reference path for the rest of the process.
@@ -14,17 +21,12 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from commpress import _torch_private
-
-#: Graphs per kernel: input dtype x output dtype x stochastic or not x size-1 specializations.
-#: torch's default of 8 per function is too few for that product.
-RECOMPILE_LIMIT = 64
 
 _fused_available = True
 _lock = threading.Lock()
@@ -57,24 +59,47 @@ def _disable_fused(error: BaseException) -> None:
 
 
 class Kernel:
-    """A reference function plus its lazily compiled twin."""
+    """A reference function plus its lazily compiled twins, one per signature."""
 
     def __init__(self, reference: Callable[..., Any]):
         self.reference = reference
-        self._compiled: Callable[..., Any] | None = None
+        self._compiled: dict[tuple, Callable[..., Any]] = {}
         functools.update_wrapper(self, reference)
 
     def __call__(self, *args: Any, fused: bool = True) -> Any:
         if not (fused and _fused_available):
             return self.reference(*args)
-        if self._compiled is None:
-            self._compiled = torch.compile(self.reference, dynamic=True, fullgraph=True)
+        key = signature(args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            twin = _twin(self.reference, len(self._compiled))
+            compiled = torch.compile(twin, dynamic=True, fullgraph=True)
+            self._compiled[key] = compiled
         try:
-            with _torch_private.dynamo_config().patch(recompile_limit=RECOMPILE_LIMIT):
-                return self._compiled(*args)
+            return compiled(*args)
         except Exception as error:  # compilation failures surface at the first call
             _disable_fused(error)
             return self.reference(*args)
+
+
+def signature(args: tuple) -> tuple:
+    """What splits a kernel's graphs: each tensor argument's dtype and whether it is on a
+    GPU; anything else (None: no noise) as itself."""
+    return tuple((a.dtype, a.is_cuda) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _twin(function: Callable[..., Any], number: int) -> Callable[..., Any]:
+    """``function`` with a code object of its own (dynamo's cache lives on code objects)."""
+    name = f"{function.__name__}_signature_{number}"
+    names = {"co_name": name}
+    if hasattr(function.__code__, "co_qualname"):  # Python 3.11 and later
+        names["co_qualname"] = name
+    code = function.__code__.replace(**names)
+    twin = types.FunctionType(
+        code, function.__globals__, name, function.__defaults__, function.__closure__
+    )
+    twin.__kwdefaults__ = function.__kwdefaults__
+    return twin
 
 
 def kernel(reference: Callable[..., Any]) -> Kernel:

@@ -9,7 +9,9 @@ import torch.distributed as dist
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
-    return dist.all_gather_single(out, inp, group=group, async_op=True)
+    return _named("all_gather_single", "all_gather_into_tensor")(
+        out, inp, group=group, async_op=True
+    )
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
@@ -17,8 +19,17 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | 
 
 
 def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op, group: dist.ProcessGroup | None):
-    return dist.reduce_scatter_single(out, inp, op=op, group=group, async_op=True)
+    return _named("reduce_scatter_single", "reduce_scatter_tensor")(
+        out, inp, op=op, group=group, async_op=True
+    )
 
 
 def all_reduce(tensor: torch.Tensor, op, group: dist.ProcessGroup | None):
     return dist.all_reduce(tensor, op=op, group=group, async_op=True)
+
+
+def _named(name: str, before_torch_2_13: str):
+    """torch.distributed's function ``name``, or its name before torch 2.13 (which renamed
+    it and deprecated the old one); looked up at each call, so that
+    ``commpress.testing.silence`` can replace it."""
+    return getattr(dist, name, None) or getattr(dist, before_torch_2_13)

@@ -16,7 +16,13 @@ class Batch:
     hands them to gloo), cheaper than ``batch_isend_irecv``
     (``benchmarks/p2p_post_2026-11-26/README.md``); anything else goes through
     ``batch_isend_irecv``, which NCCL needs (one group, or a large message deadlocks) and
-    which a group that names no backend, or several, may hand CUDA tensors to NCCL with."""
+    which a group that names no backend, or several, may hand CUDA tensors to NCCL with.
+
+    CUDA tensors on a group that moves only host memory (gloo's sends and receives read
+    and write them through their address, and a device address aborts the process:
+    ``benchmarks/gpu_2026-11-27/README.md``) are staged through pinned host memory: a
+    send is copied out before it is posted, a receive copied in on the caller's current
+    stream once :meth:`wait` has seen it arrive."""
 
     def __init__(
         self,
@@ -25,9 +31,15 @@ class Batch:
         receives: Sequence[tuple[torch.Tensor, int]],
     ):
         group_ = _group(group)
+        self._copied_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, host)
         if not sends and not receives:
             self._works = []
             return
+        if must_stage(group_, (*sends, *receives)):
+            sends = [(_host_copy(t), peer) for t, peer in sends]
+            hosts = [_host_buffer(t) for t, _ in receives]
+            self._copied_in = [(t, host) for (t, _), host in zip(receives, hosts, strict=True)]
+            receives = [(host, peer) for host, (_, peer) in zip(hosts, receives, strict=True)]
         on_cpu = all(t.is_cpu for t, _ in (*sends, *receives))
         if on_cpu and sends_may_go_alone(group_):
             self._works = post_each(group_, sends, receives)
@@ -44,6 +56,25 @@ class Batch:
         process group's) or dies raises RuntimeError here."""
         for work in self._works:
             wait(work, timeout)
+        for device, host in self._copied_in:
+            device.copy_(host, non_blocking=True)  # ordered on the current stream
+        self._copied_in = []
+
+
+def must_stage(group: dist.ProcessGroup, tensors: Sequence[tuple[torch.Tensor, int]]) -> bool:
+    """Whether these tensors go through host memory: some are on a GPU and the group's
+    backend moves host memory only (a group that names NCCL moves CUDA tensors itself)."""
+    return any(not t.is_cpu for t, _ in tensors) and "nccl" not in dist.get_backend(group)
+
+
+def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``, complete on return (the copy waits for the work queued
+    before it on the current stream, the encode that wrote ``tensor``)."""
+    return _host_buffer(tensor).copy_(tensor)
 
 
 def sends_may_go_alone(group: dist.ProcessGroup | None) -> bool:

@@ -1,0 +1,86 @@
+"""CUDA tensors on a gloo group, two ranks sharing the one GPU (NCCL refuses two ranks on
+one device): every hop runs, its messages staged through host memory by the transport
+(gloo's sends and receives take host memory only; a device address aborted the process
+before: ``benchmarks/gpu_2026-11-27/README.md``). Each result is checked against the same
+commpress call on CPU copies of the inputs in the same processes: bit for bit where the
+codec is lossless or the output is gathered payloads decoded on the GPU, and within
+rounding of the CPU's where sums of decoded values differ (CUDA's decode rounds
+``q / qmax`` differently in the last bit: see the benchmark's README)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import commpress as cp
+from commpress.cluster.local import run_distributed
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SHARD = 40_000
+OPS = {
+    "ring": ("all_gather", "reduce_scatter", "all_reduce"),
+    "ring-hop": ("all_gather", "reduce_scatter", "all_reduce"),
+    "alltoall": ("reduce_scatter", "all_reduce"),
+    "backend": ("all_gather", "reduce_scatter", "all_reduce"),
+}
+SPECS = ("none", "int8", "int4")
+
+
+def _inputs(op: str, world_size: int) -> list[torch.Tensor]:
+    numel = SHARD if op == "all_gather" else SHARD * world_size
+    generator = torch.Generator().manual_seed(11)
+    return [torch.randn(numel, generator=generator) for _ in range(world_size)]
+
+
+def _call(op: str, inp: torch.Tensor, world_size: int, spec: str, algorithm: str):
+    if op == "all_gather":
+        out = torch.full((inp.numel() * world_size,), float("nan"), device=inp.device)
+        cp.all_gather_into_tensor(out, inp, codec=spec, algorithm=algorithm)
+    elif op == "reduce_scatter":
+        out = torch.full((inp.numel() // world_size,), float("nan"), device=inp.device)
+        cp.reduce_scatter_tensor(out, inp, codec=spec, algorithm=algorithm)
+    else:
+        out = inp.clone()
+        cp.all_reduce(out, codec=spec, algorithm=algorithm)
+    return out
+
+
+def _gathered_on_gpu(spec: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """What an all-gather must hold: each shard encoded and decoded on the GPU."""
+    codec = cp.get_codec(spec)
+    return torch.cat([codec.decode(codec.encode(x.cuda()), x.numel(), x.dtype) for x in inputs])
+
+
+def _on_gpu_and_cpu(rank, world_size, algorithm):
+    torch.cuda.set_device(0)
+    results = {}
+    for op in OPS[algorithm]:
+        for spec in SPECS:
+            inputs = _inputs(op, world_size)
+            on_gpu = _call(op, inputs[rank].cuda(), world_size, spec, algorithm)
+            assert on_gpu.is_cuda
+            on_cpu = _call(op, inputs[rank], world_size, spec, algorithm)
+            expected = _gathered_on_gpu(spec, inputs).cpu() if op == "all_gather" else None
+            results[op, spec] = (on_gpu.cpu(), on_cpu, expected)
+    return results
+
+
+@pytest.mark.parametrize("algorithm", list(OPS))
+def test_cuda_tensors_on_gloo_match_the_cpu_run(algorithm):
+    ranks = run_distributed(_on_gpu_and_cpu, 2, algorithm, backend="gloo", timeout=240)
+    for rank, results in enumerate(ranks):
+        for (op, spec), (on_gpu, on_cpu, expected) in results.items():
+            case = (rank, op, spec)
+            assert not on_gpu.isnan().any(), case  # every element written
+            if op == "all_gather":
+                assert torch.equal(on_gpu, expected), case
+                assert torch.equal(on_gpu, ranks[0][op, spec][0]), case  # same on every rank
+            elif spec == "none":
+                assert torch.equal(on_gpu, on_cpu), case
+            else:  # last-bit differences of the decode, summed: far below the codec's error
+                scale = on_cpu.abs().max()
+                assert (on_gpu - on_cpu).abs().max() <= 1e-5 * scale, case
