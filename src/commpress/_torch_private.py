@@ -60,6 +60,13 @@ def work_from_future(future: torch.futures.Future) -> dist.Work:
     return _create_work_from_future()(future)
 
 
+def recompile_limit_error() -> type[Exception]:
+    """``torch._dynamo.exc.FailOnRecompileLimitHit``: what a ``fullgraph`` function raises once
+    it has as many graphs as dynamo allows one code object."""
+    exc = _module("torch._dynamo.exc")
+    return _attribute(exc, "FailOnRecompileLimitHit", "torch._dynamo.exc.FailOnRecompileLimitHit")
+
+
 def dynamo_counters() -> Any:
     """``torch._dynamo.utils.counters`` (tests count compilations with it)."""
     return _attribute(_module("torch._dynamo.utils"), "counters", "torch._dynamo.utils.counters")
@@ -169,6 +176,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
     "torch._C._distributed_c10d._create_work_from_future": _create_work_from_future,
+    "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,
 }

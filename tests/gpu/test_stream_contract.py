@@ -38,8 +38,8 @@ SLEEP_CYCLES = 2_000_000_000  # about a second on a 1.5-2 GHz GPU clock
 SPECS = [("none", "ring"), ("int8", "ring"), ("int8", "ring-hop"), ("int4", "ring")]
 
 
-def _values() -> torch.Tensor:
-    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(0)).cuda()
+def _values(seed: int = 0) -> torch.Tensor:
+    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(seed)).cuda()
 
 
 def _slow_communication_stream() -> None:
@@ -57,10 +57,14 @@ def _slow_communication_stream() -> None:
     work.StreamOrder.on_comm_stream = slowed
 
 
-def _produce_collect_consume(issue, slow: str, out_numel: int = NUMEL) -> torch.Tensor:
-    """Fill the input (after a sleep if the producer is slow), run ``issue(inp, out)`` to its
-    ``wait()``, and read the output on the same stream at once; the copy it read."""
-    values = _values()  # before the sleep: a copy from host memory would wait it out
+def _produce_collect_consume(
+    issue, slow: str, out_numel: int = NUMEL, values: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Fill the input with ``values`` (after a sleep if the producer is slow), run
+    ``issue(inp, out)`` to its ``wait()``, and read the output on the same stream at once;
+    the copy it read."""
+    if values is None:
+        values = _values()  # before the sleep: a copy from host memory would wait it out
     inp = torch.zeros(NUMEL, device="cuda")
     out = torch.full((out_numel,), -1.0, device="cuda")
     if slow == "producer":
@@ -204,23 +208,84 @@ def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which, slow):
     _check(run_distributed(_adapters, 1, which, slow, backend="nccl", timeout=180))
 
 
-def _two_ranks_on_gloo(rank, world_size, spec, algorithm, slow):
+def _slow_received_payloads() -> None:
+    """From now on, the communication stream sleeps once each received message is in, so
+    the decodes that follow (the last writes of ``out``) finish a second late."""
+    from commpress.transport import p2p
+
+    for kind in (p2p.Batch, p2p.Pending):  # point-to-point messages; backend collectives
+        original = kind.wait
+
+        def slowed(self, timeout=None, original=original):
+            original(self, timeout)
+            cuda_sleep(SLEEP_CYCLES)  # on the current stream: the communication stream
+
+        kind.wait = slowed
+
+
+def _remove_half(broken: str | None) -> None:
+    """Remove one half of the stream hand-over (the tests that show the checks can fail)."""
+    from commpress.collectives import work
+
+    if broken == "consumer":
+        work.StreamOrder.make_current_stream_wait = lambda self: None
+    elif broken == "producer":
+        original = work.StreamOrder.on_comm_stream
+
+        def no_wait(self):
+            self.ready = torch.cuda.Event()  # recorded on the comm stream: nothing to wait for
+            self.ready.record(self.stream)
+            return original(self)
+
+        work.StreamOrder.on_comm_stream = no_wait
+
+
+def _two_ranks_on_gloo(rank, world_size, spec, algorithm, slow, broken=None):
+    """Verdicts of an unhurried all-gather and of one with ``slow`` ("producer" or "decode")
+    slow, each rank's shard its own and new on each run, so that no stale buffer holds
+    the right answer."""
     torch.cuda.set_device(0)
-    expected = _round_trip(spec).repeat(world_size)  # every rank gathers the same values
     issue = _collective("all_gather", spec, algorithm)
-    return _unhurried_then_hurried(issue, expected, slow)
+    codec = cp.get_codec(spec)
+    verdicts = []
+    for run, who in enumerate(("none", slow)):
+        shards = [_values(seed=100 * run + r) for r in range(world_size)]
+        expected = torch.cat([codec.decode(codec.encode(x), NUMEL, x.dtype) for x in shards])
+        if who == "decode":
+            _slow_received_payloads()
+        if run == 1:
+            _remove_half(broken)
+        seen = _produce_collect_consume(issue, who, NUMEL * world_size, shards[rank])
+        verdicts.append(_verdict(seen, expected))
+    return verdicts
 
 
-@pytest.mark.parametrize("slow", ["producer", "communication"])
-@pytest.mark.parametrize(("spec", "algorithm"), [("int8", "ring"), ("int8", "backend")])
+TWO_RANK_CASES = [("int8", "ring"), ("int8", "backend"), ("none", "ring")]
+
+
+@pytest.mark.parametrize("slow", ["producer", "decode"])
+@pytest.mark.parametrize(("spec", "algorithm"), TWO_RANK_CASES)
 def test_two_ranks_on_gloo_keep_the_stream_contract(spec, algorithm, slow):
     """With a hop: two ranks share the GPU on a gloo group (messages staged through host
-    memory), each its producer or its communication stream slow."""
+    memory), each its producer, or the decodes after each received message, slow."""
     results = run_distributed(
         _two_ranks_on_gloo, 2, spec, algorithm, slow, backend="gloo", timeout=180
     )
     for verdicts in results:
         _check([verdicts])
+
+
+@pytest.mark.parametrize(("broken", "slow"), [("producer", "producer"), ("consumer", "decode")])
+def test_a_hop_with_half_the_hand_over_removed_is_caught(broken, slow):
+    """The two-rank check can fail: without the producer half the encode reads the input
+    before it is written; without the consumer half the caller reads ``out`` before the
+    slow decodes have written it."""
+    results = run_distributed(
+        _two_ranks_on_gloo, 2, "int8", "ring", slow, broken, backend="gloo", timeout=180
+    )
+    for (warm_ok, warm_detail), (ok, detail) in results:
+        assert warm_ok, f"unhurried run: {warm_detail}"
+        assert not ok, f"the {broken} half removed, yet the check passed ({detail})"
 
 
 @pytest.mark.parametrize("side_stream", [False, True])
@@ -234,21 +299,8 @@ def test_a_deliberately_unordered_collective_is_caught(broken, side_stream):
 
 
 def _unordered(rank, world_size, broken, side_stream):
-    from commpress.collectives import work
-
-    if broken == "consumer":
-        work.StreamOrder.make_current_stream_wait = lambda self: None
-        slow = "communication"
-    else:
-        original = work.StreamOrder.on_comm_stream
-
-        def no_wait(self):
-            self.ready = torch.cuda.Event()  # recorded on the comm stream: nothing to wait for
-            self.ready.record(self.stream)
-            return original(self)
-
-        work.StreamOrder.on_comm_stream = no_wait
-        slow = "producer"
+    _remove_half(broken)
+    slow = "communication" if broken == "consumer" else "producer"
     return _ordered(rank, world_size, "all_gather", "int8", "ring", side_stream, slow)
 
 

@@ -7,10 +7,12 @@ specification, and the tests check that both paths agree bit for bit.
 
 Each signature (the dtypes of the arguments, CUDA or not, noise or none) compiles a twin
 of the reference with a code object of its own, so that dynamo keeps a cache and a
-recompile budget per signature: a handful of graphs each, under torch's default limit of
-8 per code object, which one shared function would exceed (3 input dtypes x noise or
-none x size-1 specialisations). The alternative, raising the limit around every call,
-cost about 47 us of CPU per call (``benchmarks/gpu_2026-11-27/README.md``).
+recompile budget per signature: one shared function would exceed torch's default of 8
+graphs per code object (3 input dtypes x noise or none x size-1 specialisations), and
+raising that limit around every call cost 130-160 us of CPU per call on our CPU VM
+(``benchmarks/gpu_2026-11-27/README.md``). A signature that still needs more graphs than
+dynamo allows one function (strides, slices at odd offsets) gets a fresh twin, with a
+warning, never the reference.
 
 If compilation is unavailable (no C++ compiler, an unsupported platform), the
 first failure emits one ``RuntimeWarning`` and every kernel falls back to its
@@ -27,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from commpress import _torch_private
 
 _fused_available = True
 _lock = threading.Lock()
@@ -64,22 +68,38 @@ class Kernel:
     def __init__(self, reference: Callable[..., Any]):
         self.reference = reference
         self._compiled: dict[tuple, Callable[..., Any]] = {}
+        self._twins = 0  # compiled so far, fresh ones after a recompile limit included
         functools.update_wrapper(self, reference)
 
     def __call__(self, *args: Any, fused: bool = True) -> Any:
         if not (fused and _fused_available):
             return self.reference(*args)
         key = signature(args)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            twin = _twin(self.reference, len(self._compiled))
-            compiled = torch.compile(twin, dynamic=True, fullgraph=True)
-            self._compiled[key] = compiled
+        compiled = self._compiled.get(key) or self._compile(key)
         try:
-            return compiled(*args)
+            try:
+                return compiled(*args)
+            except _torch_private.recompile_limit_error():
+                warn_once(
+                    f"commpress: kernel {self.reference.__name__} needed more graphs for one "
+                    "signature than torch._dynamo.config.recompile_limit allows one function; "
+                    "compiling a fresh twin (slow only if it keeps happening)"
+                )
+                return self._compile(key)(*args)
         except Exception as error:  # compilation failures surface at the first call
             _disable_fused(error)
             return self.reference(*args)
+
+    @property
+    def twins(self) -> int:
+        """How many twins have been compiled (one per signature, plus fresh ones)."""
+        return self._twins
+
+    def _compile(self, key: tuple) -> Callable[..., Any]:
+        twin = _twin(self.reference, self._twins)
+        self._twins += 1
+        compiled = self._compiled[key] = torch.compile(twin, dynamic=True, fullgraph=True)
+        return compiled
 
 
 def signature(args: tuple) -> tuple:
