@@ -12,8 +12,11 @@ outlasts the sleep and hides a missing hand-over.
 One GPU allows a one-rank NCCL job. It runs every stream hand-over (the communication
 thread encodes, decodes and copies on its own stream) but no hop. Two ranks share the GPU
 on a gloo group (NCCL refuses two ranks on one device): their hops run, staged through
-host memory. NCCL point-to-point from the communication thread, the fingerprint exchange
-on NCCL and the twin process groups need two GPUs and are not covered here.
+host memory; there the consumer's side is checked with the decodes slowed instead (a
+sleep queued once each message is in), since the staging's blocking copy of each send
+would absorb a sleep queued before the collective's work. NCCL point-to-point from the
+communication thread, the fingerprint exchange on NCCL and the twin process groups need
+two GPUs and are not covered here.
 """
 
 from __future__ import annotations

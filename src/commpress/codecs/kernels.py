@@ -9,10 +9,10 @@ Each signature (the dtypes of the arguments, CUDA or not, noise or none) compile
 of the reference with a code object of its own, so that dynamo keeps a cache and a
 recompile budget per signature: one shared function would exceed torch's default of 8
 graphs per code object (3 input dtypes x noise or none x size-1 specialisations), and
-raising that limit around every call cost 130-160 us of CPU per call on our CPU VM
-(``benchmarks/gpu_2026-11-27/README.md``). A signature that still needs more graphs than
-dynamo allows one function (strides, slices at odd offsets) gets a fresh twin, with a
-warning, never the reference.
+raising that limit around every call instead cost 130-160 us more per call on our CPU
+VM (the patch alone 75-79 us; ``benchmarks/gpu_2026-11-27/README.md``). A signature that
+still needs more graphs than dynamo allows one function (strides, slices at odd offsets)
+gets a fresh twin, with a warning, never the reference.
 
 If compilation is unavailable (no C++ compiler, an unsupported platform), the
 first failure emits one ``RuntimeWarning`` and every kernel falls back to its
@@ -75,20 +75,25 @@ class Kernel:
         if not (fused and _fused_available):
             return self.reference(*args)
         key = signature(args)
-        compiled = self._compiled.get(key) or self._compile(key)
         try:
-            try:
-                return compiled(*args)
-            except _torch_private.recompile_limit_error():
-                warn_once(
-                    f"commpress: kernel {self.reference.__name__} needed more graphs for one "
-                    "signature than torch._dynamo.config.recompile_limit allows one function; "
-                    "compiling a fresh twin (slow only if it keeps happening)"
-                )
-                return self._compile(key)(*args)
+            return (self._compiled.get(key) or self._compile(key))(*args)
+        except _torch_private.recompile_limit_error():
+            pass  # below: a warning made an error (-W error) must not pass for a failed compile
         except Exception as error:  # compilation failures surface at the first call
-            _disable_fused(error)
-            return self.reference(*args)
+            return self._fall_back(error, args)
+        warn_once(
+            f"commpress: kernel {self.reference.__name__} needed more graphs for one "
+            "signature than torch._dynamo.config.recompile_limit allows one function; "
+            "compiling a fresh twin (slow only if it keeps happening)"
+        )
+        try:
+            return self._compile(key)(*args)
+        except Exception as error:
+            return self._fall_back(error, args)
+
+    def _fall_back(self, error: BaseException, args: tuple) -> Any:
+        _disable_fused(error)
+        return self.reference(*args)
 
     @property
     def twins(self) -> int:
