@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# For the next session lent a GPU (about 4 minutes of device time): what changed after
+# this session's last run and has not run on a GPU. Every gpu-marked test (the rewritten
+# two-rank stream tests and their broken variants, the corrected CUDA codec check, the
+# codecs' compiled twins), then the per-call probes to compare with run 1
+# (run1_probe_codec_calls.md, run1_probe_fixed.md: same card kind for a comparison).
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+here=benchmarks/gpu_2026-11-27
+nvidia-smi -L > "$OUT/env.txt" 2>&1
+python3 -c "import torch; print('torch', torch.__version__)" >> "$OUT/env.txt" 2>&1
+timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -p no:benchmark -n 12 -q -rfE \
+  --timeout 180 --continue-on-collection-errors tests --junitxml "$OUT/gpu_tests.xml" \
+  > "$OUT/gpu_tests.log" 2>&1
+tail -n 25 "$OUT/gpu_tests.log"
+timeout 90 python3 "$here/probe.py" codec_calls > "$OUT/probe_codec_calls.md" 2>&1
+cat "$OUT/probe_codec_calls.md"
+timeout 50 python3 benchmarks/gpu_2026-11-25/probe.py fixed > "$OUT/probe_fixed.md" 2>&1
+cat "$OUT/probe_fixed.md"
