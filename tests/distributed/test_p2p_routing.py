@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import commpress as cp
+from commpress.bench.collectives import output_for, run_collective
 from commpress.cluster.local import run_distributed
 from commpress.testing.silence import forbid_communication
 from commpress.transport import p2p
@@ -56,7 +56,7 @@ def _forced_staging(count: list | None = None):
     """Stage every message through host memory, as CUDA tensors on gloo are; each staged
     send appended to ``count``. Returns what to restore."""
     originals = p2p.must_stage, p2p._host_copy, p2p.Batch.wait
-    p2p.must_stage = lambda group, tensors: True
+    p2p.must_stage = lambda group, on_cpu: True
     if count is not None:
         p2p._host_copy = lambda t: count.append(t) or originals[1](t)
     return originals
@@ -105,16 +105,9 @@ def _staged_and_direct(rank, world_size):
     return outputs
 
 
-def _output(name, inp, world_size):
-    if name == "all_gather":
-        out = torch.full((inp.numel() * world_size,), float("nan"))
-        cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="ring")
-    elif name == "reduce_scatter":
-        out = torch.full((inp.numel() // world_size,), float("nan"))
-        cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="ring")
-    else:
-        out = inp.clone()
-        cp.all_reduce(out, codec="int8", algorithm="ring")
+def _output(op, inp, world_size):
+    out = output_for(op, inp, world_size).fill_(float("nan"))  # every element must be written
+    run_collective(op, "ring", "int8", inp, out)
     return out
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import commpress as cp
+from commpress.bench.collectives import output_for, run_collective
 from commpress.cluster.local import run_distributed
 
 pytestmark = [
@@ -37,15 +38,8 @@ def _inputs(op: str, world_size: int) -> list[torch.Tensor]:
 
 
 def _call(op: str, inp: torch.Tensor, world_size: int, spec: str, algorithm: str):
-    if op == "all_gather":
-        out = torch.full((inp.numel() * world_size,), float("nan"), device=inp.device)
-        cp.all_gather_into_tensor(out, inp, codec=spec, algorithm=algorithm)
-    elif op == "reduce_scatter":
-        out = torch.full((inp.numel() // world_size,), float("nan"), device=inp.device)
-        cp.reduce_scatter_tensor(out, inp, codec=spec, algorithm=algorithm)
-    else:
-        out = inp.clone()
-        cp.all_reduce(out, codec=spec, algorithm=algorithm)
+    out = output_for(op, inp, world_size).fill_(float("nan"))  # every element must be written
+    run_collective(op, algorithm, spec, inp, out)
     return out
 
 

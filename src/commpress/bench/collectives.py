@@ -121,8 +121,9 @@ def variants(algorithms: list[str], codecs: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _output(op: str, inp: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Allocated once per size and reused by every algorithm, as nccl-tests does."""
+def output_for(op: str, inp: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The output ``op`` fills from ``inp`` (contents undefined); the bench allocates it once
+    per size and reuses it for every algorithm, as nccl-tests does."""
     if op == "all_gather":
         return inp.new_empty(inp.numel() * world_size)
     if op == "reduce_scatter":
@@ -130,7 +131,8 @@ def _output(op: str, inp: torch.Tensor, world_size: int) -> torch.Tensor:
     return inp.new_empty(inp.numel())
 
 
-def _run(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+def run_collective(op: str, algorithm: str, codec: str, inp: torch.Tensor, out: torch.Tensor):
+    """``op`` of ``inp`` into ``out`` (an all-reduce reduces a copy of ``inp`` in ``out``)."""
     if op == "all_gather":
         cp.all_gather_into_tensor(out, inp, codec=codec, algorithm=algorithm)
     elif op == "reduce_scatter":
@@ -170,7 +172,7 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     ``interface`` the bytes and packets each rank sent per call (two lists, one entry per
     rank)."""
     for _ in range(warmups):
-        _run(op, algorithm, codec, inp, out)
+        run_collective(op, algorithm, codec, inp, out)
     dist.barrier()
     before = read_local(interface) if interface else None
     retransmitted = read_retransmitted() if interface else None
@@ -180,7 +182,7 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
         dist.barrier()
         cpu_before = _cpu_seconds()
         start = time.perf_counter()
-        _run(op, algorithm, codec, inp, out)
+        run_collective(op, algorithm, codec, inp, out)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         cpu += _cpu_seconds() - cpu_before
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
@@ -230,7 +232,7 @@ def _worker(rank, world_size, config):
         numel = input_numel(op, size_bytes, world_size, dtype)
         inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
         inp = inputs[rank]
-        out = _output(op, inp, world_size)
+        out = output_for(op, inp, world_size)
         exact = correctness.expected(op, inputs, rank)
         native_time = None
         for algorithm, codec in pairs:
@@ -251,7 +253,7 @@ def _worker(rank, world_size, config):
                 config["warmup"],
                 config.get("interface"),
             )
-            _run(op, algorithm, codec, inp, out)
+            run_collective(op, algorithm, codec, inp, out)
             chosen = _chosen(op, algorithm, codec, inp, world_size)
             requested = (algorithm, codec)
             algorithm, codec = chosen or requested

@@ -35,12 +35,13 @@ class Batch:
         if not sends and not receives:
             self._works = []
             return
-        if must_stage(group_, (*sends, *receives)):
+        on_cpu = all(t.is_cpu for t, _ in (*sends, *receives))
+        if must_stage(group_, on_cpu):
             sends = [(_host_copy(t), peer) for t, peer in sends]
             hosts = [_host_buffer(t) for t, _ in receives]
             self._copied_in = [(t, host) for (t, _), host in zip(receives, hosts, strict=True)]
             receives = [(host, peer) for host, (_, peer) in zip(hosts, receives, strict=True)]
-        on_cpu = all(t.is_cpu for t, _ in (*sends, *receives))
+            on_cpu = True
         if on_cpu and sends_may_go_alone(group_):
             self._works = post_each(group_, sends, receives)
             return
@@ -61,10 +62,11 @@ class Batch:
         self._copied_in = []
 
 
-def must_stage(group: dist.ProcessGroup, tensors: Sequence[tuple[torch.Tensor, int]]) -> bool:
-    """Whether these tensors go through host memory: some are on a GPU and the group's
-    backend moves host memory only (a group that names NCCL moves CUDA tensors itself)."""
-    return any(not t.is_cpu for t, _ in tensors) and "nccl" not in dist.get_backend(group)
+def must_stage(group: dist.ProcessGroup, on_cpu: bool) -> bool:
+    """Whether a batch goes through host memory: some of its tensors are on a GPU
+    (``on_cpu`` False) and the group's backend moves host memory only (a group that names
+    NCCL moves CUDA tensors itself)."""
+    return not on_cpu and "nccl" not in dist.get_backend(group)
 
 
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
