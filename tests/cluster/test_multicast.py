@@ -415,9 +415,10 @@ def _fsdp_through_multicast(rank, world_size):
     for spec in ("int8", "int8@multicast"):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+        mesh = cp.fsdp.cpu_mesh()
         for layer in (model[0], model[2]):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         cp.fsdp.compress(model, all_gather=spec, reduce_scatter="int8")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(2):

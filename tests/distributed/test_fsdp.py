@@ -50,10 +50,11 @@ def small_model(dtype=torch.float32) -> nn.Module:
 
 def shard(model: nn.Module, policy=None) -> nn.Module:
     policy = policy or MixedPrecisionPolicy()
+    mesh = cp.fsdp.cpu_mesh()
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -25,9 +25,10 @@ STEPS = 3
 def _model(prefetch: bool) -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)], nn.Linear(32, 10))
+    mesh = cp.fsdp.cpu_mesh()
     for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     if prefetch:
         layers = list(model)
         for index, layer in enumerate(layers[:-1]):

@@ -148,10 +148,11 @@ def _adapters_recorded(rank, world_size):
                 results[adapter, spec] = (sum(sent), state.stats.wire_bytes)
                 continue
             sharded = model()
+            mesh = cp.fsdp.cpu_mesh()
             for layer in sharded:
                 if isinstance(layer, nn.Linear):
-                    fully_shard(layer)
-            fully_shard(sharded)
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(sharded, mesh=mesh)
             stats = cp.fsdp.compress(sharded, all_gather=spec, reduce_scatter="int8")
             sent.clear()
             sharded(x).sum().backward()

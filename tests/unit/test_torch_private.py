@@ -36,8 +36,8 @@ def test_a_missing_private_module_names_itself(monkeypatch):
 def _fsdp_state(rank, world_size):
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
     for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=cp.fsdp.cpu_mesh())
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
     seen = []
     for which in ("all_gather", "reduce_scatter"):
         _torch_private.wrap_fsdp_collectives(model[0], which, lambda c: seen.append(c) or c)
@@ -64,7 +64,7 @@ def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
 
 def _renamed_param_groups(rank, world_size):
     model = nn.Linear(8, 8)
-    fully_shard(model)
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
     state = model._get_fsdp_state()
     for name in ("_fsdp_param_groups", "_fsdp_param_group"):  # torch 2.13's, or 2.11's
         vars(state).pop(name, None)  # what a torch release that renamed it would look like
@@ -93,7 +93,7 @@ class _OlderModule:
 
 def _older_layout(rank, world_size):
     model = nn.Linear(8, 8)
-    fully_shard(model)
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
     (group,) = _torch_private._state_param_groups(model)
     older = _OlderModule(group)
     seen = []

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from commpress import _torch_private
@@ -55,6 +56,14 @@ class Compression:
     #: commpress's own process group for each of FSDP's, so that torch's collectives on
     #: FSDP's groups never interleave with ours (which run on the communication thread).
     groups: OwnGroups | None = None
+
+
+def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
+    """``group`` (default: the whole world) as a CPU device mesh, for ``fully_shard(module,
+    mesh=cpu_mesh())`` on gloo. Given no mesh, ``fully_shard`` shards on the accelerator
+    whenever one is visible, so a CPU model fails on a machine with a GPU ("Expected all
+    tensors to be on the same device")."""
+    return DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
 
 
 def compress(

@@ -137,9 +137,10 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if config.bf16 else None, reduce_dtype=torch.float32
     )
+    mesh = cp.fsdp.cpu_mesh()  # the demo trains on the CPU, whatever accelerator is visible
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     compression = cp.fsdp.compress(model, run.all_gather, run.reduce_scatter)
     return model, [compression.all_gather, compression.reduce_scatter]
 
