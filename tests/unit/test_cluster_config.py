@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import types
 
 import pytest
 import torch
@@ -218,52 +219,29 @@ def test_rack_options_ask_for_the_cluster():
         parser.parse_args(["--racks", "0"])
 
 
-def test_a_job_rank_that_cannot_start_reports_why(tmp_path, monkeypatch):
-    """A rank in a namespace writes its traceback where the caller reads it, even when the
-    job itself cannot be unpickled (a module the namespace's interpreter cannot import):
-    before, it died without one and the caller saw only an exit status."""
-    from commpress.cluster import jobs
-
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    (tmp_path / "job.pkl").write_bytes(b"not a pickle")
-    assert jobs._main(str(tmp_path)) == 1
-    assert "UnpicklingError" in (tmp_path / "1.err").read_text()
-    assert not (tmp_path / "1.pt").exists()
-
-
 class _ProcessesAsHosts:
-    """A cluster whose hosts are local processes on 127.0.0.1: ``run_on_cluster``'s
-    error path without network namespaces."""
+    """A cluster whose hosts are local processes in this machine's own network namespace:
+    ``run_on_cluster``'s paths without root."""
 
     hosts = 2
+    namespaces = None
+    addresses = ["127.0.0.1"] * hosts
+    layout = types.SimpleNamespace(interface="lo")
 
     def describe(self) -> str:
         return "2 local processes"
 
-    def launch(self, command, *, timeout, output, env) -> int:
-        import socket
-        import subprocess
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        ranks = [
-            subprocess.Popen(
-                command,
-                stderr=output,
-                env={
-                    **os.environ,
-                    **env,
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(self.hosts),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                },
-            )
-            for rank in range(self.hosts)
-        ]
-        return max(rank.wait(timeout=timeout) for rank in ranks)
+class _HostsWithoutNamespaces(_ProcessesAsHosts):
+    namespaces = ["cpt-gone-h0", "cpt-gone-h1"]  # no such namespaces: no cluster is up
+
+
+def test_a_job_on_a_cluster_that_is_down_names_the_missing_namespace():
+    from commpress.cluster.jobs import run_on_cluster
+    from commpress.cluster.local import DistributedError
+
+    with pytest.raises(DistributedError, match=r"no network namespace 'cpt-gone-h[01]'"):
+        run_on_cluster(_HostsWithoutNamespaces(), _refuse_on_rank_one, timeout=60)
 
 
 def _refuse_on_rank_one(rank: int, world_size: int) -> int:
@@ -290,7 +268,7 @@ def test_a_job_rank_that_dies_without_a_traceback_reports_the_status():
     from commpress.cluster.jobs import run_on_cluster
     from commpress.cluster.local import DistributedError
 
-    with pytest.raises(DistributedError, match="2 local processes ended with status 3"):
+    with pytest.raises(DistributedError, match="2 local processes: rank 1 died with exit code 3"):
         run_on_cluster(_ProcessesAsHosts(), _exit_without_a_word_on_rank_one, timeout=60)
 
 

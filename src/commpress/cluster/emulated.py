@@ -36,10 +36,8 @@ from commpress.cluster.layout import (
     check_racks,
 )
 from commpress.cluster.link import DEFAULT_MTU, Link, format_rate, parse_delay
-from commpress.cluster.system import ClusterError
+from commpress.cluster.system import NETNS_ETC, ClusterError
 
-# `ip netns exec NS` shows /etc/netns/NS/hosts as /etc/hosts: hosts resolve each other's names
-NETNS_ETC = "/etc/netns"
 NETEM_MISSING = (
     "delay needs the kernel's sch_netem qdisc, which this kernel does not provide "
     "(try `modprobe sch_netem`); run without a delay"

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commpress.cluster.rank import run_rank
+from commpress.cluster.system import enter_namespace
 
 POLL_SECONDS = 0.5
 #: what the fork server imports once for every rank it forks
@@ -42,14 +43,15 @@ class DistributedError(RuntimeError):
     """A rank failed, died or timed out."""
 
 
-def _worker(call, rank, world_size, store_path, backend, timeout, results, env) -> None:
+def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace):
     os.environ.clear()
     os.environ.update(env)
     try:
+        if namespace is not None:
+            enter_namespace(namespace)
         dist.set_debug_level_from_env()  # a bad value is reported like any other error
         torch.set_num_threads(1)
         fn, args = pickle.loads(call)
-        init_method = f"file://{store_path}"
         value = run_rank(fn, args, rank, world_size, backend=backend, init_method=init_method,
                          timeout=timeout)  # fmt: skip
         results.put((rank, True, value))
@@ -74,22 +76,42 @@ def run_distributed(
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    environments = [dict(os.environ)] * world_size
+    return run_ranks(fn, args, environments, backend=backend, timeout=timeout,
+                     allow_dead=allow_dead)  # fmt: skip
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    args: tuple,
+    environments: list[dict[str, str]],
+    *,
+    namespaces: list[str] | None = None,
+    backend: str = "gloo",
+    timeout: float = 120.0,
+    allow_dead: bool = False,
+) -> list[Any]:
+    """:func:`run_distributed` with rank ``r`` running under ``environments[r]`` and, given
+    ``namespaces``, in the network namespace ``namespaces[r]``
+    (:func:`~commpress.cluster.system.enter_namespace`: the emulated cluster's hosts). The
+    ranks meet through a file store in a scratch folder, which every namespace sees."""
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
     results = context.Queue()
     # plain bytes, unpickled in the rank once it has the caller's environment (and no file
     # descriptor per tensor, of which a fork server passes at most a few hundred)
     call = pickle.dumps((fn, args))
-    environment = dict(os.environ)
+    world_size = len(environments)
+    places = namespaces or [None] * world_size
     with tempfile.TemporaryDirectory(prefix="commpress-dist-") as scratch:
-        store_path = os.path.join(scratch, "store")
+        store = f"file://{os.path.join(scratch, 'store')}"
         processes = [
             context.Process(
                 target=_worker,
-                args=(call, rank, world_size, store_path, backend, timeout, results, environment),
+                args=(call, rank, world_size, store, backend, timeout, results, env, place),
                 daemon=True,
             )
-            for rank in range(world_size)
+            for rank, (env, place) in enumerate(zip(environments, places, strict=True))
         ]
         try:
             for rank, process in enumerate(processes):

@@ -1,9 +1,12 @@
-"""The host's networking tools: ``ip`` and ``tc``, run with clear errors and no half-runs."""
+"""The host's networking tools: ``ip`` and ``tc``, run with clear errors and no half-runs; and
+entering a host's namespaces from a process that is already running."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -18,14 +21,19 @@ class ClusterError(RuntimeError):
     """The emulated cluster cannot be built, used or removed; the message says what to do."""
 
 
-#: Set in a host's rank while it imports the script whose function it runs
-#: (:mod:`commpress.cluster.jobs`): a cluster built or run then is that script's top level
-#: running again on every host.
-IMPORTING_SCRIPT = "COMMPRESS_IMPORTING_SCRIPT"
+#: Where ``ip netns`` keeps a handle on each namespace, and the files it shows the
+#: namespace's processes in place of those of /etc.
+NETNS_RUN = "/var/run/netns"
+NETNS_ETC = "/etc/netns"
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 
 
 def check_not_importing_script(what: str) -> None:
-    if os.environ.get(IMPORTING_SCRIPT):
+    """Raise where a process started by multiprocessing (a rank of a job) is importing the
+    script that started it: a cluster built or run then is that script's top level running
+    again on every host."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise ClusterError(
             f"{what} while a host imports the script that called it: the script's top level "
             "runs again on every host (as under multiprocessing); put it under "
@@ -124,3 +132,33 @@ def disable_ipv6(interface: str) -> None:
     if os.path.exists(path):
         with open(path, "w") as switch:
             switch.write("1")
+
+
+def enter_namespace(namespace: str) -> None:
+    """Move this process into the network namespace ``namespace`` as ``ip netns exec``
+    does: that namespace, a mount namespace of its own whose mounts do not reach the
+    machine's, and each file of ``/etc/netns/NAMESPACE/`` bound over its namesake in
+    ``/etc`` (the hosts file: :mod:`commpress.cluster.emulated`). Call it before the process
+    starts a thread: a thread keeps the namespace it was started in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        handle = os.open(os.path.join(NETNS_RUN, namespace), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ClusterError(f"no network namespace {namespace!r}: is its cluster up?") from None
+    try:
+        _succeeded(libc.setns(handle, _CLONE_NEWNET), f"entering network namespace {namespace!r}")
+    finally:
+        os.close(handle)
+    _succeeded(libc.unshare(_CLONE_NEWNS), "a mount namespace of its own")
+    _succeeded(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "mounts kept apart")
+    etc = os.path.join(NETNS_ETC, namespace)
+    for name in sorted(os.listdir(etc)) if os.path.isdir(etc) else []:
+        source, target = os.path.join(etc, name), os.path.join("/etc", name)
+        if os.path.exists(target):
+            bound = libc.mount(source.encode(), target.encode(), None, _MS_BIND, None)
+            _succeeded(bound, f"{source} bound over {target}")
+
+
+def _succeeded(result: int, what: str) -> None:
+    if result != 0:
+        raise ClusterError(f"{what} failed: {os.strerror(ctypes.get_errno())}")
