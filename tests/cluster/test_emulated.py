@@ -132,6 +132,33 @@ print(socket.gethostbyname("{prefix}-h1"), socket.gethostbyname(socket.gethostna
     assert done.split() == [*names, "10.213.0.2", "10.213.0.1"]
 
 
+def _where_a_rank_runs(rank, world_size):
+    import socket
+
+    names = [
+        socket.getnameinfo((a, 0), socket.NI_NAMEREQD)[0] for a in ("10.213.0.1", "10.213.0.2")
+    ]
+    with open("/proc/self/mountinfo") as mounts:
+        shared = [line for line in mounts if " shared:" in line]
+    return [name for _, name in socket.if_nameindex()], names, shared
+
+
+def test_a_rank_of_cluster_run_is_inside_its_host_and_leaves_the_machine_s_mounts_alone(prefix):
+    """``cluster.run`` forks its ranks and moves them into their hosts
+    (``system.enter_namespace``): the host's interfaces, its hosts file, mounts that
+    propagate nowhere; the machine's own mounts and /etc/hosts unchanged after the job."""
+    with Emulated(2, RATE, prefix=prefix) as cluster:
+        with open("/proc/self/mountinfo") as mounts, open("/etc/hosts") as hosts:
+            before = mounts.read(), hosts.read()
+        found = cluster.run(_where_a_rank_runs, timeout=60)
+        with open("/proc/self/mountinfo") as mounts, open("/etc/hosts") as hosts:
+            assert (mounts.read(), hosts.read()) == before
+    for interfaces, names, shared in found:
+        assert interfaces == ["lo", "eth0"]
+        assert names == [f"{prefix}-h0", f"{prefix}-h1"]
+        assert shared == []
+
+
 def test_without_root_or_tools_the_error_says_what_to_do(prefix, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):

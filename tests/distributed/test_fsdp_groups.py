@@ -99,3 +99,26 @@ def test_a_non_idempotent_codec_is_refused_for_a_ring_hop_all_gather():
     message = run_distributed(_ring_hop_zfp, 2, timeout=60)[0]
     assert message.startswith("all_gather='zfp@ring-hop': ring-hop re-encodes")
     assert "not idempotent" in message
+
+
+def test_cpu_mesh_refuses_what_it_cannot_make_a_cpu_mesh_of():
+    import pytest
+
+    with pytest.raises(TypeError, match="group must be a ProcessGroup"):
+        cp.fsdp.cpu_mesh("world")
+    assert not dist.is_initialized()  # this test process never joins a group
+    with pytest.raises(ValueError, match="init_process_group"):
+        cp.fsdp.cpu_mesh()
+
+
+def _meshes(rank, world_size):
+    pair = dist.new_group([0, 1])
+    whole, part = cp.fsdp.cpu_mesh(), cp.fsdp.cpu_mesh(pair) if rank < 2 else None
+    shapes = [whole.device_type, whole.mesh.tolist(), whole.get_group() is dist.group.WORLD]
+    return shapes + ([part.device_type, part.mesh.tolist()] if part is not None else [])
+
+
+def test_cpu_mesh_is_the_group_itself_on_the_cpu():
+    found = run_distributed(_meshes, 3, timeout=60)
+    assert found[0] == found[1] == ["cpu", [0, 1, 2], True, "cpu", [0, 1]]
+    assert found[2] == ["cpu", [0, 1, 2], True]

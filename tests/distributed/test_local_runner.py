@@ -100,3 +100,79 @@ def _sum_of(rank, world_size, tensors):
 def test_a_bad_world_size_is_a_value_error(world_size):
     with pytest.raises(ValueError, match="world_size"):
         run_distributed(_seen, world_size)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(0, ValueError), (-1.0, ValueError), ("60", TypeError), (True, TypeError)],
+)
+def test_a_bad_timeout_names_itself_before_any_rank_starts(timeout, error):
+    with pytest.raises(error, match="timeout"):
+        run_distributed(_seen, 2, timeout=timeout)
+
+
+def test_a_function_of_an_interactive_session_is_refused_with_the_reason(monkeypatch):
+    import types
+
+    def typed_at_the_prompt(rank, world_size):
+        return rank
+
+    typed_at_the_prompt.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__
+    with pytest.raises(ValueError, match="interactive session"):
+        run_distributed(typed_at_the_prompt, 2)
+
+
+STOPPED_WHILE_RANKS_RUN = """
+import os, sys, time
+from commpress.cluster.local import run_distributed
+
+def linger(rank, world_size, folder):
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(120)
+
+if __name__ == "__main__":
+    run_distributed(linger, 2, sys.argv[1], timeout=300)
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_no_rank_outlives_a_caller_that_is_stopped_or_killed(tmp_path, signum):
+    """SIGTERM and SIGINT: the caller ends every rank, then raises KeyboardInterrupt;
+    SIGKILL: the fork server ends with the caller, and the kernel kills the ranks with it."""
+    import signal
+    import time
+
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_WHILE_RANKS_RUN)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    caller = subprocess.Popen([sys.executable, str(script), str(folder)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = [int(name) for name in os.listdir(folder)]
+    try:
+        assert len(ranks) == 2, "the ranks did not start"
+        caller.send_signal(getattr(signal, signum))
+        _, stderr = caller.communicate(timeout=30)
+        if signum != "SIGKILL":
+            assert b"KeyboardInterrupt" in stderr, stderr[-2000:]
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in ranks)
+    finally:
+        caller.kill()
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which has ended, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -118,7 +118,8 @@ def test_cosine_schedule_decays_from_the_learning_rate_to_its_floor():
 
 def _shard_with_an_accelerator_visible(rank, world_size, fixed: bool):
     """The demo's FSDP model, sharded where torch reports a CUDA accelerator, as on a GPU
-    machine (a CPU-only torch then cannot make the default mesh, and raises)."""
+    machine (with a CPU-only torch the default mesh then asks torch.cuda for its device,
+    and raises)."""
     import torch
 
     from commpress.train import loop

@@ -218,3 +218,28 @@ def test_the_checker_catches_violations():
 )
 def test_relative_imports_resolve_against_the_package(module, is_package, source, imported):
     assert imported_names(source, module, is_package) == [(1, imported)]
+
+
+def _calls_without_a_mesh(source: str) -> list[int]:
+    """Lines of ``fully_shard(...)`` calls in ``source`` that name no ``mesh``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fully_shard"
+        and not any(keyword.arg == "mesh" for keyword in node.keywords)
+    ]
+
+
+def test_every_fully_shard_of_ours_names_its_mesh():
+    """Without one, FSDP2 shards on the accelerator whenever one is visible, and our CPU
+    models fail on a GPU machine (``cp.fsdp.cpu_mesh``)."""
+    assert _calls_without_a_mesh("fully_shard(model)\nfully_shard(block, mesh=m)") == [1]
+    root = PACKAGE.parents[1]
+    found = {
+        str(path.relative_to(root)): lines
+        for folder in ("src", "tests", "benchmarks")
+        for path in sorted((root / folder).rglob("*.py"))
+        if (lines := _calls_without_a_mesh(path.read_text()))
+    }
+    assert found == {}

@@ -3,7 +3,8 @@
 The cluster counterpart of :func:`commpress.cluster.local.run_distributed`, and built on
 it: one gloo rank per host, forked from the same server (torch and commpress imported
 once, not once per rank and job), each moved into its host's network namespace before it
-starts (:func:`~commpress.cluster.system.enter_namespace`, what ``ip netns exec`` does),
+starts (:func:`~commpress.cluster.system.enter_namespace`: what ``ip netns exec`` does
+but for ``/sys``),
 with the variables :mod:`commpress.cluster.launcher` gives a rank of a job; the ranks
 meet through a file store and talk over the emulated links. An ``fn`` defined in the
 script being run (``__main__``) is found as multiprocessing finds it: each rank imports

@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import queue
+import sys
 import tempfile
 import time
 import traceback
@@ -32,9 +33,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commpress.cluster.rank import run_rank
-from commpress.cluster.system import enter_namespace
+from commpress.cluster.system import deferred_signals, end_with, enter_namespace
 
 POLL_SECONDS = 0.5
+#: How long the ranks of a run have, together, to end on their own once it is over
+END_GRACE_SECONDS = 5.0
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
 
@@ -43,12 +46,16 @@ class DistributedError(RuntimeError):
     """A rank failed, died or timed out."""
 
 
-def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace):
+def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace, caller):
     os.environ.clear()
     os.environ.update(env)
+    if env.get("PYTHONUNBUFFERED"):  # read by Python at its start only, which was the server's
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)
     try:
         if namespace is not None:
-            enter_namespace(namespace)
+            enter_namespace(namespace)  # before any thread starts
+        end_with(caller)  # no rank outlives the caller, even one killed (SIGKILL)
         dist.set_debug_level_from_env()  # a bad value is reported like any other error
         torch.set_num_threads(1)
         fn, args = pickle.loads(call)
@@ -95,6 +102,8 @@ def run_ranks(
     ``namespaces``, in the network namespace ``namespaces[r]``
     (:func:`~commpress.cluster.system.enter_namespace`: the emulated cluster's hosts). The
     ranks meet through a file store in a scratch folder, which every namespace sees."""
+    _check_timeout(timeout)
+    _check_importable(fn)
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
     results = context.Queue()
@@ -103,12 +112,15 @@ def run_ranks(
     call = pickle.dumps((fn, args))
     world_size = len(environments)
     places = namespaces or [None] * world_size
-    with tempfile.TemporaryDirectory(prefix="commpress-dist-") as scratch:
+    caller = os.getpid()
+    # a Ctrl-C or SIGTERM ends every rank before it raises KeyboardInterrupt here
+    scratch_folder = tempfile.TemporaryDirectory(prefix="commpress-dist-")
+    with deferred_signals() as stop, scratch_folder as scratch:
         store = f"file://{os.path.join(scratch, 'store')}"
         processes = [
             context.Process(
                 target=_worker,
-                args=(call, rank, world_size, store, backend, timeout, results, env, place),
+                args=(call, rank, world_size, store, backend, timeout, results, env, place, caller),
                 daemon=True,
             )
             for rank, (env, place) in enumerate(zip(environments, places, strict=True))
@@ -119,18 +131,43 @@ def run_ranks(
                     process.start()
                 except Exception as error:  # the fork server failed (a preload that raised)
                     raise DistributedError(f"could not start rank {rank}: {error!r}") from error
-            return _collect(processes, results, timeout, allow_dead)
+            return _collect(processes, results, timeout, allow_dead, stop)
         finally:
-            for process in processes:
-                if process.pid is None:  # never started
-                    continue
-                process.join(timeout=5)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+            _end([process for process in processes if process.pid is not None])
 
 
-def _collect(processes, results, timeout: float, allow_dead: bool) -> list[Any]:
+def _check_timeout(timeout) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+
+
+def _check_importable(fn) -> None:
+    """A rank finds ``fn`` by its module's name: a function of an interactive session
+    has none it could import."""
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not hasattr(main, "__file__"):
+        raise ValueError(
+            f"fn={getattr(fn, '__qualname__', fn)!r} is defined in an interactive session, "
+            "which the ranks cannot import: define it in a module or a script"
+        )
+
+
+def _end(processes) -> None:
+    """Every rank ended: those still running after :data:`END_GRACE_SECONDS` in all (a peer
+    failed, a timeout, a signal) are killed."""
+    deadline = time.monotonic() + END_GRACE_SECONDS
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=END_GRACE_SECONDS)
+
+
+def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> list[Any]:
     values: dict[int, Any] = {}
     dead: set[int] = set()
     deadline = time.monotonic() + timeout
@@ -138,6 +175,8 @@ def _collect(processes, results, timeout: float, allow_dead: bool) -> list[Any]:
         try:
             rank, ok, value = results.get(timeout=POLL_SECONDS)
         except queue.Empty:
+            if stop:
+                raise KeyboardInterrupt(f"signal {stop[0]}: every rank is being ended") from None
             if time.monotonic() > deadline:
                 missing = sorted(set(range(len(processes))) - set(values))
                 raise DistributedError(

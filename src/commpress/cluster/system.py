@@ -8,6 +8,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -136,11 +137,19 @@ def disable_ipv6(interface: str) -> None:
 
 def enter_namespace(namespace: str) -> None:
     """Move this process into the network namespace ``namespace`` as ``ip netns exec``
-    does: that namespace, a mount namespace of its own whose mounts do not reach the
+    does, but for ``/sys`` (which it leaves the machine's; nothing of ours reads it in a
+    rank): that namespace, a mount namespace of its own whose mounts do not reach the
     machine's, and each file of ``/etc/netns/NAMESPACE/`` bound over its namesake in
-    ``/etc`` (the hosts file: :mod:`commpress.cluster.emulated`). Call it before the process
-    starts a thread: a thread keeps the namespace it was started in."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    ``/etc`` (the hosts file: :mod:`commpress.cluster.emulated`). Only a process with one
+    thread may: a thread keeps the namespace it was started in."""
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise ClusterError(
+            f"entering network namespace {namespace!r} from a process of {threads} threads: "
+            "the others would stay outside (a module imported at the top level of the "
+            "job's script may have started one)"
+        )
+    libc = _libc()
     try:
         handle = os.open(os.path.join(NETNS_RUN, namespace), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -157,6 +166,27 @@ def enter_namespace(namespace: str) -> None:
         if os.path.exists(target):
             bound = libc.mount(source.encode(), target.encode(), None, _MS_BIND, None)
             _succeeded(bound, f"{source} bound over {target}")
+
+
+def end_with(pid: int) -> None:
+    """Kill this process as soon as process ``pid`` has ended (a thread waits on it; Linux
+    5.3 and later, elsewhere nothing)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+
+    def wait_for_its_end() -> None:
+        select.select([handle], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_its_end, name="commpress-end-with", daemon=True).start()
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _succeeded(result: int, what: str) -> None:

@@ -63,7 +63,15 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
     mesh=cpu_mesh())`` on gloo. Given no mesh, ``fully_shard`` shards on the accelerator
     whenever one is visible, so a CPU model fails on a machine with a GPU ("Expected all
     tensors to be on the same device")."""
-    return DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup or None, got {group!r}")
+    if not dist.is_initialized():
+        raise ValueError("cpu_mesh needs torch.distributed initialised: call init_process_group")
+    group = dist.group.WORLD if group is None else group
+    if "gloo" not in dist.get_backend(group):
+        backend = dist.get_backend(group)
+        raise ValueError(f"group's backend is {backend!r}: a CPU mesh needs one with gloo")
+    return DeviceMesh.from_group(group, "cpu")
 
 
 def compress(
