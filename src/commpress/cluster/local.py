@@ -36,7 +36,8 @@ from commpress.cluster.rank import run_rank
 from commpress.cluster.system import deferred_signals, end_with, enter_namespace
 
 POLL_SECONDS = 0.5
-#: How long the ranks of a run have, together, to end on their own once it is over
+#: How long the ranks of a run that succeeded have, together, to end on their own (those
+#: of a run that failed are killed at once)
 END_GRACE_SECONDS = 5.0
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
@@ -131,9 +132,12 @@ def run_ranks(
                     process.start()
                 except Exception as error:  # the fork server failed (a preload that raised)
                     raise DistributedError(f"could not start rank {rank}: {error!r}") from error
-            return _collect(processes, results, timeout, allow_dead, stop)
-        finally:
-            _end([process for process in processes if process.pid is not None])
+            values = _collect(processes, results, timeout, allow_dead, stop)
+        except BaseException:  # a rank failed, a timeout, a signal: the others are of no use
+            _end([process for process in processes if process.pid is not None], grace=0.0)
+            raise
+        _end(processes, grace=END_GRACE_SECONDS)
+        return values
 
 
 def _check_timeout(timeout) -> None:
@@ -154,10 +158,9 @@ def _check_importable(fn) -> None:
         )
 
 
-def _end(processes) -> None:
-    """Every rank ended: those still running after :data:`END_GRACE_SECONDS` in all (a peer
-    failed, a timeout, a signal) are killed."""
-    deadline = time.monotonic() + END_GRACE_SECONDS
+def _end(processes, grace: float) -> None:
+    """Every rank ended: those still running after ``grace`` seconds in all are killed."""
+    deadline = time.monotonic() + grace
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in processes:
