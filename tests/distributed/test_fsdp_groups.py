@@ -113,12 +113,20 @@ def test_cpu_mesh_refuses_what_it_cannot_make_a_cpu_mesh_of():
 
 def _meshes(rank, world_size):
     pair = dist.new_group([0, 1])
-    whole, part = cp.fsdp.cpu_mesh(), cp.fsdp.cpu_mesh(pair) if rank < 2 else None
+    whole = cp.fsdp.cpu_mesh()
     shapes = [whole.device_type, whole.mesh.tolist(), whole.get_group() is dist.group.WORLD]
-    return shapes + ([part.device_type, part.mesh.tolist()] if part is not None else [])
+    if rank < 2:
+        part = cp.fsdp.cpu_mesh(pair)
+        return shapes + [part.device_type, part.mesh.tolist()]
+    try:  # rank 2 is not in the pair
+        cp.fsdp.cpu_mesh(pair)
+    except ValueError as error:
+        return shapes + [str(error)]
+    return shapes
 
 
 def test_cpu_mesh_is_the_group_itself_on_the_cpu():
     found = run_distributed(_meshes, 3, timeout=60)
     assert found[0] == found[1] == ["cpu", [0, 1, 2], True, "cpu", [0, 1]]
-    assert found[2] == ["cpu", [0, 1, 2], True]
+    assert found[2] == ["cpu", [0, 1, 2], True, found[2][3]]
+    assert "this rank is not in it" in found[2][3]

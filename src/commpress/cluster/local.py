@@ -21,11 +21,13 @@ import io
 import os
 import pickle
 import queue
+import signal
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -36,9 +38,12 @@ from commpress.cluster.rank import run_rank
 from commpress.cluster.system import deferred_signals, end_with, enter_namespace
 
 POLL_SECONDS = 0.5
-#: How long the ranks of a run that succeeded have, together, to end on their own (those
-#: of a run that failed are killed at once)
+#: How long the ranks of a run have, together, to end on their own (flushing their output)
+#: once it has succeeded, or failed; after a Ctrl-C or SIGTERM they are killed at once
 END_GRACE_SECONDS = 5.0
+FAILED_GRACE_SECONDS = 1.0
+#: The longest timeout a rank's process group takes (``datetime.timedelta``'s range)
+MAX_TIMEOUT_SECONDS = timedelta.max.total_seconds()
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
 
@@ -48,12 +53,15 @@ class DistributedError(RuntimeError):
 
 
 def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace, caller):
+    # a terminal's Ctrl-C reaches the whole process group: the caller ends the ranks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(env)
-    if env.get("PYTHONUNBUFFERED"):  # read by Python at its start only, which was the server's
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True)
     try:
+        if env.get("PYTHONUNBUFFERED"):  # read at an interpreter's start: the server's
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:
+                    stream.reconfigure(line_buffering=True, write_through=True)
         if namespace is not None:
             enter_namespace(namespace)  # before any thread starts
         end_with(caller)  # no rank outlives the caller, even one killed (SIGKILL)
@@ -133,8 +141,9 @@ def run_ranks(
                 except Exception as error:  # the fork server failed (a preload that raised)
                     raise DistributedError(f"could not start rank {rank}: {error!r}") from error
             values = _collect(processes, results, timeout, allow_dead, stop)
-        except BaseException:  # a rank failed, a timeout, a signal: the others are of no use
-            _end([process for process in processes if process.pid is not None], grace=0.0)
+        except BaseException as error:  # a rank failed, a timeout, a signal
+            grace = 0.0 if isinstance(error, KeyboardInterrupt) else FAILED_GRACE_SECONDS
+            _end([process for process in processes if process.pid is not None], grace)
             raise
         _end(processes, grace=END_GRACE_SECONDS)
         return values
@@ -143,8 +152,8 @@ def run_ranks(
 def _check_timeout(timeout) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT_SECONDS:  # also NaN and infinity
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
 
 
 def _check_importable(fn) -> None:
@@ -175,11 +184,11 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
     dead: set[int] = set()
     deadline = time.monotonic() + timeout
     while len(values) + len(dead) < len(processes):
+        if stop:  # before any rank's report: theirs may be of the same signal
+            raise KeyboardInterrupt(f"signal {stop[0]}: every rank is being ended")
         try:
             rank, ok, value = results.get(timeout=POLL_SECONDS)
         except queue.Empty:
-            if stop:
-                raise KeyboardInterrupt(f"signal {stop[0]}: every rank is being ended") from None
             if time.monotonic() > deadline:
                 missing = sorted(set(range(len(processes))) - set(values))
                 raise DistributedError(

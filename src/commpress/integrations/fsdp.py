@@ -63,6 +63,8 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
     mesh=cpu_mesh())`` on gloo. Given no mesh, ``fully_shard`` shards on the accelerator
     whenever one is visible, so a CPU model fails on a machine with a GPU ("Expected all
     tensors to be on the same device")."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("group: this rank is not in it (new_group gave it NON_GROUP_MEMBER)")
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup or None, got {group!r}")
     if not dist.is_initialized():
