@@ -104,7 +104,15 @@ def test_a_bad_world_size_is_a_value_error(world_size):
 
 @pytest.mark.parametrize(
     ("timeout", "error"),
-    [(0, ValueError), (-1.0, ValueError), ("60", TypeError), (True, TypeError)],
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        (1e20, ValueError),
+        ("60", TypeError),
+        (True, TypeError),
+    ],
 )
 def test_a_bad_timeout_names_itself_before_any_rank_starts(timeout, error):
     with pytest.raises(error, match="timeout"):

@@ -322,3 +322,21 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     done = _run_script(tmp_path, call)
     assert done.returncode != 0
     assert 'put it under `if __name__ == "__main__":`' in done.stderr
+
+
+def test_entering_a_namespace_from_a_process_with_threads_is_refused():
+    """A thread keeps the namespace it was started in: entering with two would leave one
+    outside (this refusal comes before the namespace is even looked up)."""
+    import threading
+
+    from commpress.cluster.system import ClusterError, enter_namespace
+
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)
+    waiting.start()
+    try:
+        with pytest.raises(ClusterError, match=r"from a process of \d+ threads"):
+            enter_namespace("cpt-never-made")
+    finally:
+        release.set()
+        waiting.join()

@@ -179,7 +179,9 @@ def end_with(pid: int) -> None:
         return
 
     def wait_for_its_end() -> None:
-        select.select([handle], [], [])
+        ended = select.poll()
+        ended.register(handle, select.POLLIN)
+        ended.poll()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait_for_its_end, name="commpress-end-with", daemon=True).start()
