@@ -117,11 +117,13 @@ def _meshes(rank, world_size):
     shapes = [whole.device_type, whole.mesh.tolist(), whole.get_group() is dist.group.WORLD]
     if rank < 2:
         part = cp.fsdp.cpu_mesh(pair)
-        return shapes + [part.device_type, part.mesh.tolist()]
-    try:  # rank 2 is not in the pair
-        cp.fsdp.cpu_mesh(pair)
-    except ValueError as error:
-        return shapes + [str(error)]
+        shapes += [part.device_type, part.mesh.tolist()]
+    else:
+        try:  # rank 2 is not in the pair
+            cp.fsdp.cpu_mesh(pair)
+        except ValueError as error:
+            shapes.append(str(error))
+    dist.barrier()  # rank 2 must not leave while the pair still connects
     return shapes
 
 
