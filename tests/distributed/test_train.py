@@ -140,8 +140,9 @@ def _shard_with_an_accelerator_visible(rank, world_size, fixed: bool):
 @pytest.mark.parametrize("fixed", [True, False], ids=["demo", "default-mesh"])
 def test_the_fsdp_demo_stays_on_the_cpu_where_a_gpu_is_visible(fixed):
     """On a GPU machine ``fully_shard`` without a mesh shards on the GPU while the demo's
-    batches stay on the CPU (17 FSDP tests failed so on the H200 machine's CPU run,
-    ``benchmarks/gpu_2026-11-27/run2_cpu_suite_torch2_11.log``); the demo names a CPU mesh."""
+    batches stay on the CPU (17 items of test_fsdp.py errored so in their fixtures on the H200
+    machine's CPU run, ``benchmarks/gpu_2026-11-27/run2_cpu_suite_torch2_11.log``); the
+    demo names a CPU mesh."""
     devices = run_distributed(_shard_with_an_accelerator_visible, 2, fixed, timeout=120)
     if fixed:
         assert devices == [["cpu"], ["cpu"]]

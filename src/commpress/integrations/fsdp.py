@@ -70,8 +70,8 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
     if not dist.is_initialized():
         raise ValueError("cpu_mesh needs torch.distributed initialised: call init_process_group")
     group = dist.group.WORLD if group is None else group
-    if "gloo" not in dist.get_backend(group):
-        backend = dist.get_backend(group)
+    backend = dist.get_backend(group)
+    if "gloo" not in backend:
         raise ValueError(f"group's backend is {backend!r}: a CPU mesh needs one with gloo")
     return DeviceMesh.from_group(group, "cpu")
 
