@@ -1,8 +1,13 @@
-"""Link rates as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's."""
+"""Link rates as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's; and
+durations given as seconds."""
 
 from __future__ import annotations
 
 import re
+from datetime import timedelta
+
+#: The longest duration a ``threading`` or ``multiprocessing`` wait, and a timedelta, hold.
+MAX_SECONDS = timedelta.max.total_seconds()
 
 RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
@@ -26,3 +31,12 @@ def parse_rate_bits(text, what: str = "link rate") -> int:
     if bits <= 0:
         raise ValueError(f"{what} {text!r} must be positive")
     return bits
+
+
+def check_seconds(value, what: str = "timeout") -> None:
+    """``value`` is a positive, finite number of seconds (not a bool, NaN or infinity, which
+    would make a deadline that never comes); ``what`` names the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not 0 < value <= MAX_SECONDS:  # also NaN and infinity
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")

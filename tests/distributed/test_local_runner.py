@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.cluster.local import PRELOADED_MODULES, DistributedError, run_distributed
+from commpress.cluster.system import running
 
 VARIABLE = "COMMPRESS_TEST_RUNNER_VARIABLE"
 
@@ -178,20 +179,50 @@ def test_no_rank_outlives_a_caller_that_is_stopped_or_killed(tmp_path, signum, w
         if signum != "SIGKILL":
             assert b"KeyboardInterrupt" in stderr and b"DistributedError" not in stderr, stderr
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        while any(running(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in ranks)
+        assert not any(running(pid) for pid in ranks)
     finally:
         caller.kill()
         for pid in ranks:
-            if _alive(pid):
+            if running(pid):
                 os.kill(pid, 9)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, which has ended, does not)."""
+ENDS_WITH = """
+import os, sys, time
+from commpress.cluster.system import end_with
+if sys.argv[2] == "without-pidfd":
+    del os.pidfd_open  # as on a kernel before 5.3 (RHEL 8's 4.18)
+end_with(int(sys.argv[1]), poll_seconds=0.1)
+print("watching", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["pidfd", "without-pidfd"])
+def test_a_rank_ends_with_its_caller_with_or_without_pidfd(how):
+    caller = subprocess.Popen(["sleep", "60"])
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", ENDS_WITH, str(caller.pid), how], stdout=subprocess.PIPE
+    )
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        assert watcher.stdout.readline() == b"watching\n"
+        assert watcher.poll() is None  # its caller still runs
+        caller.kill()
+        caller.wait()
+        assert watcher.wait(timeout=10) == -9
+    finally:
+        caller.kill()
+        watcher.kill()
+        caller.wait()
+        watcher.wait()
+
+
+def test_a_caller_that_has_ended_already_ends_the_rank_at_once():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    watcher = subprocess.run(
+        [sys.executable, "-c", ENDS_WITH, str(gone.pid), "pidfd"], capture_output=True, timeout=60
+    )
+    assert watcher.returncode == -9 and b"watching" not in watcher.stdout

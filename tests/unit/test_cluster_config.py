@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import types
 
@@ -12,7 +13,7 @@ import torch
 from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate
 from commpress.cluster.commands import add_link_arguments, wants_cluster
 from commpress.cluster.counters import parse_net_dev, parse_retransmitted
-from commpress.cluster.launcher import exit_status, rank_environment
+from commpress.cluster.launcher import exit_status, launch, rank_environment
 from commpress.collectives.workspace import Workspace
 
 NET_DEV = """Inter-|   Receive                                                |  Transmit
@@ -86,6 +87,24 @@ def test_net_dev_parsing_and_differences():
 
 def test_exit_status_maps_signals_like_a_shell():
     assert exit_status(0) == 0 and exit_status(3) == 3 and exit_status(-9) == 137
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        ("60", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_a_bad_launch_timeout_names_itself_before_anything_starts(timeout, error):
+    """NaN and infinity once passed, leaving a deadline that never comes."""
+    no_cluster = object()  # read only after the arguments are checked
+    with pytest.raises(error, match="timeout"):
+        launch(no_cluster, ["true"], timeout=timeout)
 
 
 def test_workspace_reuses_and_grows():

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from commpress.cluster import system
+from commpress.units import check_seconds
 
 STOP_GRACE_SECONDS = 5.0
 STREAM_DRAIN_SECONDS = 2.0
@@ -94,8 +95,8 @@ def launch(
         raise TypeError(f"nproc_per_host must be an int, got {nproc_per_host!r}")
     if nproc_per_host < 1:
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    if timeout is not None:
+        check_seconds(timeout)
     output = output or sys.stdout
     ranks: list[Rank] = []
     with system.deferred_signals() as received:  # raises KeyboardInterrupt once all is stopped

@@ -27,7 +27,6 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -36,14 +35,13 @@ import torch.multiprocessing as mp
 
 from commpress.cluster.rank import run_rank
 from commpress.cluster.system import deferred_signals, end_with, enter_namespace
+from commpress.units import check_seconds
 
 POLL_SECONDS = 0.5
 #: How long the ranks of a run have, together, to end on their own (flushing their output)
 #: once it has succeeded, or failed; after a Ctrl-C or SIGTERM they are killed at once
 END_GRACE_SECONDS = 5.0
 FAILED_GRACE_SECONDS = 1.0
-#: The longest timeout a rank's process group takes (``datetime.timedelta``'s range)
-MAX_TIMEOUT_SECONDS = timedelta.max.total_seconds()
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
 
@@ -111,7 +109,7 @@ def run_ranks(
     ``namespaces``, in the network namespace ``namespaces[r]``
     (:func:`~commpress.cluster.system.enter_namespace`: the emulated cluster's hosts). The
     ranks meet through a file store in a scratch folder, which every namespace sees."""
-    _check_timeout(timeout)
+    check_seconds(timeout)
     _check_importable(fn)
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
@@ -147,13 +145,6 @@ def run_ranks(
             raise
         _end(processes, grace=END_GRACE_SECONDS)
         return values
-
-
-def _check_timeout(timeout) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if not 0 < timeout <= MAX_TIMEOUT_SECONDS:  # also NaN and infinity
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
 
 
 def _check_importable(fn) -> None:

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -168,23 +169,39 @@ def enter_namespace(namespace: str) -> None:
             _succeeded(bound, f"{source} bound over {target}")
 
 
-def end_with(pid: int) -> None:
-    """Kill this process as soon as process ``pid`` has ended (a thread waits on it; Linux
-    5.3 and later, elsewhere nothing)."""
+def end_with(pid: int, poll_seconds: float = 0.5) -> None:
+    """Kill this process as soon as process ``pid`` has ended. A thread waits on its pidfd
+    (Linux 5.3 and later); where there is none (older kernels, such as RHEL 8's 4.18), it
+    looks every ``poll_seconds`` instead."""
+    if not running(pid):
+        os.kill(os.getpid(), signal.SIGKILL)
     try:
         handle = os.pidfd_open(pid)
     except ProcessLookupError:
         os.kill(os.getpid(), signal.SIGKILL)
     except (OSError, AttributeError):
-        return
+        handle = None
 
     def wait_for_its_end() -> None:
-        ended = select.poll()
-        ended.register(handle, select.POLLIN)
-        ended.poll()
+        if handle is None:
+            while running(pid):
+                time.sleep(poll_seconds)
+        else:
+            ended = select.poll()
+            ended.register(handle, select.POLLIN)
+            ended.poll()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait_for_its_end, name="commpress-end-with", daemon=True).start()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def _libc() -> ctypes.CDLL:
