@@ -58,6 +58,23 @@ def test_bench_rejects_sweeps_that_cannot_run(argv, capsys):
     assert "invalid" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "command", [["bench"], ["train"], ["launch", "--hosts", "2", "--", "true"]]
+)
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf", "soon"])
+def test_a_bad_timeout_is_a_usage_error_before_anything_runs(command, timeout, capsys):
+    """``launch`` once built its cluster before it refused ``--timeout nan``."""
+    argv = [command[0], "--timeout", timeout, *command[1:]]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert (
+        last
+        == f"commpress {command[0]}: error: argument --timeout: invalid seconds value: '{timeout}'"
+    )
+
+
 def test_bench_rejects_a_first_size_above_the_last(capsys):
     assert main(["bench", "-b", "2M", "-e", "1M"]) == 2
     assert "must not exceed" in capsys.readouterr().err

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from commpress.units import check_seconds
+
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: ``--dtype`` values, named as nccl-tests names them -> the name of the torch dtype.
 DTYPES = {"float": "float32", "bfloat16": "bfloat16", "half": "float16"}
@@ -23,6 +25,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (``--timeout``)."""
+    value = float(text)
+    check_seconds(value)
     return value
 
 

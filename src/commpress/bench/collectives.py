@@ -58,6 +58,7 @@ from commpress.bench.arguments import (
     output_path,
     positive_int,
     probability,
+    seconds,
     size_factor,
     torch_dtype,
 )
@@ -501,7 +502,7 @@ def add_arguments(parser) -> None:
         help="--algorithm auto / --codec auto:...: the fit of `commpress sim --save-fit` the "
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the sweep")
+    parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", type=output_path, metavar="PATH")
     parser.add_argument("--markdown", type=output_path, metavar="PATH")
     parser.add_argument("--plot", type=output_path, metavar="PATH", help="PNG of busbw vs size")
