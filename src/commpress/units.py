@@ -4,10 +4,10 @@ durations given as seconds."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+import threading
 
-#: The longest duration a ``threading`` or ``multiprocessing`` wait, and a timedelta, hold.
-MAX_SECONDS = timedelta.max.total_seconds()
+#: The longest wait ``threading`` takes (about 292 years); a ``timedelta`` holds it too.
+MAX_SECONDS = threading.TIMEOUT_MAX
 
 RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")

@@ -128,4 +128,6 @@ def test_reported_wire_bytes_are_what_the_hosts_send(prefix, tmp_path, op):
     assert native["wire_bytes"] == ring_bytes
     for host, sent in enumerate(half["tx_bytes"]):
         assert sent <= native["tx_bytes"][host] + _slack(half, host)
-        assert abs(sent - full["tx_bytes"][host]) <= _slack(half, host)
+        # each within its own slack of the same payload (the float run's segments sent
+        # again are its own: once 33.6 KB against the bf16 run's 20.6 KB of slack)
+        assert abs(sent - full["tx_bytes"][host]) <= max(_slack(half, host), _slack(full, host))

@@ -107,6 +107,18 @@ def test_a_bad_launch_timeout_names_itself_before_anything_starts(timeout, error
         launch(no_cluster, ["true"], timeout=timeout)
 
 
+def test_the_longest_timeout_taken_is_one_every_wait_holds():
+    """It was ``timedelta.max``'s, which ``timedelta(seconds=...)`` itself overflows on."""
+    from datetime import timedelta
+
+    from commpress.units import MAX_SECONDS, check_seconds
+
+    check_seconds(MAX_SECONDS)
+    assert timedelta(seconds=MAX_SECONDS) > timedelta(days=365 * 100)
+    with pytest.raises(ValueError, match="timeout"):
+        check_seconds(MAX_SECONDS * 2)
+
+
 def test_workspace_reuses_and_grows():
     workspace = Workspace()
     first = workspace.take("a", 100, torch.float32, "cpu")
@@ -341,6 +353,26 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     done = _run_script(tmp_path, call)
     assert done.returncode != 0
     assert 'put it under `if __name__ == "__main__":`' in done.stderr
+
+
+def test_a_process_hidden_by_proc_is_looked_for_with_a_signal(monkeypatch):
+    """``/proc`` mounted with ``hidepid`` refuses to read another user's processes."""
+    import builtins
+
+    from commpress.cluster.system import running
+
+    with open("/proc/sys/kernel/pid_max") as limit:
+        never_a_pid = int(limit.read()) + 1
+    real_open = builtins.open
+
+    def hiding(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", hiding)
+    assert running(os.getpid())
+    assert not running(never_a_pid)
 
 
 def test_entering_a_namespace_from_a_process_with_threads_is_refused():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import math
 import os
 import random
 import struct
@@ -481,7 +482,9 @@ def test_without_repairs_loss_is_caught():
         (dict(concurrent_roots=0), "concurrent_roots"),
         (dict(rate_bits=True), "rate_bits"),
         (dict(retry_s=0), "retry_s"),
+        (dict(retry_s=math.nan), "retry_s"),
         (dict(burst_s=-1), "burst_s"),
+        (dict(burst_s=math.inf), "burst_s"),
         (dict(ttl=0), "ttl"),
         (dict(uplink_bits=0), "uplink_bits"),
     ],

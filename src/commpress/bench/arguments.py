@@ -30,8 +30,11 @@ def positive_int(text: str) -> int:
 
 def seconds(text: str) -> float:
     """A positive, finite number of seconds (``--timeout``)."""
-    value = float(text)
-    check_seconds(value)
+    try:
+        value = float(text)
+        check_seconds(value, "a duration")
+    except ValueError as error:  # argparse shows an ArgumentTypeError's reason
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
     return value
 
 

@@ -173,8 +173,6 @@ def end_with(pid: int, poll_seconds: float = 0.5) -> None:
     """Kill this process as soon as process ``pid`` has ended. A thread waits on its pidfd
     (Linux 5.3 and later); where there is none (older kernels, such as RHEL 8's 4.18), it
     looks every ``poll_seconds`` instead."""
-    if not running(pid):
-        os.kill(os.getpid(), signal.SIGKILL)
     try:
         handle = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -196,12 +194,22 @@ def end_with(pid: int, poll_seconds: float = 0.5) -> None:
 
 
 def running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    """Whether process ``pid`` exists and has not ended (a zombie has), as far as this
+    process can see: where ``/proc`` does not show it (mounted with ``hidepid``), whether
+    it exists."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
+    except FileNotFoundError:
         return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
 
 def _libc() -> ctypes.CDLL:

@@ -62,6 +62,7 @@ from commpress.transport.datagrams import (
     parse,
     unpack_ranges,
 )
+from commpress.units import check_seconds
 
 #: How long the thread sleeps when nothing is due (a post or a datagram wakes it sooner).
 IDLE_S = 0.05
@@ -147,9 +148,7 @@ class Options:
         if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
         for name in ("retry_s", "burst_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+            check_seconds(getattr(self, name), name)
 
     def pace_bytes_per_s(self, world_size: int) -> float:
         """One root's sending rate: the K roots at once share each receiver's link, and the
