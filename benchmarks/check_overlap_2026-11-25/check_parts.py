@@ -15,6 +15,9 @@ prefix ``cppt``). Variants, interleaved call by call, their order rotated each r
   ``EARLY_VERDICT_MIN_RANKS``);
 * ``check-split``, ``check-nosplit``: the all-gather sends its last header alone at any
   size, or at none (``executor.SPLIT_LAST_BYTES``);
+* ``check-ahead``: the checked ring posts its second receive as soon as its first message
+  is posted, as the unchecked ring does, not once the left neighbour's first header has
+  agreed (not safe: a larger message from a neighbour that disagrees ends the process);
 * ``nocheck``, ``nocheck-again``: no fingerprint (the second is the A/A yardstick);
 * ``nocheck-late``: no fingerprint, and the ring posts its second receive only once the
   first has arrived, as the checked ring must (the others it posts a step ahead as usual).
@@ -65,6 +68,16 @@ def _unsafe(name: str):
             executor.SPLIT_LAST_BYTES = threshold
             undo.append(lambda split=split: setattr(executor, "SPLIT_LAST_BYTES", split))
             break
+    if "ahead" in name:
+        first = executor._FirstMessage
+
+        class AgreedAtOnce(first):
+            def __init__(self, check, message, scratch, into, agreed):
+                super().__init__(check, message, scratch, into, lambda: None)
+                agreed()
+
+        executor._FirstMessage = AgreedAtOnce
+        undo.append(lambda: setattr(executor, "_FirstMessage", first))
     if "late" in name:
         receives_ahead = executor._ReceivesAhead
         executor._ReceivesAhead = _SecondReceiveLate
