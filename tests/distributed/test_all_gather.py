@@ -142,6 +142,24 @@ def test_nan_propagates_to_every_rank():
         assert torch.isfinite(out[:600]).all() and torch.isfinite(out[1200:]).all()
 
 
+def _non_finite_in_every_shard(rank, world_size, algorithm, codec):
+    inp = shard(rank, 600, torch.float32)
+    inp[17] = (float("inf"), -float("inf"), float("nan"))[rank]
+    return gather(algorithm, codec, inp, world_size)
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("algorithm", ["ring", "ring-hop"])
+def test_non_finite_blocks_gather_to_the_same_bits_on_every_rank(algorithm, codec):
+    """``ring-hop`` re-encodes at every hop: an Inf block once decoded to x86's negative
+    NaN at its owner and to the positive one after a hop elsewhere."""
+    results = run_distributed(_non_finite_in_every_shard, 3, algorithm, codec)
+    for out in results:  # NaNs included, bit for bit
+        assert torch.equal(out.view(torch.int32), results[0].view(torch.int32))
+        for rank in range(3):
+            assert torch.isnan(out[rank * 600 + 17])
+
+
 def _bad_shapes(rank, world_size):
     if rank != 0:  # the peer never enters a collective: a call that communicated would hang
         return None

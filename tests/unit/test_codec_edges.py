@@ -218,6 +218,47 @@ def test_a_non_finite_value_poisons_only_its_own_block(spec):
     assert torch.equal(decoded[:8], x[:8]) and torch.equal(decoded[16:], x[16:])
 
 
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8"])
+def test_a_non_finite_block_decodes_to_one_nan_and_encodes_again_to_its_payload(spec, impl):
+    """What ``ring-hop`` needs to leave every rank with the same bits: an Inf block once
+    decoded to 0 * Inf, x86's negative NaN, and encoded again to another payload."""
+    codec = cp.get_codec(f"{spec}:impl={impl},block=8")
+    x = torch.ones(32)
+    x[1], x[9], x[17] = float("inf"), -float("inf"), -float("nan")
+    payload = codec.encode(x)
+    decoded = codec.decode(payload, 32, torch.float32)
+    canonical = torch.tensor(float("nan")).view(torch.int32)
+    assert (decoded[:24].view(torch.int32) == canonical).all()
+    assert torch.equal(codec.encode(decoded), payload)
+    assert torch.equal(decoded[24:], x[24:])
+
+
+def test_bf16_on_fp16_keeps_finite_values_finite():
+    """65504 and 65408 round to bf16's 65536, which is Inf in fp16."""
+    codec = cp.get_codec("bf16")
+    x = torch.tensor([65504, 65408, 60000, -65504, float("inf"), -float("inf")])
+    x = x.to(torch.float16)
+    for out in (None, torch.empty(6, dtype=torch.float16)):
+        decoded = codec.decode(codec.encode(x), 6, torch.float16, out=out)
+        assert torch.isfinite(decoded[:4]).all() and torch.equal(decoded[4:], x[4:])
+        error = (decoded[:4].float() - x[:4].float()).abs()
+        assert (error <= codec.error_bound(x)[:4]).all()
+
+
+@pytest.mark.parametrize(
+    "values, dtype",
+    [([3.4028e38, 1.0, -2.0, 3.0], torch.float32), ([65504.0, 1.0, -2.0, 3.0], torch.float16)],
+)
+def test_zfp_keeps_values_near_the_largest_finite(values, dtype):
+    """zfp's decode can land just past the input's absmax, past the dtype's largest."""
+    codec = cp.get_codec("zfp")
+    x = torch.tensor(values, dtype=dtype)
+    decoded = codec.decode(codec.encode(x), 4, dtype)
+    assert torch.isfinite(decoded).all()
+    assert ((decoded.float() - x.float()).abs() <= codec.error_bound(x)).all()
+
+
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
 @pytest.mark.parametrize("offset", [0, 3, 4])
 @pytest.mark.parametrize("numel", [512, 517])

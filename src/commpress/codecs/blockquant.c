@@ -5,7 +5,7 @@
  * bit for bit, so they must be built without value-changing optimizations:
  * -ffp-contract=off (no FMA fusion), and never -ffast-math.
  *
- *   absmax = max |x| over the block (NaN if the block holds a NaN)
+ *   absmax = max |x| over the block (NaN if the block holds a NaN or an Inf)
  *   v      = (x / absmax) * qmax           when 0 < absmax < inf, else 0
  *   q      = nearbyint(v)                  or clamp(floor(v + noise), -qmax, qmax)
  *   x_hat  = (q / qmax) * absmax
@@ -39,7 +39,7 @@ static float block_absmax(const float *x, int64_t n) {
         bits &= 0x7fffffffu;
         largest = bits > largest ? bits : largest;
     }
-    if (largest > 0x7f800000u) return NAN;
+    if (largest >= 0x7f800000u) return NAN; /* the canonical NaN: Inf decodes as NaN does */
     float absmax;
     memcpy(&absmax, &largest, sizeof absmax);
     return absmax;

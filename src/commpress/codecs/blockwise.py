@@ -13,9 +13,10 @@ exactly, so blocks that are constant come back bit for bit.
 Payload layout: ``[absmax: nblocks x fp32][codes]``; scales first so that they are
 4-byte aligned whenever the payload is.
 
-Non-finite values: a block whose absmax is NaN or +-Inf is stored with that absmax
-and all-zero codes, so *every* element of that block decodes to NaN (0 * Inf and
-anything * NaN are NaN). Non-finite inputs are never turned into finite outputs.
+Non-finite values: a block that holds a NaN or an Inf is stored with the canonical NaN
+as its absmax and all-zero codes, so *every* element of that block decodes to that NaN
+(anything * NaN is NaN), whichever NaN or Inf the input held; encoding the decoded block
+again gives the same payload. Non-finite inputs are never turned into finite outputs.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def _leading(tensor: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def block_absmax(blocks: torch.Tensor) -> torch.Tensor:
-    """Per-row absmax of ``(nblocks, block)`` as ``(nblocks, 1)``, with one canonical NaN."""
+    """Per-row absmax of ``(nblocks, block)`` as ``(nblocks, 1)``; one canonical NaN for a
+    block that holds a NaN or an Inf (such a block decodes to that NaN, and so does the
+    same block encoded again: every hop of ``ring-hop`` keeps its bits)."""
     absmax = blocks.abs().amax(dim=1, keepdim=True)
-    # One NaN bit pattern on the wire, whichever NaN the input (or the kernel) produced.
-    return torch.where(torch.isnan(absmax), torch.nan, absmax)
+    return torch.where(torch.isfinite(absmax), absmax, torch.nan)
 
 
 def scale_to_grid(blocks: torch.Tensor, absmax: torch.Tensor, qmax: float) -> torch.Tensor:

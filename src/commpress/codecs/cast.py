@@ -2,7 +2,10 @@
 
 Casting rounds to nearest even. Values beyond the target's range become +-Inf
 (IEEE overflow): for fp16 that is any magnitude of 65520 or more. Such values are
-never saturated to a finite number; NaN and +-Inf pass through unchanged.
+never saturated to a finite number; NaN and +-Inf pass through unchanged. Decoding into
+a dtype narrower than the wire's (fp16 through ``bf16``) does saturate: a finite value
+the rounding carried past the output's largest (65504 rounds to bf16's 65536) comes
+back as that largest, not as Inf.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from commpress.codecs.base import CodecBase, check_numel, is_aligned, view_as_dtype
+from commpress.codecs.base import CodecBase, check_numel, is_aligned, saturate, view_as_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,8 @@ class FloatCastCodec(CodecBase):
     def decode(self, payload, numel, dtype, out=None):
         self.check_payload(payload, numel, dtype)
         values = view_as_dtype(payload, self.wire_dtype)
+        if torch.finfo(dtype).max < torch.finfo(self.wire_dtype).max:
+            values = saturate(values, dtype)
         if out is None:
             return values.to(dtype, copy=True)
         return self.output(out, numel, dtype, payload.device).copy_(values)

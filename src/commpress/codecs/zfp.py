@@ -121,7 +121,10 @@ class ZfpCodec(CodecBase):
             [numel],
             rate=self.rate,
         )
-        values = torch.ldexp(torch.from_numpy(decoded), exponent)
+        # a value near the input dtype's largest can decode just past it (and past fp32's:
+        # Inf): every value came from a finite one, the non-finite are flagged below
+        largest = torch.finfo(dtype).max
+        values = torch.ldexp(torch.from_numpy(decoded), exponent).clamp_(-largest, largest)
         bad_groups = np.unpackbits(host[EXPONENT_BYTES:flag_end].numpy(), bitorder="little")
         bad = torch.from_numpy(bad_groups.astype(bool)).repeat_interleave(FLAG_GROUP)[:numel]
         values[bad] = torch.nan
