@@ -160,6 +160,25 @@ def test_non_finite_blocks_gather_to_the_same_bits_on_every_rank(algorithm, code
             assert torch.isnan(out[rank * 600 + 17])
 
 
+def _into_tensors_that_require_grad(rank, world_size):
+    inp = shard(rank, 300, torch.float32)
+    out = torch.zeros(300 * world_size, requires_grad=True)  # a parameter, say
+    all_gather_into_tensor(out, inp, codec="none")
+    expected = torch.empty(300 * world_size)
+    dist.all_gather_into_tensor(expected, inp)
+    summed = torch.full((5,), float(rank + 1), requires_grad=True)
+    cp.all_reduce(summed, codec="none")
+    return torch.equal(out.detach(), expected), summed.detach().tolist()
+
+
+def test_outputs_that_require_grad_are_written_in_place():
+    """Collectives are not differentiable: a leaf that requires grad is written in place,
+    as torch's all_reduce writes it (it was an autograd error raised from the communication
+    thread; torch 2.13's own all_gather_into_tensor raises one too, from its split)."""
+    for gathered, summed in run_distributed(_into_tensors_that_require_grad, 2):
+        assert gathered and summed == [3.0] * 5
+
+
 def _bad_shapes(rank, world_size):
     if rank != 0:  # the peer never enters a collective: a call that communicated would hang
         return None

@@ -151,11 +151,14 @@ def launch(
     order = StreamOrder(device, tensors) if device is not None else None
 
     def on_thread() -> None:
-        if order is None:
-            run()
-            return
-        with order.on_comm_stream():
-            run()
+        # collectives are not differentiable: an output that requires grad (a parameter,
+        # say) is written in place, as torch's all_reduce writes it
+        with torch.no_grad():
+            if order is None:
+                run()
+                return
+            with order.on_comm_stream():
+                run()
 
     work = CollectiveWork(_executor.submit(on_thread), order)
     if async_op:
