@@ -106,6 +106,20 @@ def test_uncompressed_hook_matches_ddp_bit_for_bit(runs, spec):
         assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
 
 
+def _plain_runs(rank, world_size):
+    return {spec: _train(rank, spec) for spec in PLAIN_SPECS}
+
+
+def test_uncompressed_hook_matches_ddp_bit_for_bit_on_three_ranks():
+    """DDP scales each gradient by 1/n before it sums; a sum divided afterwards differed in
+    the last bit of some parameters from three ranks on (two divide exactly)."""
+    for plain in run_distributed(_plain_runs, 3, timeout=180):
+        for spec in ("none", "none@native"):
+            (losses, params), (plain_losses, plain_params) = plain[spec], plain[None]
+            assert losses == plain_losses, spec
+            assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True)), spec
+
+
 def update_ratio(records, codec, algorithm) -> float:
     """Largest deviation of a step's update from lr x the exact mean of the ranks' gradients,
     over the all-reduce's error bound (from the codec's, see reference.py). The bound uses

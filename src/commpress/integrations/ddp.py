@@ -58,18 +58,21 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     raw = wire_bytes("all_reduce", "native", "none", numel, world_size, dtype)
     wire = call_wire_bytes("all_reduce", spec.algorithm, spec.codec, tensor, state.group)
     watch = Stopwatch(state.stats, wire, raw)
-    if spec.algorithm == "native":  # gloo has no AVG: sum, then divide in the callback
+    # scaled by 1/n, then summed: what DDP does without a hook, so that `none` gives its
+    # bits at any world size (a sum divided afterwards differs in the last bit from 3 on)
+    tensor.mul_(1 / world_size)
+    if spec.algorithm == "native":
         work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)
 
-        def average(summed: torch.futures.Future) -> torch.Tensor:
+        def averaged(summed: torch.futures.Future) -> torch.Tensor:
             summed.value()  # re-raises the all-reduce's error
             watch.stop()
-            return tensor.div_(world_size)
+            return tensor
 
-        return work.get_future().then(average)
+        return work.get_future().then(averaged)
     work = all_reduce(
         tensor,
-        dist.ReduceOp.AVG,
+        dist.ReduceOp.SUM,
         state.group,
         codec=spec.codec,
         algorithm=spec.algorithm,
