@@ -503,25 +503,46 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert kind == "ValueError" and "reduce-scatter: error feedback needs one of" in message
 
 
+def _with_a_frozen_float64_parameter(rank, world_size):
+    model = small_model()
+    model[2].register_parameter("table", nn.Parameter(torch.arange(64.0).double(), False))
+    shard(model)
+    cp.fsdp.compress(model, all_gather="none", reduce_scatter="int8")
+    return train(model, rank, steps=1)
+
+
+def test_a_frozen_parameter_of_another_dtype_is_not_reduce_scattered_so_not_refused():
+    """FSDP2 reduce-scatters only gradients: the frozen float64 parameter was refused as
+    a reduce-scatter dtype (which float32 sums cannot hold)."""
+    for losses in run_distributed(_with_a_frozen_float64_parameter, 2, timeout=120):
+        assert len(losses) == 1 and math.isfinite(losses[0])
+
+
 def _several_groups(rank, world_size, on_unsupported):
+    """The first block seen with two parameter groups (FSDP2 makes them from a
+    per-parameter mesh, which needs its private ``shard_placement_fn`` types)."""
+    from commpress import _torch_private
+    from commpress.integrations.fsdp import MARK
+
     model = shard(small_model())
-
-    def refuse(comm):
-        raise ValueError("set_custom_all_gather is not supported with multiple param groups")
-
-    model[0].set_custom_all_gather = refuse
+    real = _torch_private.fsdp_param_groups
+    _torch_private.fsdp_param_groups = lambda m: real(m) * 2 if m is model[0] else real(m)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = cp.fsdp.compress(model, on_unsupported=on_unsupported)
     except ValueError as error:
-        return str(error)
+        return str(error), [n for n, m in model.named_modules() if getattr(m, MARK, False)]
+    finally:
+        _torch_private.fsdp_param_groups = real
     return result.left_native, [str(w.message) for w in caught], train(model, rank, steps=1)
 
 
 def test_a_module_fsdp_refuses_to_customise_is_an_error_or_left_native():
-    message = run_distributed(_several_groups, 2, "raise", timeout=120)[0]
-    assert message.startswith("module '0': set_custom_all_gather is not supported")
+    """The refusal comes before anything is installed (it came from FSDP2 half way, the
+    modules before it compressed already, and a retry was refused)."""
+    message, compressed = run_distributed(_several_groups, 2, "raise", timeout=120)[0]
+    assert message.startswith("module '0' has 2 parameter groups") and compressed == []
     left, warned, losses = run_distributed(_several_groups, 2, "native", timeout=120)[0]
     assert left == ["0"] and len(losses) == 1
     assert any("module '0' keeps torch's collectives" in message for message in warned)

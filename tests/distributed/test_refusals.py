@@ -145,6 +145,43 @@ def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_fron
     assert "out is a 0-dim tensor" in errors["0-dim out"][1]
 
 
+def _bad_groups_and_flags(rank, world_size):
+    if rank != 0:  # the peer never enters a collective: a call that communicated would hang
+        return None
+    world = dist.group.WORLD
+    calls = {
+        "all_gather, group": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), group="oops"
+        ),
+        "ddp hook, group": lambda: cp.ddp.hook("int8", group="oops"),
+        "low-rank hook, group": lambda: cp.lowrank.ddp_hook("powersgd", group="oops"),
+        "low-rank hook, scheduler": lambda: cp.lowrank.ddp_hook(
+            "powersgd", group=world, scheduler="no"
+        ),
+        "low-rank hook, model": lambda: cp.lowrank.ddp_hook("powersgd", group=world, model="m"),
+        "fsdp, error_feedback": lambda: cp.fsdp.compress(
+            torch.nn.Linear(2, 2), "int8", "int8@alltoall", error_feedback="no"
+        ),
+    }
+    return _errors_without_communication(calls)
+
+
+def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
+    """A string group once passed, to fail in the first backward; ``"no"`` read as True."""
+    errors = run_distributed(_bad_groups_and_flags, 2)[0]
+    expected = {
+        "all_gather, group": "group must be a torch.distributed.ProcessGroup or None, got str",
+        "ddp hook, group": "group must be a torch.distributed.ProcessGroup or None, got str",
+        "low-rank hook, group": "group must be a torch.distributed.ProcessGroup or None",
+        "low-rank hook, scheduler": "scheduler must be True or False, got 'no'",
+        "low-rank hook, model": "model must be the torch.nn.Module DDP wraps, got str",
+        "fsdp, error_feedback": "error_feedback must be True or False, got 'no'",
+    }
+    for name, message in expected.items():
+        assert errors.get(name, (None, ""))[0] == "TypeError", (name, errors.get(name))
+        assert message in errors[name][1], name
+
+
 def _wait_with_a_number(rank, world_size):
     work = cp.all_reduce(torch.ones(8), codec="none", async_op=True)
     try:

@@ -14,9 +14,26 @@ from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
 
+def check_group(group) -> None:
+    """A process group, None, or what ``new_group`` returns on a rank outside the group."""
+    if group is None or group == dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+        )
+
+
+def check_flag(value, argument: str) -> None:
+    """``value`` is a bool (a string such as ``"no"`` would read as True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{argument} must be True or False, got {value!r}")
+
+
 def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:
     """Whether this rank is not a member of ``group``; then, as torch.distributed's own
     collectives do, the call does nothing, with a warning."""
+    check_group(group)
     if group is None or dist.get_rank(group) >= 0:
         return False
     warnings.warn(

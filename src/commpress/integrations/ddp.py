@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
-from commpress.collectives.checks import check_timeout
+from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
@@ -46,6 +46,7 @@ def hook(
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     check_timeout(timeout)
+    check_group(group)
     if group is None:
         group = dist.new_group()
     return HookState(spec, group, timeout), compressed_allreduce_hook

@@ -26,7 +26,7 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
-from commpress.collectives.checks import check_reduction_dtype, check_timeout
+from commpress.collectives.checks import check_flag, check_reduction_dtype, check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
@@ -100,6 +100,7 @@ def compress(
     if _unavailable is not None:
         raise _unavailable
     check_timeout(timeout)
+    check_flag(error_feedback, "error_feedback")
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
     gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
@@ -120,9 +121,20 @@ def compress(
             f"{type(model).__name__} has no FSDP modules: apply "
             "torch.distributed.fsdp.fully_shard to it (and its blocks) first"
         )
+    unsupported = []  # FSDP2 refuses custom collectives on several parameter groups
     for name, module in modules:
         if getattr(module, MARK, False):
             raise ValueError(f"module {name!r} is already compressed: call compress once per model")
+        groups = len(_torch_private.fsdp_param_groups(module))
+        if groups > 1 and on_unsupported == "raise":
+            raise ValueError(
+                f"module {name!r} has {groups} parameter groups (a per-parameter mesh, from "
+                "shard_placement_fn), whose collectives FSDP2 cannot customise: give it one "
+                "mesh, or compress(..., on_unsupported='native') to leave it on torch's"
+            )
+        if groups > 1:
+            unsupported.append(name)
+            continue
         _check_dtypes(name, module, gather, scatter, error_feedback)
     # A collective call on every rank: after the checks, so that bad input raises alone.
     fsdp_groups = [
@@ -133,25 +145,24 @@ def compress(
     ]
     result = Compression(modules=[], left_native=[], groups=OwnGroups(fsdp_groups, timeout))
     for name, module in modules:
-        try:
-            if gather is not None:
-                module.set_custom_all_gather(
-                    CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
-                )
-            if scatter is not None:
-                module.set_custom_reduce_scatter(
-                    CompressedReduceScatter(
-                        scatter, result.reduce_scatter, timeout, name, error_feedback, result.groups
-                    )
-                )
-        except ValueError as error:  # FSDP2 refuses modules with several parameter groups
-            if on_unsupported == "raise":
-                raise ValueError(f"module {name!r}: {error}") from None
+        if name in unsupported:
             warnings.warn(
-                f"commpress: module {name!r} keeps torch's collectives: {error}", stacklevel=2
+                f"commpress: module {name!r} keeps torch's collectives: FSDP2 cannot customise "
+                "those of a module with several parameter groups",
+                stacklevel=2,
             )
             result.left_native.append(name)
             continue
+        if gather is not None:
+            module.set_custom_all_gather(
+                CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
+            )
+        if scatter is not None:
+            module.set_custom_reduce_scatter(
+                CompressedReduceScatter(
+                    scatter, result.reduce_scatter, timeout, name, error_feedback, result.groups
+                )
+            )
         setattr(module, MARK, True)
         result.modules.append(name)
     return result
@@ -170,11 +181,13 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
     backward."""
     for group in _torch_private.fsdp_param_groups(module):
         policy = group.mp_policy
-        dtypes = set()
+        dtypes, reduced = set(), set()  # all-gathered; reduce-scattered (having gradients)
         for sharded in group.sharded:
             original = sharded.dtype
             cast = policy.param_dtype is not None and original.is_floating_point
             dtypes.add(policy.param_dtype if cast else original)
+            if sharded.requires_grad:
+                reduced.add(policy.param_dtype if cast else original)
         _check_tuned(name, group, dtypes, gather, scatter, error_feedback)
         # a tuned spec takes only codecs that encode the dtype it is handed: nothing to check
         gather = None if gather is not None and tuner.is_auto(gather.codec) else gather
@@ -188,7 +201,7 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
         for dtype in dtypes:
             if gather is not None:
                 gather.codec.check_dtype(dtype, f"module {name!r} all-gather dtype")
-            if scatter is not None:
+            if scatter is not None and dtype in reduced:
                 reduce_dtype = policy.reduce_dtype or dtype
                 argument = f"module {name!r} reduce-scatter dtype"
                 scatter.codec.check_dtype(reduce_dtype, argument)

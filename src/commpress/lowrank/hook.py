@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.collectives.checks import check_flag, check_group
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer
 from commpress.lowrank.registry import get_algorithm
@@ -68,6 +69,10 @@ def ddp_hook(
     """
     if isinstance(algorithm, str):
         algorithm = get_algorithm(algorithm)
+    check_group(group)
+    check_flag(scheduler, "scheduler")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
         reducer.group = dist.new_group(timeout=timeout)
