@@ -154,6 +154,9 @@ def _bad_groups_and_flags(rank, world_size):
             torch.zeros(16), torch.zeros(8), group="oops"
         ),
         "ddp hook, group": lambda: cp.ddp.hook("int8", group="oops"),
+        "ddp hook, not a member": lambda: cp.ddp.hook(
+            "int8", group=dist.GroupMember.NON_GROUP_MEMBER
+        ),
         "low-rank hook, group": lambda: cp.lowrank.ddp_hook("powersgd", group="oops"),
         "low-rank hook, scheduler": lambda: cp.lowrank.ddp_hook(
             "powersgd", group=world, scheduler="no"
@@ -180,6 +183,8 @@ def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
     for name, message in expected.items():
         assert errors.get(name, (None, ""))[0] == "TypeError", (name, errors.get(name))
         assert message in errors[name][1], name
+    kind, message = errors["ddp hook, not a member"]
+    assert kind == "ValueError" and "this rank is not a member of the group" in message
 
 
 def _wait_with_a_number(rank, world_size):

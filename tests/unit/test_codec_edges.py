@@ -218,45 +218,47 @@ def test_a_non_finite_value_poisons_only_its_own_block(spec):
     assert torch.equal(decoded[:8], x[:8]) and torch.equal(decoded[16:], x[16:])
 
 
+@pytest.mark.parametrize("block", [8, 256])  # 256: the native kernel's vector loop
 @pytest.mark.parametrize("impl", ["fused", "reference"])
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8"])
-def test_a_non_finite_block_decodes_to_one_nan_and_encodes_again_to_its_payload(spec, impl):
+def test_a_non_finite_block_decodes_to_one_nan_and_encodes_again_to_its_payload(spec, impl, block):
     """What ``ring-hop`` needs to leave every rank with the same bits: an Inf block once
     decoded to 0 * Inf, x86's negative NaN, and encoded again to another payload."""
-    codec = cp.get_codec(f"{spec}:impl={impl},block=8")
-    x = torch.ones(32)
-    x[1], x[9], x[17] = float("inf"), -float("inf"), -float("nan")
+    codec = cp.get_codec(f"{spec}:impl={impl},block={block}")
+    x = torch.ones(4 * block)
+    x[1], x[block + 1], x[2 * block + 1] = float("inf"), -float("inf"), -float("nan")
     payload = codec.encode(x)
-    decoded = codec.decode(payload, 32, torch.float32)
+    decoded = codec.decode(payload, x.numel(), torch.float32)
     canonical = torch.tensor(float("nan")).view(torch.int32)
-    assert (decoded[:24].view(torch.int32) == canonical).all()
+    assert (decoded[: 3 * block].view(torch.int32) == canonical).all()
     assert torch.equal(codec.encode(decoded), payload)
-    assert torch.equal(decoded[24:], x[24:])
+    assert torch.equal(decoded[3 * block :], x[3 * block :])
 
 
 def test_bf16_on_fp16_keeps_finite_values_finite():
-    """65504 and 65408 round to bf16's 65536, which is Inf in fp16."""
+    """65504 and 65408 round to bf16's 65536, which is Inf in fp16; the decode into fp16
+    is still the fp32 decode cast, as for every codec."""
     codec = cp.get_codec("bf16")
-    x = torch.tensor([65504, 65408, 60000, -65504, float("inf"), -float("inf")])
+    x = torch.tensor([65504, 65408, 65407, -65504, float("inf"), -float("inf")])
     x = x.to(torch.float16)
+    payload = codec.encode(x)
     for out in (None, torch.empty(6, dtype=torch.float16)):
-        decoded = codec.decode(codec.encode(x), 6, torch.float16, out=out)
+        decoded = codec.decode(payload, 6, torch.float16, out=out)
         assert torch.isfinite(decoded[:4]).all() and torch.equal(decoded[4:], x[4:])
         error = (decoded[:4].float() - x[:4].float()).abs()
         assert (error <= codec.error_bound(x)[:4]).all()
+        assert torch.equal(decoded, codec.decode(payload, 6, torch.float32).half())
+    fp32 = torch.tensor([1e6, -3e5])  # beyond fp16: Inf, as a cast gives
+    assert torch.isinf(codec.decode(codec.encode(fp32), 2, torch.float16)).all()
 
 
-@pytest.mark.parametrize(
-    "values, dtype",
-    [([3.4028e38, 1.0, -2.0, 3.0], torch.float32), ([65504.0, 1.0, -2.0, 3.0], torch.float16)],
-)
-def test_zfp_keeps_values_near_the_largest_finite(values, dtype):
-    """zfp's decode can land just past the input's absmax, past the dtype's largest."""
+def test_zfp_keeps_values_near_the_largest_float_finite():
+    """zfp's decode can land just past the input's absmax: past fp32's largest, Inf."""
     codec = cp.get_codec("zfp")
-    x = torch.tensor(values, dtype=dtype)
-    decoded = codec.decode(codec.encode(x), 4, dtype)
+    x = torch.tensor([3.4028e38, 1.0, -2.0, 3.0])
+    decoded = codec.decode(codec.encode(x), 4, torch.float32)
     assert torch.isfinite(decoded).all()
-    assert ((decoded.float() - x.float()).abs() <= codec.error_bound(x)).all()
+    assert ((decoded - x).abs() <= codec.error_bound(x)).all()
 
 
 @pytest.mark.parametrize("spec", ["none", *LOSSY])

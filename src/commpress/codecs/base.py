@@ -165,15 +165,6 @@ def view_as_dtype(payload_bytes: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     return payload_bytes.view(dtype)
 
 
-def saturate(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``values`` whose finite elements beyond ``dtype``'s range are brought back to its
-    largest magnitude (a decode's rounding can carry a value of the input's dtype past it);
-    NaN and +-Inf stay as they are."""
-    largest = torch.finfo(dtype).max
-    wide = values.float()  # the bound itself may not exist in values' dtype (65504 in bf16)
-    return torch.where(wide.isfinite(), wide.clamp(-largest, largest), wide)
-
-
 def _format_option(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

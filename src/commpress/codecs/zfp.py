@@ -121,9 +121,9 @@ class ZfpCodec(CodecBase):
             [numel],
             rate=self.rate,
         )
-        # a value near the input dtype's largest can decode just past it (and past fp32's:
-        # Inf): every value came from a finite one, the non-finite are flagged below
-        largest = torch.finfo(dtype).max
+        # a value near fp32's largest can decode just past it, to Inf: every value came
+        # from a finite one (the non-finite are flagged below)
+        largest = torch.finfo(torch.float32).max
         values = torch.ldexp(torch.from_numpy(decoded), exponent).clamp_(-largest, largest)
         bad_groups = np.unpackbits(host[EXPONENT_BYTES:flag_end].numpy(), bitorder="little")
         bad = torch.from_numpy(bad_groups.astype(bool)).repeat_interleave(FLAG_GROUP)[:numel]

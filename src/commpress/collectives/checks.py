@@ -14,14 +14,21 @@ from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
 
-def check_group(group) -> None:
-    """A process group, None, or what ``new_group`` returns on a rank outside the group."""
-    if group is None or group == dist.GroupMember.NON_GROUP_MEMBER:
+def check_group(group, *, member: bool = False) -> None:
+    """A process group, None, or (unless ``member``: the caller needs a group it can use)
+    what ``new_group`` returns on a rank outside the group."""
+    if group is None or isinstance(group, dist.ProcessGroup):
         return
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+    if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:
+        if not member:
+            return
+        raise ValueError(
+            "group: this rank is not a member of the group (new_group returned "
+            "NON_GROUP_MEMBER here); call this on the group's ranks only"
         )
+    raise TypeError(
+        f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+    )
 
 
 def check_flag(value, argument: str) -> None:

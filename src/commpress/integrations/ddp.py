@@ -46,7 +46,7 @@ def hook(
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     check_timeout(timeout)
-    check_group(group)
+    check_group(group, member=True)
     if group is None:
         group = dist.new_group()
     return HookState(spec, group, timeout), compressed_allreduce_hook

@@ -188,7 +188,7 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
             dtypes.add(policy.param_dtype if cast else original)
             if sharded.requires_grad:
                 reduced.add(policy.param_dtype if cast else original)
-        _check_tuned(name, group, dtypes, gather, scatter, error_feedback)
+        _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback)
         # a tuned spec takes only codecs that encode the dtype it is handed: nothing to check
         gather = None if gather is not None and tuner.is_auto(gather.codec) else gather
         scatter = None if scatter is not None and tuner.is_auto(scatter.codec) else scatter
@@ -209,13 +209,14 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
                     check_reduction_dtype(reduce_dtype, argument)
 
 
-def _check_tuned(name, group, dtypes, gather, scatter, error_feedback) -> None:
+def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) -> None:
+    """``dtypes``: those all-gathered; ``reduced``: those reduce-scattered."""
     on_cpu = all(sharded.device.type == "cpu" for sharded in group.sharded)
-    for spec, op in ((gather, "all_gather"), (scatter, "reduce_scatter")):
+    for spec, op, handed in ((gather, "all_gather", dtypes), (scatter, "reduce_scatter", reduced)):
         if spec is None or not spec.tuned:
             continue
         feedback = error_feedback and op == "reduce_scatter"
-        for dtype in dtypes:
+        for dtype in handed:
             if op == "reduce_scatter":
                 dtype = group.mp_policy.reduce_dtype or dtype
             for pg in group.process_groups:

@@ -69,7 +69,7 @@ def ddp_hook(
     """
     if isinstance(algorithm, str):
         algorithm = get_algorithm(algorithm)
-    check_group(group)
+    check_group(group, member=True)
     check_flag(scheduler, "scheduler")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
