@@ -23,6 +23,8 @@ def parse_options(text: str, types: Mapping[str, type], spec: str, owner: str) -
                 f"unknown option {key!r} for {owner} in spec {spec!r}; "
                 f"known options: {list(types) or 'none'}"
             )
+        if key in options:
+            raise ValueError(f"option {key!r} given twice in spec {spec!r}")
         options[key] = _convert(raw, types[key], key, spec)
     return options
 

@@ -53,6 +53,8 @@ def test_unknown_option_lists_known_options():
     [
         ("int8:block=abc", "must be an int"),
         ("int8:block=0", "block must be a positive int"),
+        ("int8:block=100000000000000000000", "block must be a positive int of at most"),
+        ("int8:block=64,block=128", "option 'block' given twice"),
         ("int8:stochastic=maybe", "must be true or false"),
         ("int8:block", "key=value"),
         ("int4:block=7", "even block"),

@@ -38,6 +38,9 @@ FP32_SLACK = 2.0**-20
 NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Elements widened to fp32 at a time for the native kernels (bounds the extra memory).
 WIDEN_ELEMENTS = 1 << 20
+#: The largest block: one scale per 16M values already costs nothing; larger ones once
+#: overflowed torch's sizes (``block=10**20``).
+MAX_BLOCK = 1 << 24
 
 
 def num_blocks(numel: int, block: int) -> int:
@@ -122,8 +125,14 @@ class BlockScaledCodec(CodecBase):
     native_decode: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
-            raise ValueError(f"block must be a positive int, got {self.block!r}")
+        if (
+            isinstance(self.block, bool)
+            or not isinstance(self.block, int)
+            or not 1 <= self.block <= MAX_BLOCK
+        ):
+            raise ValueError(
+                f"block must be a positive int of at most {MAX_BLOCK}, got {self.block!r}"
+            )
         if self.impl not in IMPLEMENTATIONS:
             raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
 
