@@ -550,3 +550,24 @@ def test_a_row_is_labelled_with_the_bytes_that_move():
     assert row.size_bytes == 1020 and row.tx_bytes_per_host == 2 * 85 * 4
     row = simulate("reduce_scatter", "ring", "none", 1024, Switch(3, GBIT), NO_OVERHEAD)
     assert row.size_bytes == 1020 and row.tx_bytes_per_host == 2 * 85 * 4
+
+
+@pytest.mark.parametrize("speeds", [(-1e9, -1e9), (0.0, 1e9), (1e9, float("inf")), (1e9,)])
+def test_codec_speeds_that_are_not_positive_are_refused(speeds):
+    """A negative speed once gave a negative time, a zero one a ZeroDivisionError."""
+    with pytest.raises(ValueError, match=r"codec_bytes_per_s\['int8'\]"):
+        Params(codec_bytes_per_s={"int8": speeds})
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"codec": "int8", "encode_gbps": 0, "decode_gbps": 1}, "row 0: .* must be positive"),
+        ({"codec": "int8", "encode_gbps": 1}, "not a `commpress codecs --json` file"),
+    ],
+)
+def test_a_codecs_file_with_bad_speeds_is_named(tmp_path, row, message):
+    path = tmp_path / "codecs.json"
+    path.write_text(json.dumps({"rows": [row]}))
+    with pytest.raises(ValueError, match=message):
+        calibrate.codec_speeds(path)

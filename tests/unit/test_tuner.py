@@ -45,6 +45,14 @@ def test_the_choice_follows_what_each_algorithm_costs(tmp_path):
         assert tuner.choose(op, numel, torch.float32, 4, "int8").algorithm == "native"
 
 
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_an_empty_call_moves_nothing_so_goes_to_torch(op):
+    """It raised that the fit (even without one) timed none of the algorithms."""
+    tuner.configure(link="1gbit")
+    for codec in ("auto", "int8"):
+        assert tuner.choose(op, 0, torch.float32, 4, codec).algorithm == "native"
+
+
 def test_a_sum_fp32_cannot_hold_is_left_to_torch(tmp_path):
     """Compressed reductions accumulate in fp32: a float64 reduce-scatter goes to torch's own
     collective however much cheaper the model finds the others; a tuner without it says so."""

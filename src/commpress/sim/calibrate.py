@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -122,9 +123,19 @@ def codec_speeds(path) -> dict:
     """codec -> (encode, decode) bytes of input per second, from ``commpress codecs --json``."""
     data = _json(path)
     rows = data.get("rows") if isinstance(data, dict) else None
-    if not rows or not all("encode_gbps" in r and "codec" in r for r in rows):
-        raise ValueError(f"{path}: not a `commpress codecs --json` file (rows with encode_gbps)")
-    return {r["codec"]: (r["encode_gbps"] * 1e9, r["decode_gbps"] * 1e9) for r in rows}
+    keys = ("codec", "encode_gbps", "decode_gbps")
+    if not rows or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows):
+        raise ValueError(
+            f"{path}: not a `commpress codecs --json` file (rows with codec, encode_gbps, "
+            "decode_gbps)"
+        )
+    speeds = {}
+    for index, row in enumerate(rows):
+        both = row["encode_gbps"], row["decode_gbps"]
+        if not all(isinstance(v, (int, float)) and 0 < v < math.inf for v in both):
+            raise ValueError(f"{path}: row {index}: encode_gbps and decode_gbps must be positive")
+        speeds[row["codec"]] = (both[0] * 1e9, both[1] * 1e9)
+    return speeds
 
 
 #: The levels that may get an efficiency of their own, in the order a tie prefers them.

@@ -112,6 +112,12 @@ class Params:
             for value in values.values() if isinstance(values, dict) else (values,):
                 if not value >= low or (high is not None and not 0 < value <= high):  # NaN too
                     raise ValueError(f"{name} out of range: {value}")
+        for codec, speeds in self.codec_bytes_per_s.items():
+            if len(speeds) != 2 or not all(0 < speed < math.inf for speed in speeds):
+                raise ValueError(
+                    f"codec_bytes_per_s[{codec!r}] must be (encode, decode) bytes per second, "
+                    f"both positive and finite, got {speeds!r}"
+                )
 
     def for_call(self, op: str, algorithm: str, nodes: int) -> Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing

@@ -177,7 +177,7 @@ def choose(
     if found is not None:
         return found
     setting = network()
-    if world_size == 1:  # nothing moves: torch's own collective copies, exactly
+    if world_size == 1 or numel == 0:  # nothing moves: torch's own collective, exactly
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
@@ -200,7 +200,8 @@ def choose(
         timed.append((row.time_us, preference, name, spec))
     if not timed:
         raise ValueError(
-            f"the tuner's fit ({setting.fit}) times none of {[n for n, _ in pairs]} for {op}: "
+            f"the tuner's fit ({setting.fit}) times none of {sorted({n for n, _ in pairs})} "
+            f"for {op}: "
             "calibrate it with `commpress bench` rows of them"
         )
     time_us, _, name, spec = min(timed)
