@@ -225,3 +225,13 @@ def test_integration_specs_accept_auto_where_the_tuner_can_choose():
         CollectiveSpec.parse("auto", ("native", "ring"), "codec", gathers=True)
     with pytest.raises(ValueError, match="max_rel_err must be a number"):
         CollectiveSpec.parse("auto:max_rel_err=x", ("ring",), "x", gathers=True, tunable=True)
+
+
+@pytest.mark.parametrize(
+    "topology, ranks", [("racks:count=4,uplink=1gbit", 3), ("fattree:radix=4", 17)]
+)
+def test_a_network_too_small_or_too_large_for_the_group_is_named_by_check(topology, ranks):
+    """check() (what compress runs) passed, and the first collective raised."""
+    tuner.configure(topology=topology, link="1gbit")
+    with pytest.raises(ValueError, match=f"does not fit a group of {ranks} ranks"):
+        tuner.check("all_gather", torch.float32, ranks, "auto")

@@ -185,7 +185,7 @@ def choose(
     )
     size = numel * dtype.itemsize * (world_size if op == "all_gather" else 1)
     params = _params(setting)
-    topology = parse_topology(setting.topology, world_size, parse_rate_bits(setting.link, "link"))
+    topology = _topology(setting, world_size)
     timed = []
     for name, spec in pairs:
         try:
@@ -234,6 +234,19 @@ def check(
         setting = network()
         _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend,
                   error_feedback)  # fmt: skip
+        _topology(setting, world_size)
+
+
+def _topology(setting, world_size: int):
+    """The network the tuner assumes, for a group of ``world_size`` ranks (hosts 0 to
+    ``world_size - 1`` of it)."""
+    try:
+        return parse_topology(setting.topology, world_size, parse_rate_bits(setting.link, "link"))
+    except ValueError as error:
+        raise ValueError(
+            f"the tuner's network ({setting.topology}, set with commpress.sim.tuner.configure) "
+            f"does not fit a group of {world_size} ranks: {error}"
+        ) from None
 
 
 def _eligible(
