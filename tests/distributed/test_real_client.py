@@ -1,0 +1,130 @@
+"""A real client: a small Hugging Face GPT-2 (random init, built from a config: nothing is
+downloaded), trained with FSDP2 and with DDP, compressed and not."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+import commpress as cp
+from commpress.cluster.local import run_distributed
+
+if importlib.util.find_spec("transformers") is None:  # in the `dev` extra, pinned
+    pytest.skip("needs transformers", allow_module_level=True)
+
+STEPS = 2
+VOCAB, CONTEXT = 256, 32
+
+
+def gpt2() -> torch.nn.Module:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import transformers  # in the ranks only: the test process need not pay for it
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=CONTEXT
+    )
+    return transformers.GPT2LMHeadModel(config)  # its lm_head is tied to wte
+
+
+def train(model, rank: int, negate=False) -> tuple[list[float], list[torch.Tensor]]:
+    """SGD steps on random tokens; the losses and every parameter after each step (full
+    tensors: FSDP's are gathered). ``negate``: the broken variant, each reduced gradient
+    negated before the step, as a reduce-scatter of the wrong sign would hand it over."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses, snapshots = [], []
+    for step in range(STEPS):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        tokens = torch.randint(0, VOCAB, (4, CONTEXT), generator=generator)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        if negate:
+            for parameter in model.parameters():
+                parameter.grad.neg_()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        snapshots.append(_parameters(model))
+    return losses, snapshots
+
+
+def _parameters(model) -> torch.Tensor:
+    flat = []
+    for parameter in model.parameters():
+        full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        flat.append(full.detach().reshape(-1).clone())
+    return torch.cat(flat)
+
+
+def _fsdp(spec):
+    model = gpt2()
+    mesh = cp.fsdp.cpu_mesh()
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if spec is not None:
+        cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec)
+    return model
+
+
+def _ddp(spec):
+    model = gpt2()
+    ddp = DistributedDataParallel(model)
+    if spec is not None:
+        ddp.register_comm_hook(*cp.ddp.hook(spec))
+    return ddp
+
+
+def _runs(rank, world_size):
+    """Every training of the file in one job: each rank imports transformers once."""
+    fsdp = {spec: train(_fsdp(spec), rank) for spec in (None, "none", "int8")}
+    fsdp["int8-negated"] = train(_fsdp("int8"), rank, negate=True)
+    ddp = {spec: train(_ddp(spec), rank) for spec in (None, "none")}
+    return fsdp, ddp, _parameters(gpt2())
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_distributed(_runs, 2, timeout=300)
+
+
+def _updates(snapshots, start):
+    previous = start
+    for snapshot in snapshots:
+        yield snapshot - previous
+        previous = snapshot
+
+
+def test_fsdp_none_trains_gpt2_to_plain_fsdp_bits(runs):
+    for fsdp, _, _ in runs:
+        (losses, params), (plain_losses, plain_params) = fsdp["none"], fsdp[None]
+        assert losses == plain_losses
+        assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
+
+
+def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
+    """The first step's update against plain FSDP's from the same start: the same direction
+    (cosine above 0.99) and size (within 5%); the broken variant (gradients negated) is
+    checked to fail it."""
+    for fsdp, _, start in runs:
+        plain = list(_updates(fsdp[None][1], start))
+        for spec, agrees in (("int8", True), ("int8-negated", False)):
+            updates = list(_updates(fsdp[spec][1], start))
+            first, reference = updates[0], plain[0]  # the same start: comparable exactly
+            cosine = torch.nn.functional.cosine_similarity(first, reference, dim=0).item()
+            ratio = (first.norm() / reference.norm()).item()
+            assert (cosine > 0.99 and abs(ratio - 1) < 0.05) == agrees, (spec, cosine, ratio)
+    gathered = [fsdp["int8"][1][-1] for fsdp, _, _ in runs]
+    assert torch.equal(gathered[0], gathered[1])  # every rank holds the same parameters
+
+
+def test_ddp_none_trains_gpt2_to_plain_ddp_bits(runs):
+    for _, ddp, _ in runs:
+        (losses, params), (plain_losses, plain_params) = ddp["none"], ddp[None]
+        assert losses == plain_losses
+        assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
