@@ -68,7 +68,7 @@ def _fsdp(spec):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if spec is not None:
-        cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec)
+        model.compression = cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec)
     return model
 
 
@@ -76,16 +76,27 @@ def _ddp(spec):
     model = gpt2()
     ddp = DistributedDataParallel(model)
     if spec is not None:
-        ddp.register_comm_hook(*cp.ddp.hook(spec))
+        ddp.hook_state, hook = cp.ddp.hook(spec)
+        ddp.register_comm_hook(ddp.hook_state, hook)
     return ddp
 
 
 def _runs(rank, world_size):
     """Every training of the file in one job: each rank imports transformers once."""
-    fsdp = {spec: train(_fsdp(spec), rank) for spec in (None, "none", "int8")}
+    fsdp, ddp, calls = {}, {}, {}  # calls: that commpress's path ran at all
+    for spec in (None, "none", "int8"):
+        model = _fsdp(spec)
+        fsdp[spec] = train(model, rank)
+        if spec is not None:
+            stats = model.compression.all_gather, model.compression.reduce_scatter
+            calls[f"fsdp {spec}"] = min(s.snapshot()["calls"] for s in stats)
     fsdp["int8-negated"] = train(_fsdp("int8"), rank, negate=True)
-    ddp = {spec: train(_ddp(spec), rank) for spec in (None, "none")}
-    return fsdp, ddp, _parameters(gpt2())
+    for spec in (None, "none"):
+        model = _ddp(spec)
+        ddp[spec] = train(model, rank)
+        if spec is not None:
+            calls[f"ddp {spec}"] = model.hook_state.stats.snapshot()["calls"]
+    return fsdp, ddp, _parameters(gpt2()), calls
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +112,7 @@ def _updates(snapshots, start):
 
 
 def test_fsdp_none_trains_gpt2_to_plain_fsdp_bits(runs):
-    for fsdp, _, _ in runs:
+    for fsdp, _, _, _ in runs:
         (losses, params), (plain_losses, plain_params) = fsdp["none"], fsdp[None]
         assert losses == plain_losses
         assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
@@ -111,7 +122,7 @@ def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
     """The first step's update against plain FSDP's from the same start: the same direction
     (cosine above 0.99) and size (within 5%); the broken variant (gradients negated) is
     checked to fail it."""
-    for fsdp, _, start in runs:
+    for fsdp, _, start, _ in runs:
         plain = list(_updates(fsdp[None][1], start))
         for spec, agrees in (("int8", True), ("int8-negated", False)):
             updates = list(_updates(fsdp[spec][1], start))
@@ -119,12 +130,17 @@ def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
             cosine = torch.nn.functional.cosine_similarity(first, reference, dim=0).item()
             ratio = (first.norm() / reference.norm()).item()
             assert (cosine > 0.99 and abs(ratio - 1) < 0.05) == agrees, (spec, cosine, ratio)
-    gathered = [fsdp["int8"][1][-1] for fsdp, _, _ in runs]
-    assert torch.equal(gathered[0], gathered[1])  # every rank holds the same parameters
 
 
 def test_ddp_none_trains_gpt2_to_plain_ddp_bits(runs):
-    for _, ddp, _ in runs:
+    for _, ddp, _, _ in runs:
         (losses, params), (plain_losses, plain_params) = ddp["none"], ddp[None]
         assert losses == plain_losses
         assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
+
+
+def test_the_compressed_runs_went_through_commpress(runs):
+    """Else the bit-for-bit tests above would pass with a compress that did nothing."""
+    for *_, calls in runs:
+        assert set(calls) == {"fsdp none", "fsdp int8", "ddp none"}
+        assert all(count > 0 for count in calls.values()), calls

@@ -10,6 +10,7 @@ import torch
 
 from commpress.codecs import get_codec
 from commpress.integrations.spec import CollectiveSpec
+from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.sim import calibrate, tuner
 
 
@@ -46,11 +47,17 @@ def test_the_choice_follows_what_each_algorithm_costs(tmp_path):
 
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
-def test_an_empty_call_moves_nothing_so_goes_to_torch(op):
-    """It raised that the fit (even without one) timed none of the algorithms."""
+def test_an_empty_call_is_planned_as_one_element_per_rank(op):
+    """It raised that the fit (even without one) timed none of the algorithms; error
+    feedback still gets an algorithm that rounds at the source."""
     tuner.configure(link="1gbit")
     for codec in ("auto", "int8"):
-        assert tuner.choose(op, 0, torch.float32, 4, codec).algorithm == "native"
+        one = tuner.choose(op, 1 if op == "all_gather" else 4, torch.float32, 4, codec)
+        empty = tuner.choose(op, 0, torch.float32, 4, codec)
+        assert (empty.algorithm, empty.codec) == (one.algorithm, one.codec)
+    if op == "reduce_scatter":
+        fed_back = tuner.choose(op, 0, torch.float32, 4, "int8", error_feedback=True)
+        assert fed_back.algorithm in ERROR_FEEDBACK_ALGORITHMS
 
 
 def test_a_sum_fp32_cannot_hold_is_left_to_torch(tmp_path):

@@ -177,13 +177,16 @@ def choose(
     if found is not None:
         return found
     setting = network()
-    if world_size == 1 or numel == 0:  # nothing moves: torch's own collective, exactly
+    if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
-    size = numel * dtype.itemsize * (world_size if op == "all_gather" else 1)
+    # an empty call is planned as the smallest one (one element per rank: a schedule of no
+    # bytes is none the model reads), so that error feedback and a fixed algorithm hold
+    planned = numel or (world_size if op == "reduce_scatter" else 1)
+    size = planned * dtype.itemsize * (world_size if op == "all_gather" else 1)
     params = _params(setting)
     topology = _topology(setting, world_size)
     timed = []
