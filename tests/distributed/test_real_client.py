@@ -111,11 +111,17 @@ def _updates(snapshots, start):
         previous = snapshot
 
 
-def test_fsdp_none_trains_gpt2_to_plain_fsdp_bits(runs):
-    for fsdp, _, _, _ in runs:
-        (losses, params), (plain_losses, plain_params) = fsdp["none"], fsdp[None]
-        assert losses == plain_losses
-        assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
+def _assert_same_bits(run, plain) -> None:
+    (losses, params), (plain_losses, plain_params) = run, plain
+    assert losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
+def test_none_trains_gpt2_to_the_plain_wrappers_bits(runs, wrapper):
+    for fsdp, ddp, _, _ in runs:
+        trained = fsdp if wrapper == "fsdp" else ddp
+        _assert_same_bits(trained["none"], trained[None])
 
 
 def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
@@ -130,13 +136,6 @@ def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
             cosine = torch.nn.functional.cosine_similarity(first, reference, dim=0).item()
             ratio = (first.norm() / reference.norm()).item()
             assert (cosine > 0.99 and abs(ratio - 1) < 0.05) == agrees, (spec, cosine, ratio)
-
-
-def test_ddp_none_trains_gpt2_to_plain_ddp_bits(runs):
-    for _, ddp, _, _ in runs:
-        (losses, params), (plain_losses, plain_params) = ddp["none"], ddp[None]
-        assert losses == plain_losses
-        assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
 
 
 def test_the_compressed_runs_went_through_commpress(runs):
