@@ -1,10 +1,11 @@
-"""Link rates as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's; and
+"""Link rates and delays as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's; and
 durations given as seconds."""
 
 from __future__ import annotations
 
 import re
 import threading
+from decimal import Decimal
 
 #: The longest wait ``threading`` takes (about 292 years); a ``timedelta`` holds it too.
 MAX_SECONDS = threading.TIMEOUT_MAX
@@ -13,8 +14,7 @@ RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10*
 _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
 
 
-def parse_quantity(text, units: dict, what: str) -> float:
-    """``text`` such as ``"2.5gbit"`` in the base unit of ``units``; ``what`` names it."""
+def _number_and_unit(text, units: dict, what: str) -> tuple[str, str]:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a string such as {next(iter(units))!r}, got {text!r}")
     match = _QUANTITY.fullmatch(text.lower())
@@ -22,15 +22,26 @@ def parse_quantity(text, units: dict, what: str) -> float:
         raise ValueError(
             f"{what} {text!r} is not understood; use a number and one of {list(units)}"
         )
-    return float(match.group(1)) * units[match.group(2)]
+    return match.group(1), match.group(2)
+
+
+def parse_quantity(text, units: dict, what: str) -> float:
+    """``text`` such as ``"2.5ms"`` in the base unit of ``units``; ``what`` names it."""
+    number, unit = _number_and_unit(text, units, what)
+    return float(number) * units[unit]
 
 
 def parse_rate_bits(text, what: str = "link rate") -> int:
-    """``"1gbit"`` -> 1_000_000_000 bits per second."""
-    bits = int(parse_quantity(text, RATE_UNITS, what))
+    """``"1gbit"`` -> 1_000_000_000 bits per second, exactly (``"2.01gbit"`` is
+    2_010_000_000, not the float product's 2_009_999_999); a rate that is not a whole
+    number of bits per second is refused."""
+    number, unit = _number_and_unit(text, RATE_UNITS, what)
+    bits = Decimal(number) * RATE_UNITS[unit]
     if bits <= 0:
         raise ValueError(f"{what} {text!r} must be positive")
-    return bits
+    if bits != bits.to_integral_value():
+        raise ValueError(f"{what} {text!r} is not a whole number of bits per second")
+    return int(bits)
 
 
 def check_seconds(value, what: str = "timeout") -> None:

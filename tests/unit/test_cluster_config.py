@@ -15,6 +15,7 @@ from commpress.cluster.commands import add_link_arguments, wants_cluster
 from commpress.cluster.counters import parse_net_dev, parse_retransmitted
 from commpress.cluster.launcher import exit_status, launch, rank_environment
 from commpress.collectives.workspace import Workspace
+from commpress.units import parse_rate_bits
 
 NET_DEV = """Inter-|   Receive                                                |  Transmit
  face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
@@ -25,10 +26,24 @@ NET_DEV = """Inter-|   Receive                                                | 
 
 @pytest.mark.parametrize(
     ("text", "bits"),
-    [("1gbit", 10**9), ("100mbit", 10**8), ("2.5gbit", 25 * 10**8), (" 10 Mbit ", 10**7)],
+    [
+        ("1gbit", 10**9),
+        ("100mbit", 10**8),
+        ("2.5gbit", 25 * 10**8),
+        (" 10 Mbit ", 10**7),
+        ("2.01gbit", 201 * 10**7),  # the float product is 2009999999.9999998
+        ("0.1tbit", 10**11),
+    ],
 )
 def test_rates_use_tc_units(text, bits):
     assert parse_rate(text) == bits
+    assert parse_rate_bits(text) == bits
+
+
+@pytest.mark.parametrize("text", ["1.5bit", "0.0005kbit", "0.5bit"])
+def test_a_rate_of_a_fraction_of_a_bit_is_refused_not_truncated(text):
+    with pytest.raises(ValueError, match="whole number of bits"):
+        parse_rate_bits(text, "uplink")
 
 
 @pytest.mark.parametrize("text", ["1gbyte", "fast", "", "gbit", "-1gbit", "1 g bit", "999kbit"])

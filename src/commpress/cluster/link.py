@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+from commpress.units import RATE_UNITS, parse_quantity, parse_rate_bits
+
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-_QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
 MIN_RATE_BITS = 10**6  # tbf's burst arithmetic is coarse below about 1 Mbit/s
 MIN_MTU, MAX_MTU = 576, 65535
 BURST_SECONDS = 1e-3  # the token bucket holds one millisecond of line rate...
@@ -15,20 +14,9 @@ MIN_BURST_BYTES = 64 << 10  # ...but never less than this (a few full-size frame
 QUEUE_SECONDS = 0.05  # how long a packet may wait in the shaper before it is dropped
 
 
-def _parse(text, units: dict, what: str) -> float:
-    if not isinstance(text, str):
-        raise TypeError(f"{what} must be a string such as {next(iter(units))!r}, got {text!r}")
-    match = _QUANTITY.fullmatch(text.lower())
-    if not match or match.group(2) not in units:
-        raise ValueError(
-            f"{what} {text!r} is not understood; use a number and one of {list(units)}"
-        )
-    return float(match.group(1)) * units[match.group(2)]
-
-
 def parse_rate(text: str) -> int:
     """``"1gbit"``, ``"100mbit"``, ``"2.5gbit"`` -> bits per second (SI units, as tc's)."""
-    bits = int(_parse(text, _RATE_UNITS, "link rate"))
+    bits = parse_rate_bits(text, "link rate")
     if bits < MIN_RATE_BITS:
         raise ValueError(f"link rate {text!r} is below the minimum of 1mbit")
     return bits
@@ -36,7 +24,7 @@ def parse_rate(text: str) -> int:
 
 def parse_delay(text: str) -> float:
     """``"5ms"``, ``"200us"`` -> seconds."""
-    seconds = _parse(text, _TIME_UNITS, "delay")
+    seconds = parse_quantity(text, _TIME_UNITS, "delay")
     if seconds <= 0:
         raise ValueError(f"delay {text!r} must be positive")
     return seconds
@@ -44,8 +32,8 @@ def parse_delay(text: str) -> float:
 
 def format_rate(bits: int) -> str:
     for unit in ("tbit", "gbit", "mbit", "kbit"):
-        if bits % _RATE_UNITS[unit] == 0:
-            return f"{bits // _RATE_UNITS[unit]}{unit}"
+        if bits % RATE_UNITS[unit] == 0:
+            return f"{bits // RATE_UNITS[unit]}{unit}"
     return f"{bits}bit"
 
 
