@@ -242,3 +242,19 @@ def test_a_network_too_small_or_too_large_for_the_group_is_named_by_check(topolo
     tuner.configure(topology=topology, link="1gbit")
     with pytest.raises(ValueError, match=f"does not fit a group of {ranks} ranks"):
         tuner.check("all_gather", torch.float32, ranks, "auto")
+
+
+def test_the_choice_follows_the_pieces_a_ring_reduce_scatter_is_cut_in():
+    """The tuner timed every reduce-scatter with the default pieces: on two racks the ring
+    wins by the model, but not when the call cuts it in 1 KiB pieces (a message each)."""
+    tuner.configure(topology="racks:count=2,uplink=100mbit", link="1gbit")
+    numel = 1 << 20
+    default = tuner.choose("reduce_scatter", numel, torch.float32, 4, "int8")
+    small = tuner.choose("reduce_scatter", numel, torch.float32, 4, "int8", chunk_bytes=1024)
+    assert default.algorithm == "ring"
+    assert small.algorithm != "ring"
+    ring = [
+        tuner.choose("reduce_scatter", numel, torch.float32, 4, "int8", "ring", chunk_bytes=c)
+        for c in (None, 1024)
+    ]
+    assert ring[1].predicted_us > 1.5 * ring[0].predicted_us

@@ -12,9 +12,16 @@ AUTO = tuner.AUTO
 
 
 def resolve(
-    op: str, inp: torch.Tensor, group, codec, algorithm: str, error_feedback: bool = False
+    op: str,
+    inp: torch.Tensor,
+    group,
+    codec,
+    algorithm: str,
+    error_feedback: bool = False,
+    chunk_bytes: int | None = None,
 ) -> tuple[str, object]:
-    """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto."""
+    """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
+    (for a reduce-scatter cut in pieces of ``chunk_bytes``)."""
     if algorithm != AUTO and not tuner.is_auto(codec):
         return algorithm, codec
     choice = tuner.choose(
@@ -27,5 +34,6 @@ def resolve(
         on_cpu=inp.device.type == "cpu",
         backend=dist.get_backend(group),
         error_feedback=error_feedback,
+        chunk_bytes=chunk_bytes,
     )
     return choice.algorithm, choice.codec

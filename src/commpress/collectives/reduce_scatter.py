@@ -83,10 +83,12 @@ def reduce_scatter_tensor(
     world_size = dist.get_world_size(group)
     check_op(op)
     check_pair(out, inp, world_size=world_size, gather=False)
-    feedback = residual is not None
-    algorithm, codec = auto.resolve("reduce_scatter", inp, group, codec, algorithm, feedback)
-    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_chunk_bytes(chunk_bytes)
+    feedback = residual is not None
+    algorithm, codec = auto.resolve(
+        "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes
+    )
+    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_residual(residual, inp, algorithm)
     if algorithm == "native":
         work = collective.reduce_scatter(out, inp, op, group)

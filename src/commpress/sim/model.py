@@ -190,9 +190,11 @@ def simulate(
     topology: Topology,
     params: Params | None = None,
     dtype: torch.dtype = torch.float32,
+    chunk_bytes: int | None = None,
 ) -> Row:
     """One call of ``op`` on ``topology.nodes`` ranks; ``size_bytes`` as nccl-tests count
-    it (an all-gather's output, a reduction's input)."""
+    it (an all-gather's output, a reduction's input); ``chunk_bytes`` the pieces a ring
+    reduce-scatter pipelines (default the collective's)."""
     n = topology.nodes
     params = (Params() if params is None else params).for_call(op, algorithm, n)
     if op not in ("all_gather", "reduce_scatter"):
@@ -205,7 +207,7 @@ def simulate(
     else:
         ran = algorithm
     codec = str(get_codec(codec))
-    (schedule,) = plan(op, ran, 0, n, numel, dtype, codec)
+    (schedule,) = plan(op, ran, 0, n, numel, dtype, codec, chunk_bytes)
     timing = _Timing(topology, params, codec)
     time_s = timing.run(schedule)
     bottleneck, busiest = timing.bottleneck()

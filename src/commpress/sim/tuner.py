@@ -163,15 +163,18 @@ def choose(
     on_cpu: bool = True,
     backend: str = "gloo",
     error_feedback: bool = False,
+    chunk_bytes: int | None = None,
 ) -> Choice:
     """The fastest (algorithm, codec) for one call; ``numel`` is the rank's input (an
     all-gather's shard, a reduce-scatter's whole tensor). ``codec`` and ``algorithm`` may
     each be fixed or ``auto``. ``error_feedback``: only algorithms that round every
-    contribution on its owner (``alltoall``, ``backend``) qualify."""
+    contribution on its owner (``alltoall``, ``backend``) qualify. ``chunk_bytes``: the
+    pieces a ring reduce-scatter pipelines, as the call will run it (default the
+    collective's)."""
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
     request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
-    key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, request)
+    key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes, request)
     with _lock:
         found = _choices.get(key)
     if found is not None:
@@ -192,7 +195,7 @@ def choose(
     timed = []
     for name, spec in pairs:
         try:
-            row = simulate(op, name, spec, size, topology, params, dtype)
+            row = simulate(op, name, spec, size, topology, params, dtype, chunk_bytes)
             error = expected_rel_err(spec, op, name, world_size, dtype)
         except ValueError:  # a fit without this algorithm, a schedule it cannot read
             continue
