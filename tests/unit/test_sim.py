@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -318,6 +319,34 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
            "time_us": 0, "nprocs": 4, "link": "1gbit"}  # fmt: skip
     with pytest.raises(ValueError, match="row 0: time_us must be positive"):
         calibrate.fit([_bench_file(tmp_path / "f.json", [row])])
+    for key, value, message in (
+        ("time_us", math.inf, "time_us must be positive and finite"),
+        ("time_us", "5", "time_us must be a number"),
+        ("nprocs", 4.7, "nprocs must be a whole number, got 4.7"),
+        ("size_bytes", 1048576.5, "size_bytes must be a whole number"),
+        ("racks", 1.5, "racks must be a whole number"),
+        ("size_bytes", 12, "size_bytes 12 holds no float32 element per rank"),
+    ):
+        bad = {**row, "time_us": 5, key: value}
+        with pytest.raises(ValueError, match=f"row 0: {message}"):
+            calibrate.fit([_bench_file(tmp_path / "f2.json", [bad])])
+    fine = {**row, "time_us": 5, "nprocs": 4.0}  # whole, as a float: read as 4
+    for provenance, message in (
+        (["a list"], "provenance must be an object"),
+        ({"command": ["commpress", "bench"]}, "provenance must map 'command'"),
+        ({"command": "commpress bench --roots two"}, "--roots 'two' is not a positive"),
+        ({"command": "commpress bench --roots=0"}, "--roots '0' is not a positive"),
+        ({"command": "commpress bench --roots"}, "--roots '' is not a positive"),
+    ):
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps({"provenance": provenance, "rows": [fine]}))
+        with pytest.raises(ValueError, match=message):
+            calibrate.read_bench([str(path)])
+    (tmp_path / "p.json").write_text(
+        json.dumps({"provenance": {"command": "bench --roots=3"}, "rows": [fine]})
+    )
+    (measured,) = calibrate.read_bench([str(tmp_path / "p.json")])
+    assert (measured.roots, measured.topology.nodes) == (3, 4)
     with pytest.raises(ValueError, match="row 0: unknown codec 'int3'"):
         calibrate.fit([_bench_file(tmp_path / "g.json", [{**row, "time_us": 5, "codec": "int3"}])])
     with pytest.warns(UserWarning, match="left out of the fit"):

@@ -36,9 +36,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from commpress.codecs import get_codec
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
+from commpress.schedules import input_numel
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import parse_rate_bits
@@ -76,18 +78,34 @@ class Measured:
         if missing:
             raise ValueError(f"{source}: a row lacks {missing}: not a `commpress bench` row")
         get_codec(row["codec"])  # an unknown codec is named with its file and row
-        nodes = int(row["nprocs"])
-        link_bits = parse_rate_bits(str(row["link"]).split(",")[0], f"{source}: link")
-        racks = int(row.get("racks") or 1)
+        nodes = _whole(row, "nprocs")
+        size_bytes = _whole(row, "size_bytes")
+        time_us = row["time_us"]
+        if isinstance(time_us, bool) or not isinstance(time_us, (int, float)):
+            raise TypeError(f"time_us must be a number, got {time_us!r}")
+        if not 0 < time_us < math.inf:
+            raise ValueError(f"time_us must be positive and finite, got {time_us!r}")
+        link_bits = parse_rate_bits(str(row["link"]).split(",")[0], "link")
+        racks = _whole(row, "racks") if row.get("racks") is not None else 1
         if racks > 1:
             uplink = row.get("uplink")
             uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "uplink")
             topology: Topology = Racks(nodes, link_bits, racks, uplink_bits)
         else:
             topology = Switch(nodes, link_bits)
-        return cls(row["op"], row["algorithm"], row["codec"], int(row["size_bytes"]),
-                   float(row["time_us"]) * 1e-6, topology, source, roots,
-                   shared_cores, machine)  # fmt: skip
+        if input_numel(row["op"], size_bytes, nodes, torch.float32) < 1:
+            raise ValueError(f"size_bytes {size_bytes} holds no float32 element per rank")
+        return cls(row["op"], row["algorithm"], row["codec"], size_bytes, time_us * 1e-6,
+                   topology, source, roots, shared_cores, machine)  # fmt: skip
+
+
+def _whole(row: dict, key: str) -> int:
+    """``row[key]``, a whole number (``4.0`` is 4; ``4.7`` is refused, not read as 4)."""
+    value = row[key]
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def read_bench(paths) -> list[Measured]:
@@ -97,9 +115,13 @@ def read_bench(paths) -> list[Measured]:
         data = _json(path)
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(f"{path}: not a `commpress bench --json` file (no 'rows' list)")
+        if not isinstance(data.get("provenance") or {}, dict):
+            raise ValueError(f"{path}: provenance must be an object")
         provenance = data.get("provenance") or {}
-        roots = _roots(provenance.get("command", ""))
-        machine = provenance.get("machine", "")
+        command, machine = provenance.get("command", ""), provenance.get("machine", "")
+        if not (isinstance(command, str) and isinstance(machine, str)):
+            raise ValueError(f"{path}: provenance must map 'command' and 'machine' to strings")
+        roots = _roots(command, path)
         cores = _cores(machine)
         for index, row in enumerate(data["rows"]):
             if not isinstance(row, dict) or row.get("op") not in ("all_gather", "reduce_scatter"):
@@ -111,8 +133,6 @@ def read_bench(paths) -> list[Measured]:
                 measured = Measured.of(row, str(path), roots, cores, machine)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{path}: row {index}: {error}") from None
-            if not measured.time_s > 0:
-                raise ValueError(f"{path}: row {index}: time_us must be positive")
             rows.append(measured)
     if not rows:
         raise ValueError(f"no all_gather or reduce_scatter rows in {', '.join(map(str, paths))}")
@@ -391,11 +411,17 @@ def describe(fields: dict) -> str:
     return "; ".join(parts)
 
 
-def _roots(command: str) -> int:
-    """``--roots K`` of the ``commpress bench`` command line a file records (default 2)."""
-    words = command.split()
-    for flag, value in zip(words, words[1:], strict=False):
+def _roots(command: str, path) -> int:
+    """``--roots K`` (or ``--roots=K``) of the ``commpress bench`` command line a file
+    records (default 2)."""
+    words = command.replace("--roots=", "--roots ").split()
+    for index, flag in enumerate(words):
         if flag == "--roots":
+            value = words[index + 1] if index + 1 < len(words) else ""
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(
+                    f"{path}: the recorded command's --roots {value!r} is not a positive integer"
+                )
             return int(value)
     return 2
 
