@@ -91,6 +91,7 @@ def _runs(rank, world_size):
             stats = model.compression.all_gather, model.compression.reduce_scatter
             calls[f"fsdp {spec}"] = min(s.snapshot()["calls"] for s in stats)
     fsdp["int8-negated"] = train(_fsdp("int8"), rank, negate=True)
+    fsdp["unreduced"] = train(gpt2(), rank)  # each rank steps on its own gradient alone
     for spec in (None, "none"):
         model = _ddp(spec)
         ddp[spec] = train(model, rank)
@@ -126,11 +127,12 @@ def test_none_trains_gpt2_to_the_plain_wrappers_bits(runs, wrapper):
 
 def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
     """The first step's update against plain FSDP's from the same start: the same direction
-    (cosine above 0.99) and size (within 5%); the broken variant (gradients negated) is
-    checked to fail it."""
+    (cosine above 0.99) and size (within 5%); two broken variants are checked to fail it:
+    the gradients negated, and no reduction at all (each rank's own gradient: cosine about
+    0.7 with the mean on these random tokens)."""
     for fsdp, _, start, _ in runs:
         plain = list(_updates(fsdp[None][1], start))
-        for spec, agrees in (("int8", True), ("int8-negated", False)):
+        for spec, agrees in (("int8", True), ("int8-negated", False), ("unreduced", False)):
             updates = list(_updates(fsdp[spec][1], start))
             first, reference = updates[0], plain[0]  # the same start: comparable exactly
             cosine = torch.nn.functional.cosine_similarity(first, reference, dim=0).item()
