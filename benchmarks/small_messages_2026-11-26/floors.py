@@ -15,6 +15,9 @@ Variants, each timed as the slowest rank's seconds per call:
 * ``p2p-ring-ahead``: the same, each next receive posted as soon as the step's own has
   arrived, before its send is waited (gloo moves a message only once its receive is
   posted);
+* ``p2p-direct``: the same bytes in one round: every rank posts a receive from each peer
+  and sends its payload to each, all at once, then waits for them all (the floor of an
+  algorithm that is not in the library: a ring's world-1 hops in one);
 * ``ring``: the library's int8 ring all-gather as a user calls it (argument checks, the
   hand-over to the communication thread, the in-band argument check);
 * ``ring-bare``: the same ring's executor called straight on the calling thread, without
@@ -41,7 +44,16 @@ from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
 
-VARIANTS = ("native", "native-bytes", "p2p-ring", "p2p-ring-ahead", "ring", "ring-bare", "backend")
+VARIANTS = (
+    "native",
+    "native-bytes",
+    "p2p-ring",
+    "p2p-ring-ahead",
+    "p2p-direct",
+    "ring",
+    "ring-bare",
+    "backend",
+)
 PAIRS = (("ring", "ring-bare"),)
 LINK_BITS = 1e9
 WARMUP = 3
@@ -74,8 +86,17 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
                 received = group.recv([buffers[step + 2]], left, 0)
             sent.wait()
 
+    others = [peer for peer in range(world_size) if peer != rank]
+
+    def p2p_direct():
+        works = [group.recv([buffers[peer]], peer, 0) for peer in others]
+        works += [group.send([buffers[rank]], peer, 0) for peer in others]
+        for work in works:
+            work.wait()
+
     return {
         "p2p-ring-ahead": p2p_ring_ahead,
+        "p2p-direct": p2p_direct,
         "native": lambda: dist.all_gather_into_tensor(out, inp),
         "native-bytes": lambda: dist.all_gather_into_tensor(raw_out, raw_in),
         "p2p-ring": p2p_ring,
