@@ -6,6 +6,7 @@ import torch
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
+from commpress.collectives import auto
 from commpress.sim import tuner
 
 
@@ -27,11 +28,22 @@ def _auto_against_the_choice(rank, world_size):
         cp.reduce_scatter_tensor(reference, whole, codec=picked.codec, algorithm=picked.algorithm)
         results.append((torch.equal(gathered, expected), torch.equal(reduced, reference),
                         str(chosen), str(picked), gathered))  # fmt: skip
-    return results
+    return results, _placements()
 
 
-def test_auto_runs_the_tuners_choice_and_every_rank_agrees():
-    by_rank = run_distributed(_auto_against_the_choice, 3, timeout=120)
+def _placements():
+    """Where the tuner puts the world, a subgroup of ranks 0 and 2 (on its members), and a
+    subgroup of every rank in order."""
+    strided = torch.distributed.new_group([0, 2])
+    every = torch.distributed.new_group([0, 1, 2])
+    mine = auto.placement(strided) if torch.distributed.get_rank() != 1 else "outside"
+    return auto.placement(None), mine, auto.placement(every)
+
+
+def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups():
+    by_rank, placements = zip(*run_distributed(_auto_against_the_choice, 3, timeout=120))
+    strided = tuner.Placement(hosts=(0, 2), network_hosts=3)
+    assert placements == ((None, strided, None), (None, "outside", None), (None, strided, None))
     for size in range(2):
         choices = {(r[size][2], r[size][3]) for r in by_rank}
         assert len(choices) == 1, choices

@@ -600,3 +600,29 @@ def test_a_codecs_file_with_bad_speeds_is_named(tmp_path, row, message):
     path.write_text(json.dumps({"rows": [row]}))
     with pytest.raises(ValueError, match=message):
         calibrate.codec_speeds(path)
+
+
+def test_a_placed_topology_carries_its_ranks_flows_on_their_hosts_links():
+    """Two ranks on hosts 0 and 4 of two racks of four: an all-gather's every byte crosses
+    the uplinks, and a multicast's each root leaves its rack once; on hosts 0 and 1 none
+    does. Placed on every host in order, nothing changes."""
+    racks = Racks(8, GBIT, 2, GBIT / 10)
+    size = 1 << 20
+    apart = simulate("all_gather", "ring", "none", size, racks.placed([0, 4]), NO_OVERHEAD)
+    together = simulate("all_gather", "ring", "none", size, racks.placed([0, 1]), NO_OVERHEAD)
+    assert apart.nodes == together.nodes == 2
+    assert apart.bottleneck.startswith("uplink") and together.bottleneck.startswith("host")
+    assert apart.time_us == pytest.approx(10 * together.time_us, rel=1e-9)
+    shard = size // 2  # bytes of one rank's payload (codec none)
+    loads = racks.placed([0, 4]).broadcast_bytes(shard)
+    assert loads["uplink up"].tolist() == [shard, shard]
+    assert loads["host down"].tolist() == [shard, 0, 0, 0, shard, 0, 0, 0]
+    assert racks.placed([0, 1]).broadcast_bytes(shard)["uplink up"].tolist() == [0, 0]
+    assert racks.placed([0, 1]).longest_path() == 2 and racks.placed([3, 4]).longest_path() == 4
+    whole = simulate("all_gather", "ring", "int8", size, racks, NO_OVERHEAD)
+    assert (
+        simulate("all_gather", "ring", "int8", size, racks.placed(range(8)), NO_OVERHEAD) == whole
+    )
+    for hosts in ([0], [0, 0], [0, 8], [-1, 2]):
+        with pytest.raises(ValueError, match="hosts"):
+            racks.placed(hosts)

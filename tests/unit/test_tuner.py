@@ -258,3 +258,22 @@ def test_the_choice_follows_the_pieces_a_ring_reduce_scatter_is_cut_in():
         for c in (None, 1024)
     ]
     assert ring[1].predicted_us > 1.5 * ring[0].predicted_us
+
+
+def test_a_subgroup_is_timed_on_the_hosts_of_its_ranks():
+    """Ranks 0 and 4 of 8 sit in two racks: their all-gather crosses the 100 Mbit/s
+    uplink; ranks 0 and 1 share a rack. Both were planned as a network of two hosts (in
+    two racks)."""
+    tuner.configure(topology="racks:count=2,uplink=100mbit", link="1gbit")
+    numel = 1 << 20
+
+    def predicted(hosts):
+        placement = None if hosts is None else tuner.Placement(hosts, network_hosts=8)
+        choice = tuner.choose("all_gather", numel, torch.float32, 2, "int8", "ring",
+                              placement=placement)  # fmt: skip
+        return choice.predicted_us
+
+    assert predicted((0, 4)) > 5 * predicted((0, 1))  # the uplink is 10x slower
+    with pytest.raises(ValueError, match=r"does not fit a group of 2 ranks on hosts \[0, 9\]"):
+        tuner.check("all_gather", torch.float32, 2, "int8", "ring",
+                    placement=tuner.Placement((0, 9), network_hosts=8))  # fmt: skip

@@ -35,5 +35,18 @@ def resolve(
         backend=dist.get_backend(group),
         error_feedback=error_feedback,
         chunk_bytes=chunk_bytes,
+        placement=placement(group),
     )
     return choice.algorithm, choice.codec
+
+
+def placement(group) -> tuner.Placement | None:
+    """Where ``group``'s ranks sit in the tuner's network: on the hosts of their global
+    ranks; None for the whole world in order."""
+    network_hosts = dist.get_world_size()
+    if group is None:
+        return None
+    hosts = tuple(dist.get_process_group_ranks(group))
+    if hosts == tuple(range(network_hosts)):
+        return None
+    return tuner.Placement(hosts, network_hosts)

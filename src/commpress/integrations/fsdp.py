@@ -23,6 +23,7 @@ from commpress.collectives import (
     ALL_GATHER_ALGORITHMS,
     REDUCE_SCATTER_ALGORITHMS,
     all_gather_into_tensor,
+    auto,
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
@@ -223,7 +224,8 @@ def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) 
                 try:
                     tuner.check(op, dtype, dist.get_world_size(pg), spec.codec, spec.algorithm,
                                 on_cpu=on_cpu, backend=dist.get_backend(pg),
-                                error_feedback=feedback)  # fmt: skip
+                                error_feedback=feedback,
+                                placement=auto.placement(pg))  # fmt: skip
                 except ValueError as error:
                     raise ValueError(f"module {name!r} {op.replace('_', '-')}: {error}") from None
 

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from commpress.codecs import get_codec
-from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.schedules import input_numel
+from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import parse_rate_bits

@@ -192,10 +192,10 @@ def simulate(
     dtype: torch.dtype = torch.float32,
     chunk_bytes: int | None = None,
 ) -> Row:
-    """One call of ``op`` on ``topology.nodes`` ranks; ``size_bytes`` as nccl-tests count
+    """One call of ``op`` on ``topology.ranks`` ranks; ``size_bytes`` as nccl-tests count
     it (an all-gather's output, a reduction's input); ``chunk_bytes`` the pieces a ring
     reduce-scatter pipelines (default the collective's)."""
-    n = topology.nodes
+    n = topology.ranks
     params = (Params() if params is None else params).for_call(op, algorithm, n)
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"op must be all_gather or reduce_scatter, got {op!r}")
@@ -312,12 +312,13 @@ class _Timing:
         ``(dst, bytes)`` of rank 0's ``sends``."""
         found = self._patterns.get(sends)
         if found is None:
-            n = self.topology.nodes
+            hosts = self.topology.hosts
+            n = len(hosts)
             offsets = np.array([d for d, _ in sends], dtype=np.int64)
             sizes = np.array([b for _, b in sends], dtype=float)
-            src = np.tile(self.topology.hosts, len(sends))
+            src = np.tile(np.arange(n), len(sends))
             dst = (src + np.repeat(offsets, n)) % n
-            loads = self.topology.flow_bytes(src, dst, np.repeat(sizes, n))
+            loads = self.topology.flow_bytes(hosts[src], hosts[dst], np.repeat(sizes, n))
             path = self.topology.longest_path()
             exchange = _single_peer_exchange(offsets, n)
             busiest = self._busiest_s(loads, exchange)

@@ -14,10 +14,15 @@ evenly loaded (ECMP), so each of its links carries ``bytes / width``.
 * ``fattree:radix=K``: the three-level fat tree of K-port switches: K pods of K/2 edge and
   K/2 aggregation switches, K/2 hosts per edge switch, (K/2)^2 core switches; full
   bisection, every link at the host link's rate. Hosts fill edge switches in order.
+
+The ranks of a call run one per host, rank r on host r, unless the topology is
+:meth:`~Topology.placed` on other hosts (a subgroup: rank r on the host of its global
+rank).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -36,7 +41,9 @@ class Level:
 
 
 class Topology:
-    """Where ``nodes`` hosts sit; subclasses say which links a flow or broadcast crosses."""
+    """Where ``nodes`` hosts sit; subclasses say which links a flow or broadcast crosses.
+    ``hosts``: the host each rank of a call runs on (every host, in order, unless
+    :meth:`placed`)."""
 
     name = ""
 
@@ -45,6 +52,24 @@ class Topology:
             raise ValueError(f"nodes must be an int of at least 2, got {nodes!r}")
         self.nodes, self.link_bits = nodes, float(link_bits)
         self.hosts = np.arange(nodes)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks of a call on this topology: one per host it is placed on."""
+        return len(self.hosts)
+
+    def placed(self, hosts) -> Topology:
+        """The same network with a call's ranks on ``hosts`` (rank r on ``hosts[r]``), such
+        as a subgroup's global ranks."""
+        hosts = np.asarray(hosts, dtype=np.int64)
+        distinct = len(np.unique(hosts)) == len(hosts)
+        if hosts.ndim != 1 or len(hosts) < 2 or not distinct:
+            raise ValueError(f"hosts must be two or more distinct hosts, got {hosts.tolist()}")
+        if hosts.min() < 0 or hosts.max() >= self.nodes:
+            raise ValueError(f"hosts {hosts.tolist()} are not all among the {self.nodes} hosts")
+        placed = copy.copy(self)
+        placed.hosts = hosts
+        return placed
 
     def levels(self) -> list[Level]:
         n = self.nodes
@@ -59,14 +84,15 @@ class Topology:
         }
 
     def broadcast_bytes(self, nbytes: float) -> dict:
-        """Bytes per bundle of every level when every host broadcasts ``nbytes`` to all
+        """Bytes per bundle of every level when every rank's host broadcasts ``nbytes`` to
         the others once (a multicast all-gather): each tree link carries each root's
         payload once."""
-        n = self.nodes
-        return {"host up": np.full(n, nbytes), "host down": np.full(n, (n - 1) * nbytes)}
+        up, down = np.zeros(self.nodes), np.zeros(self.nodes)
+        up[self.hosts], down[self.hosts] = nbytes, (self.ranks - 1) * nbytes
+        return {"host up": up, "host down": down}
 
     def longest_path(self) -> int:
-        """Links on the longest path between two of the hosts."""
+        """Links on the longest path between two of the ranks' hosts."""
         return 2
 
     def __str__(self) -> str:
@@ -99,11 +125,11 @@ class Racks(Topology):
 
     def broadcast_bytes(self, nbytes: float) -> dict:
         loads = super().broadcast_bytes(nbytes)
-        loads["uplink up"], loads["uplink down"] = _tree(self.rack, self.count, nbytes)
+        loads["uplink up"], loads["uplink down"] = _tree(self.rack[self.hosts], self.count, nbytes)
         return loads
 
     def longest_path(self) -> int:
-        return 4
+        return 4 if _spans(self.rack[self.hosts]) else 2
 
 
 class FatTree(Topology):
@@ -137,12 +163,17 @@ class FatTree(Topology):
 
     def broadcast_bytes(self, nbytes: float) -> dict:
         loads = super().broadcast_bytes(nbytes)
-        loads["edge up"], loads["edge down"] = _tree(self.edge, self.edges, nbytes)
-        loads["core up"], loads["core down"] = _tree(self.pod, self.pods, nbytes)
+        loads["edge up"], loads["edge down"] = _tree(self.edge[self.hosts], self.edges, nbytes)
+        loads["core up"], loads["core down"] = _tree(self.pod[self.hosts], self.pods, nbytes)
         return loads
 
     def longest_path(self) -> int:
-        return 6 if self.pods > 1 else 4 if self.edges > 1 else 2
+        return 6 if _spans(self.pod[self.hosts]) else 4 if _spans(self.edge[self.hosts]) else 2
+
+
+def _spans(group: np.ndarray) -> bool:
+    """Whether the ranks' hosts sit in more than one group (rack, edge switch, pod)."""
+    return len(np.unique(group)) > 1
 
 
 def _leaving(group: np.ndarray, count: int, src, dst, nbytes) -> tuple[np.ndarray, ...]:
@@ -154,12 +185,14 @@ def _leaving(group: np.ndarray, count: int, src, dst, nbytes) -> tuple[np.ndarra
 
 
 def _tree(group: np.ndarray, count: int, nbytes: float) -> tuple[np.ndarray, ...]:
-    """Bytes out of and into each group when every host broadcasts ``nbytes``: each root's
-    payload leaves its group once and enters every other group once."""
-    if count == 1:
-        return np.zeros(1), np.zeros(1)
+    """Bytes out of and into each group when every root (``group``: the group of each)
+    broadcasts ``nbytes``: each root's payload leaves its group once, where another
+    group holds a rank, and enters every other group that holds one once."""
     roots = np.bincount(group, minlength=count)
-    return roots * nbytes, (len(group) - roots) * nbytes
+    members = roots > 0
+    if members.sum() < 2:
+        return np.zeros(count), np.zeros(count)
+    return roots * nbytes, np.where(members, len(group) - roots, 0) * nbytes
 
 
 def parse_topology(text: str, nodes: int, link_bits: float) -> Topology:

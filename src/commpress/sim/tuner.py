@@ -164,17 +164,20 @@ def choose(
     backend: str = "gloo",
     error_feedback: bool = False,
     chunk_bytes: int | None = None,
+    placement: Placement | None = None,
 ) -> Choice:
     """The fastest (algorithm, codec) for one call; ``numel`` is the rank's input (an
     all-gather's shard, a reduce-scatter's whole tensor). ``codec`` and ``algorithm`` may
     each be fixed or ``auto``. ``error_feedback``: only algorithms that round every
     contribution on its owner (``alltoall``, ``backend``) qualify. ``chunk_bytes``: the
     pieces a ring reduce-scatter pipelines, as the call will run it (default the
-    collective's)."""
+    collective's). ``placement``: where a subgroup's ranks sit in the network (default:
+    ranks 0 to ``world_size - 1`` of a network of ``world_size`` hosts)."""
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
     request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
-    key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes, request)
+    key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes,
+           placement, request)  # fmt: skip
     with _lock:
         found = _choices.get(key)
     if found is not None:
@@ -191,7 +194,7 @@ def choose(
     planned = numel or (world_size if op == "reduce_scatter" else 1)
     size = planned * dtype.itemsize * (world_size if op == "all_gather" else 1)
     params = _params(setting)
-    topology = _topology(setting, world_size)
+    topology = _topology(setting, world_size, placement)
     timed = []
     for name, spec in pairs:
         try:
@@ -232,6 +235,7 @@ def check(
     on_cpu: bool = True,
     backend: str = "gloo",
     error_feedback: bool = False,
+    placement: Placement | None = None,
 ) -> None:
     """Raise the ``ValueError`` :func:`choose` would raise for the calls of ``op`` on
     ``dtype`` on this group at any size (no codec within the budget, no candidate), timing
@@ -240,18 +244,32 @@ def check(
         setting = network()
         _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend,
                   error_feedback)  # fmt: skip
-        _topology(setting, world_size)
+        _topology(setting, world_size, placement)
 
 
-def _topology(setting, world_size: int):
-    """The network the tuner assumes, for a group of ``world_size`` ranks (hosts 0 to
-    ``world_size - 1`` of it)."""
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a subgroup's ranks sit: rank r on host ``hosts[r]`` of a network of
+    ``network_hosts`` (one rank per host: the hosts are the ranks' global ranks)."""
+
+    hosts: tuple[int, ...]
+    network_hosts: int
+
+
+def _topology(setting, world_size: int, placement: Placement | None = None):
+    """The network the tuner assumes, with a group of ``world_size`` ranks on hosts 0 to
+    ``world_size - 1`` of it, or as ``placement`` says."""
+    link_bits = parse_rate_bits(setting.link, "link")
     try:
-        return parse_topology(setting.topology, world_size, parse_rate_bits(setting.link, "link"))
+        if placement is None:
+            return parse_topology(setting.topology, world_size, link_bits)
+        whole = parse_topology(setting.topology, placement.network_hosts, link_bits)
+        return whole.placed(placement.hosts)
     except ValueError as error:
+        on = "" if placement is None else f" on hosts {list(placement.hosts)}"
         raise ValueError(
             f"the tuner's network ({setting.topology}, set with commpress.sim.tuner.configure) "
-            f"does not fit a group of {world_size} ranks: {error}"
+            f"does not fit a group of {world_size} ranks{on}: {error}"
         ) from None
 
 
