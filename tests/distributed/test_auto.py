@@ -41,7 +41,9 @@ def _placements():
 
 
 def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups():
-    by_rank, placements = zip(*run_distributed(_auto_against_the_choice, 3, timeout=120))
+    by_rank, placements = zip(
+        *run_distributed(_auto_against_the_choice, 3, timeout=120), strict=True
+    )
     strided = tuner.Placement(hosts=(0, 2), network_hosts=3)
     assert placements == ((None, strided, None), (None, "outside", None), (None, strided, None))
     for size in range(2):

@@ -383,3 +383,105 @@ def test_reducer_and_hook_on_cuda_with_nccl():
         torch.testing.assert_close(on_gpu[key], on_cpu[key], atol=1e-4, rtol=1e-4)
     assert runs[True] == runs[False]  # the scheduler's stream changes when, not what
     assert all(torch.isfinite(torch.tensor(runs[True])))
+
+
+def _degenerate_steps(rank, world_size):
+    """What the bug hunt found, per algorithm: the averaged gradient's largest magnitude and
+    rank at each step after a first compressed step whose gradient was zero, or of rank
+    one; the relative error of a gradient scaled by 1e-13 against the unscaled one's
+    result; and ACP-SGD with and without warm start."""
+    found = {}
+    for name in ("powersgd", "acpsgd"):
+        for first in ("zero", "one row"):
+            for feedback in (True, False):
+                make = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name]
+                reducer = Reducer(make(rank=4, start_iter=0, error_feedback=feedback))
+                magnitudes, ranks = [], []
+                for step in range(5):
+                    generator = torch.Generator().manual_seed(10 * step + rank)
+                    gradient = torch.randn(32, 16, generator=generator)
+                    if step == 0:
+                        gradient = torch.zeros(32, 16)
+                        if first == "one row":
+                            gradient[3] = torch.arange(16.0) + 1
+                    reducer.reduce([("w", gradient)])
+                    magnitudes.append(gradient.abs().max().item())
+                    ranks.append(int(torch.linalg.matrix_rank(gradient)))
+                found[name, first, feedback] = magnitudes, ranks
+        results = []
+        for scale in (1.0, 1e-13):
+            reducer = Reducer(make(rank=2, start_iter=0, error_feedback=False))
+            steps = []
+            for step in range(3):
+                gradient = gradients(rank, step)["a"] * scale
+                reducer.reduce([("a", gradient)])
+                steps.append(gradient / scale)
+            results.append(torch.stack(steps))
+        found[name, "scaled"] = ((results[1] - results[0]).norm() / results[0].norm()).item()
+    outputs = []
+    for warm_start in (True, False):
+        reducer = Reducer(ACPSGD(rank=2, start_iter=0, warm_start=warm_start))
+        for step in range(3):
+            gradient = gradients(0, step)["a"]  # the same on every rank: a deterministic mean
+            reducer.reduce([("a", gradient)])
+        outputs.append(gradient)
+    found["acpsgd warm start"] = outputs
+    return found
+
+
+def test_zero_small_or_rank_one_gradients_do_not_switch_a_matrix_off():
+    """A zero gradient at a compressed step left the kept factor zero (``M @ 0 = 0``) and
+    the matrix without a gradient for good; one nonzero row left it at rank one for good;
+    gradients near 1e-13 came out wrong (PowerSGD's Gram-Schmidt underflowed), then zero.
+    ACP-SGD ignored ``warm_start=False``."""
+    by_rank = run_distributed(_degenerate_steps, 2, timeout=120)
+    for found in by_rank:
+        for name in ("powersgd", "acpsgd"):
+            for feedback in (True, False):
+                magnitudes, _ = found[name, "zero", feedback]
+                assert magnitudes[0] == 0 and min(magnitudes[1:]) > 0.1, (name, magnitudes)
+                _, ranks = found[name, "one row", feedback]
+                # ACP-SGD refreshes one factor a step: full rank from the third step
+                assert ranks[0] == 1 and ranks[3:] == [4, 4], (name, feedback, ranks)
+            assert found[name, "scaled"] < 1e-4, (name, found[name, "scaled"])
+        warm, cold = found["acpsgd warm start"]
+        assert not torch.equal(warm, cold)
+    for name in ("acpsgd warm start",):  # every rank drew the same fresh factors
+        assert all(torch.equal(a, b) for a, b in zip(*(f[name] for f in by_rank), strict=True))
+
+
+def _odd_settings(rank, world_size):
+    """A model under DDP with a parameter of no elements, under float64 as the default
+    dtype; and a checkpoint loaded into a reducer with other error feedback."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 0)).float()
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=1", model=model)
+        ddp.register_comm_hook(state, hook)
+        for step in range(3):
+            generator = torch.Generator().manual_seed(step * 10 + rank)
+            ddp(torch.randn(4, 16, generator=generator, dtype=torch.float32)).sum().backward()
+        weight_grad = model[0].weight.grad.clone()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    saved = Reducer(PowerSGD(rank=2, start_iter=0))
+    saved.reduce([("a", gradients(rank, 0)["a"])])
+    try:
+        Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=False)).load_state_dict(
+            saved.state_dict()
+        )
+        mismatch = None
+    except ValueError as error:
+        mismatch = str(error)
+    return torch.isfinite(weight_grad).all().item(), mismatch
+
+
+def test_empty_parameters_float64_defaults_and_mismatched_checkpoints():
+    """``Linear(8, 0)`` raised in backward at the first compressed step; a float64 default
+    dtype made the factors float64 against fp32 gradients; a checkpoint without error
+    feedback raised a KeyError in the next backward of a reducer with it."""
+    for finite, mismatch in run_distributed(_odd_settings, 2, timeout=120):
+        assert finite
+        assert "saved with error_feedback=True, this reducer runs error_feedback=False" in mismatch

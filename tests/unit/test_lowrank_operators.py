@@ -187,3 +187,67 @@ def test_batched_products_match_float64():
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+@pytest.mark.parametrize("method", ORTHOGONALIZATIONS)
+@pytest.mark.parametrize("scale", [1e-13, 1e-25])
+def test_tiny_matrices_are_orthogonalized_as_their_scaled_up_selves(method, scale):
+    """Gram-Schmidt took fp32 norms, whose squares underflow below about 1e-19: columns of
+    1e-25 stayed unnormalized (PowerSGD's P scales as the gradient squared)."""
+    matrices = batch_of(2, 20, 3)
+    reference = orthogonalize(matrices, method)
+    tiny = orthogonalize(matrices * scale, method)
+    identity = torch.eye(3).expand(2, 3, 3)
+    torch.testing.assert_close(tiny.transpose(1, 2) @ tiny, identity, atol=1e-5, rtol=0)
+    torch.testing.assert_close(projector(tiny), projector(reference), atol=1e-5, rtol=0)
+
+
+def test_a_tensor_without_elements_is_not_a_matrix():
+    """``Linear(16, 0)``'s weight: ``reshape(0, -1)`` raised inside backward."""
+    assert as_matrix(torch.zeros(0, 16)) is None and as_matrix(torch.zeros(16, 0)) is None
+
+
+@pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
+def test_a_zero_column_of_a_kept_factor_is_drawn_afresh_the_same_way_every_time(algorithm):
+    alg = algorithm(rank=3)
+    factor = batch_of(2, 10, 3)
+    factor[1, :, 2] = 0
+    revived = alg.revived(factor, step=5)
+    assert torch.equal(revived[0], factor[0]) and torch.equal(revived[1, :, :2], factor[1, :, :2])
+    assert revived[1, :, 2].abs().min() > 0
+    assert torch.equal(revived, alg.revived(factor, step=5))
+    assert not torch.equal(revived, alg.revived(factor, step=6))
+    clean = batch_of(2, 10, 3)
+    assert alg.revived(clean, step=5) is clean
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"error_feedback": "no"}, TypeError, "error_feedback must be True or False"),
+        ({"warm_start": None}, TypeError, "warm_start must be True or False"),
+        ({"seed": None}, TypeError, "seed must be an int"),
+        ({"seed": 1.5}, TypeError, "seed must be an int"),
+        ({"seed": True}, TypeError, "seed must be an int"),
+        ({"seed": 1 << 63}, ValueError, r"seed must be in \[0, 2\*\*63\)"),
+        ({"seed": -1}, ValueError, "seed must be in"),
+        ({"min_compression_rate": "2"}, TypeError, "min_compression_rate must be a number"),
+    ],
+)
+@pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
+def test_bad_options_are_refused_naming_them(algorithm, options, error, message):
+    with pytest.raises(error, match=message):
+        algorithm(**options)
+
+
+def test_a_seed_near_the_largest_draws_without_overflow():
+    """``seed * 1_000_003 + step`` overflowed the generator's seed from 2**44 on."""
+    alg = PowerSGD(seed=(1 << 63) - 1, warm_start=False)
+    assert alg.draw((4, 2), step=7).shape == (4, 2)
+
+
+def test_a_reducer_refuses_a_group_that_is_not_one():
+    from commpress.lowrank import Reducer
+
+    with pytest.raises(TypeError, match="group must be a torch.distributed.ProcessGroup"):
+        Reducer(PowerSGD(), group="x")

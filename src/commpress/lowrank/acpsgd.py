@@ -4,7 +4,9 @@ Even steps keep ``Q`` from the last odd step, orthogonalize it locally (it is
 identical on every rank) and all-reduce ``P = M Q``; odd steps do the same with
 the roles swapped. One all-reduce per step, half of PowerSGD's, and each step
 warm-starts from the other factor. The kept factor is the same on every rank, so
-each rank's compression is a local projection and error feedback uses it.
+each rank's compression is a local projection and error feedback uses it. Without warm
+start, the kept factor is drawn afresh each step (the same on every rank): a random
+projection.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ class ACPSGD(LowRankAlgorithm):
 
     def initial_factors(self, n, m, generator) -> Factors:
         return {
-            "p": torch.randn(n, self.rank, generator=generator),
-            "q": torch.randn(m, self.rank, generator=generator),
+            "p": torch.randn(n, self.rank, generator=generator, dtype=torch.float32),
+            "q": torch.randn(m, self.rank, generator=generator, dtype=torch.float32),
         }
 
     def rounds(self, step: int) -> int:
         return 1
 
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
-        if step % 2 == 0:
-            factors["q"] = orthogonalize(factors["q"], self.orthogonalization)
-            factors["_local"] = times(matrices, factors["q"])
+        kept = "q" if step % 2 == 0 else "p"
+        if self.warm_start:
+            start = self.revived(factors[kept], step)
         else:
-            factors["p"] = orthogonalize(factors["p"], self.orthogonalization)
-            factors["_local"] = transposed_times(matrices, factors["p"])
+            start = self.draw(factors[kept].shape, step).to(factors[kept].device)
+        factors[kept] = orthogonalize(start, self.orthogonalization)
+        multiply = times if kept == "q" else transposed_times
+        factors["_local"] = multiply(matrices, factors[kept])
         return factors["_local"]
 
     def absorb(self, round_, step, total, factors, world_size) -> None:

@@ -16,10 +16,14 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from commpress.collectives.checks import check_flag
 from commpress.lowrank.operators import ORTHOGONALIZATIONS
 
 #: A batch's algorithm state: named factor tensors, each ``(b, rows, rank)``.
 Factors = dict[str, torch.Tensor]
+#: Seeds are at most this (``torch.Generator.manual_seed`` takes a signed 64-bit one).
+SEEDS = 1 << 63
+_STEP_SEEDS = 1_000_003  # draws per seed kept apart: step ``s`` of seed ``k`` is k * this + s
 
 
 class LowRankAlgorithm(ABC):
@@ -45,8 +49,18 @@ class LowRankAlgorithm(ABC):
             raise ValueError(f"rank must be an int of at least 1, got {rank!r}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"start_iter must be a non-negative int, got {start_iter!r}")
+        if isinstance(min_compression_rate, bool) or not isinstance(
+            min_compression_rate, (int, float)
+        ):
+            raise TypeError(f"min_compression_rate must be a number, got {min_compression_rate!r}")
         if not min_compression_rate >= 1:
             raise ValueError(f"min_compression_rate must be at least 1, got {min_compression_rate}")
+        check_flag(error_feedback, "error_feedback")
+        check_flag(warm_start, "warm_start")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        if not 0 <= seed < SEEDS:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
         if orthogonalization not in ORTHOGONALIZATIONS:
             raise ValueError(
                 f"unknown orthogonalization {orthogonalization!r}; known: {ORTHOGONALIZATIONS}"
@@ -55,6 +69,24 @@ class LowRankAlgorithm(ABC):
         self.min_compression_rate = float(min_compression_rate)
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.orthogonalization, self.seed = orthogonalization, seed
+
+    def draw(self, shape, step: int, purpose: int = 0) -> torch.Tensor:
+        """Gaussian fp32 numbers of ``shape`` for compressed step ``step``, the same on
+        every rank (``purpose`` keeps two draws of one step apart)."""
+        seed = (self.seed * _STEP_SEEDS + 2 * step + purpose) % SEEDS
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+    def revived(self, factor: torch.Tensor, step: int) -> torch.Tensor:
+        """``factor`` (``(b, rows, rank)``, the same on every rank) with each all-zero
+        column drawn afresh. A zero column of a warm-started factor stays zero for good
+        (``M @ 0 = 0``): a step whose gradient is zero, or of lower rank, would otherwise
+        switch the matrix off, or lower its rank, from then on."""
+        dead = (factor == 0).all(dim=1, keepdim=True)
+        if not bool(dead.any()):
+            return factor
+        fresh = self.draw(factor.shape, step, purpose=1).to(factor.device)
+        return torch.where(dead, fresh, factor.float())
 
     def compresses(self, n: int, m: int) -> bool:
         """Whether an ``n x m`` matrix is worth compressing at this rank."""

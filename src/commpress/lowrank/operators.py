@@ -16,8 +16,8 @@ _TINY = 1e-30
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
     """A view of a gradient as a matrix: linear ``(out, in)``, conv ``(out, in*kh*kw)``;
-    None for tensors with fewer than two dimensions (biases, norms)."""
-    if tensor.dim() < 2:
+    None for tensors with fewer than two dimensions (biases, norms) or no elements."""
+    if tensor.dim() < 2 or tensor.numel() == 0:
         return None
     return tensor.reshape(tensor.shape[0], -1)
 
@@ -25,9 +25,9 @@ def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
 def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch.Tensor:
     """Orthonormal columns spanning each matrix's columns, ``(b, n, r)`` with ``r <= n``.
 
-    Returns a new fp32 tensor. A zero column stays zero (it spans nothing);
-    ``cholesky`` falls back to Householder for matrices whose Gram matrix is too
-    ill-conditioned.
+    Returns a new fp32 tensor. A zero column stays zero (it spans nothing), and so
+    becomes one whose norm is below :data:`_TINY`; ``cholesky`` falls back to Householder
+    for matrices whose Gram matrix is too ill-conditioned.
     """
     if method not in ORTHOGONALIZATIONS:
         raise ValueError(f"unknown orthogonalization {method!r}; known: {ORTHOGONALIZATIONS}")
@@ -53,8 +53,11 @@ def _gram_schmidt(matrices: torch.Tensor) -> torch.Tensor:
         if column:
             previous = result[:, :, :column]
             current -= previous @ (previous.transpose(1, 2) @ current)
-        norm = current.norm(dim=1, keepdim=True)
-        current /= torch.where(norm > _TINY, norm, torch.ones_like(norm))
+        # in float64: the squares of fp32 values below about 1e-19 underflow in fp32
+        norm = current.double().norm(dim=1, keepdim=True)
+        spans = ~(norm <= _TINY)  # a NaN norm spans: the NaN reaches the column
+        current /= torch.where(spans, norm, torch.ones_like(norm)).float()
+        current.masked_fill_(~spans, 0.0)
     return result
 
 

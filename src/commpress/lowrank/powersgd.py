@@ -16,17 +16,17 @@ class PowerSGD(LowRankAlgorithm):
     name = "powersgd"
 
     def initial_factors(self, n, m, generator) -> Factors:
-        return {"q": torch.randn(m, self.rank, generator=generator)}
+        return {"q": torch.randn(m, self.rank, generator=generator, dtype=torch.float32)}
 
     def rounds(self, step: int) -> int:
         return 2
 
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
         if round_ == 0:
-            if not self.warm_start:  # a fresh Q, the same on every rank
-                fresh = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-                q = torch.randn(factors["q"].shape, generator=fresh)
-                factors["q"] = q.to(factors["q"].device)
+            if self.warm_start:
+                factors["q"] = self.revived(factors["q"], step)
+            else:  # a fresh Q, the same on every rank
+                factors["q"] = self.draw(factors["q"].shape, step).to(factors["q"].device)
             return times(matrices, factors["q"])
         return transposed_times(matrices, factors["p"])
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.collectives.checks import check_timeout
+from commpress.collectives.checks import check_group, check_timeout
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.schedules import wire_bytes
@@ -82,6 +82,7 @@ class Reducer:
         it raises (default: the process group's)."""
         if not isinstance(algorithm, LowRankAlgorithm):
             raise TypeError(f"algorithm must be a LowRankAlgorithm, got {type(algorithm).__name__}")
+        check_group(group, member=True)
         check_timeout(timeout)
         self.algorithm, self.group, self.timeout = algorithm, group, timeout
         self.step = 0
@@ -119,6 +120,10 @@ class Reducer:
         for key, gradient in gradients:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
+        keys = [key for key, _ in gradients]
+        if len(set(keys)) != len(keys):
+            repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
+            raise ValueError(f"gradients: keys {', '.join(repeated)} given twice (one state each)")
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
             return UncompressedPart(self, [g for _, g in gradients], world_size)
@@ -192,7 +197,7 @@ class Reducer:
         on the project's VM made a step of a 13M-parameter model 0.3 s slower."""
         key = (name, tuple(shape), slot, device)
         if key not in self._buffers:
-            self._buffers[key] = torch.empty(shape, device=device)
+            self._buffers[key] = torch.empty(shape, device=device, dtype=FP32)
         return self._buffers[key]
 
     def _state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
@@ -203,9 +208,9 @@ class Reducer:
     def _fresh_state(self, n: int, m: int, device) -> dict[str, torch.Tensor]:
         """Drawn on the CPU (the same numbers on every rank), kept on ``device``."""
         factors = self.algorithm.initial_factors(n, m, self._generator)
-        state = {name: factor.to(device) for name, factor in factors.items()}
+        state = {name: factor.to(device, FP32) for name, factor in factors.items()}
         if self.algorithm.error_feedback:
-            state["error"] = torch.zeros(n, m, device=device)
+            state["error"] = torch.zeros(n, m, device=device, dtype=FP32)
         return state
 
     def _lap(self, stage: str, since: float) -> None:
@@ -219,6 +224,7 @@ class Reducer:
         return {
             "algorithm": self.algorithm.name,
             "rank": self.algorithm.rank,
+            "error_feedback": self.algorithm.error_feedback,
             "step": self.step,
             "generator": self._generator.get_state(),
             "states": {k: {n: t.clone() for n, t in s.items()} for k, s in self.states.items()},
@@ -229,6 +235,14 @@ class Reducer:
             raise ValueError(
                 f"checkpoint is for {state['algorithm']} rank {state['rank']}, this reducer "
                 f"runs {self.algorithm.name} rank {self.algorithm.rank}"
+            )
+        saved = state["states"]
+        # checkpoints before the flag was saved: error feedback keeps an "error" per state
+        fed_back = state.get("error_feedback", any("error" in s for s in saved.values()))
+        if saved and fed_back != self.algorithm.error_feedback:
+            raise ValueError(
+                f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
+                f"error_feedback={self.algorithm.error_feedback}"
             )
         self.step = state["step"]
         self._generator.set_state(state["generator"])
