@@ -80,6 +80,26 @@ def test_low_rank_runs_are_ddp_only_and_checked_early(capsys):
     assert "rank must be an int of at least 1" in capsys.readouterr().err
 
 
+def test_torch_powersgd_gets_every_option_or_refuses_it():
+    """Only ``rank`` and ``start_iter`` reached torch's hook (the rest were dropped, and a
+    ``start_iter`` below 2 raised to 2, silently)."""
+    from commpress.train.loop import torch_powersgd_state
+
+    state = torch_powersgd_state(
+        "torch-powersgd:rank=3,start_iter=5,error_feedback=false,warm_start=false,seed=7,"
+        "min_compression_rate=4"
+    )
+    assert state == {"matrix_approximation_rank": 3, "start_powerSGD_iter": 5,
+                     "min_compression_rate": 4.0, "use_error_feedback": False,
+                     "warm_start": False, "random_seed": 7}  # fmt: skip
+    for spec, message in (
+        ("torch-powersgd:orthogonalization=householder", "Gram-Schmidt only"),
+        ("torch-powersgd:start_iter=1", "start_iter of at least 2"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Run.parse(spec, "ddp")
+
+
 def test_run_labels_parse_into_specs():
     assert Run.parse("int8", "fsdp") == Run("int8", "int8", "int8")
     assert Run.parse("none/int4@alltoall", "fsdp") == Run(

@@ -49,6 +49,8 @@ class Run:
             spec, _, mode = text.partition("@")
             if mode not in ("", "serial"):
                 raise ValueError(f"--compare {text!r}: only @serial may follow a low-rank spec")
+            if name == TORCH_POWERSGD:
+                torch_powersgd_state(spec)  # options torch's hook cannot honour are refused
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE, spec, mode != "serial")
         gather, slash, scatter = text.partition("/")
         if strategy == "ddp" and slash:
@@ -145,16 +147,37 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
     return model, [compression.all_gather, compression.reduce_scatter]
 
 
+def torch_powersgd_state(spec: str) -> dict:
+    """``torch-powersgd:OPTIONS`` as the arguments of torch's ``PowerSGDState``: every
+    option of ``powersgd`` but an orthogonalization other than Gram-Schmidt (torch's only
+    one), and a ``start_iter`` below 2 with error feedback or warm start (torch requires
+    it)."""
+    algorithm = cp.lowrank.get_algorithm("powersgd" + spec.removeprefix(TORCH_POWERSGD))
+    if algorithm.orthogonalization != "gram-schmidt":
+        raise ValueError(
+            f"--compare {spec!r}: torch's PowerSGD orthogonalizes by Gram-Schmidt only, "
+            f"not {algorithm.orthogonalization!r}"
+        )
+    if algorithm.start_iter < 2 and (algorithm.error_feedback or algorithm.warm_start):
+        raise ValueError(
+            f"--compare {spec!r}: torch's PowerSGD needs start_iter of at least 2 with "
+            "error feedback or warm start"
+        )
+    return {
+        "matrix_approximation_rank": algorithm.rank,
+        "start_powerSGD_iter": algorithm.start_iter,
+        "min_compression_rate": algorithm.min_compression_rate,
+        "use_error_feedback": algorithm.error_feedback,
+        "warm_start": algorithm.warm_start,
+        "random_seed": algorithm.seed,
+    }
+
+
 def _torch_powersgd(ddp, spec: str) -> list:
     """torch's own PowerSGD hook, for comparison (on gloo it may hang or abort)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    rank = cp.lowrank.get_algorithm(spec.removeprefix("torch-"))
-    state = powerSGD_hook.PowerSGDState(
-        process_group=None,
-        matrix_approximation_rank=rank.rank,
-        start_powerSGD_iter=max(2, rank.start_iter),
-    )
+    state = powerSGD_hook.PowerSGDState(process_group=None, **torch_powersgd_state(spec))
     ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return []
 
