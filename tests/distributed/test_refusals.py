@@ -233,3 +233,25 @@ def test_a_rank_outside_the_group_does_nothing_as_torch_does():
     for rank in (0, 1):
         for name, (_, warned) in results[rank].items():
             assert not any("not in the group" in message for message in warned), (rank, name)
+
+
+def _one_rank_with_bad_multicast_options(rank, world_size):
+    import os
+
+    from commpress.transport import multicast
+
+    if rank == 1:
+        os.environ[multicast.ENVIRONMENT] = "loss=2"
+    try:
+        multicast.channel_for(None)
+    except Exception as error:  # noqa: BLE001 - the test looks at what each rank raised
+        return type(error).__name__, str(error)
+    return None
+
+
+def test_one_rank_with_bad_multicast_options_makes_every_rank_raise():
+    """Only the rank with the bad option raised; the others waited in the channel's set-up
+    for the process group's timeout (30 minutes by default)."""
+    for name, message in run_distributed(_one_rank_with_bad_multicast_options, 3, timeout=60):
+        assert name == "MulticastSetupError"
+        assert "rank 1: COMMPRESS_MULTICAST: loss must be a probability" in message

@@ -486,6 +486,7 @@ def test_without_repairs_loss_is_caught():
         (dict(burst_s=-1), "burst_s"),
         (dict(burst_s=math.inf), "burst_s"),
         (dict(ttl=0), "ttl"),
+        (dict(ttl=256), "ttl must be at most 255"),
         (dict(uplink_bits=0), "uplink_bits"),
     ],
 )
@@ -718,3 +719,40 @@ def test_a_channel_refuses_operation_ids_that_do_not_increase():
     assert channel.operation_id(OPERATION_IDS + 7) == 7
     with pytest.raises(ValueError, match="must increase"):
         channel.operation_id(6)
+
+
+@pytest.mark.parametrize(
+    "group, message",
+    [
+        ("239.255.3.3:70000", r"PORT in \[1, 65535\]"),
+        ("239.255.3.3:0", r"PORT in \[1, 65535\]"),
+        ("239.255.3.3:x", "must be a multicast ADDRESS:PORT"),
+        ("10.0.0.1:45000", "must be a multicast ADDRESS:PORT"),
+        ("nonsense:45000", "must be a multicast ADDRESS:PORT"),
+    ],
+)
+def test_a_bad_fixed_multicast_group_is_named(monkeypatch, group, message):
+    """Port 70000 raised a bare OverflowError from bind on every rank; port 0 failed some
+    ranks' sends and left the others waiting for broadcasts that never came."""
+    from commpress.transport.multicast import _choose_group
+
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", group)
+    with pytest.raises(ValueError, match=f"COMMPRESS_MULTICAST_GROUP.*{message}"):
+        _choose_group(0, owner=0)
+
+
+def test_a_fixed_multicast_group_keeps_channels_apart_by_port_or_number(monkeypatch):
+    """Two groups of one process differ in port; disjoint subgroups at the same index (rank
+    0 in different processes) in channel number, where a random number separated them only
+    by chance (and an index that pushes the port past 65535 is refused)."""
+    from commpress.transport.multicast import _choose_group
+
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:47000")
+    first, second = _choose_group(0, owner=0), _choose_group(1, owner=0)
+    assert first[0] != second[0] and first[1] == second[1]
+    apart = _choose_group(0, owner=3)
+    assert apart[0] == first[0] and apart[1] != first[1]
+    assert _choose_group(0, owner=3) == apart  # the same on every call: nothing random
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:65535")
+    with pytest.raises(ValueError, match="would use port 65536"):
+        _choose_group(1, owner=0)

@@ -54,6 +54,8 @@ _ENV_KEYS = {
     "burst": ("burst_s", float),
 }
 MAX_RANKS = 2**16 - 1  # ranks are 16-bit fields of the datagram header
+CHANNELS = 2**16 - 1  # channel numbers 1 to this: a 16-bit field of the header, 0 unused
+MAX_PORT = 65535
 _channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _configured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _default: Options | None = None
@@ -99,10 +101,13 @@ def channel_for(group: dist.ProcessGroup | None) -> Channel:
     group = _group(group)
     channel = _channels.get(group)
     if channel is None:
-        options = _configured.get(group, _default)
+        options, problem = _configured.get(group, _default), None
         if options is None:
-            options = options_from_text(os.environ.get(ENVIRONMENT, ""))
-        channel = _channels[group] = Channel(group, options)
+            try:
+                options = options_from_text(os.environ.get(ENVIRONMENT, ""))
+            except (TypeError, ValueError) as error:  # every rank must hear of it, not wait
+                problem = f"{ENVIRONMENT}: {error}"
+        channel = _channels[group] = Channel(group, options, problem)
     return channel
 
 
@@ -111,7 +116,8 @@ class Channel:
     up at once (two all-gathers of small objects on ``group``); its thread and sockets go
     when it is garbage-collected, closed, or at exit."""
 
-    def __init__(self, group: dist.ProcessGroup, options: Options):
+    def __init__(self, group: dist.ProcessGroup, options: Options, problem: str | None = None):
+        """``problem``: why this rank has no options (every rank raises it)."""
         global _created
         self.options = options
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -121,10 +127,13 @@ class Channel:
             )
         self._last_operation: int | None = None
         index, _created = _created, _created + 1  # the same on every rank: set up collectively
-        local, chosen, failure = None, None, None
+        local, chosen = None, None
+        failure = None if problem is None else f"rank {self.rank}: {problem}"
         try:
-            local = _local_address()
-            chosen = _choose_group(index) if self.rank == 0 else None
+            if problem is None:
+                local = _local_address()
+                owner = dist.get_global_rank(group, 0)
+                chosen = _choose_group(index, owner) if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = f"rank {self.rank}: {error}"
         addresses = [None] * self.world_size
@@ -270,20 +279,33 @@ def _local_address() -> str:
     return route_source(master)
 
 
-def _choose_group(index: int) -> tuple[tuple[str, int], int]:
+def _choose_group(index: int, owner: int) -> tuple[tuple[str, int], int]:
     """``((address, port), channel number)``: COMMPRESS_MULTICAST_GROUP's address and its port
-    + ``index`` (the process's ``index``-th channel), else random."""
+    + ``index`` (the process's ``index``-th channel), else random. ``owner``: the global
+    rank of the process choosing (the group's rank 0). With a fixed group, the channel
+    number is ``owner``'s: two groups whose rank 0 is one process differ in port, two
+    whose rank 0s differ (disjoint subgroups, at the same index) in channel number, so
+    neither takes the other's datagrams (a random number told them apart only by chance)."""
     chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
     rng = random.SystemRandom()
-    channel = rng.randrange(1, 2**16)  # the header holds 16 bits
+    channel = rng.randrange(1, CHANNELS + 1)
     if chosen:
         address, _, port = chosen.rpartition(":")
-        if not ipaddress.ip_address(address).is_multicast or not port.isdigit():
+        try:
+            multicast = ipaddress.ip_address(address).is_multicast
+        except ValueError:
+            multicast = False
+        if not multicast or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
             raise ValueError(
                 f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be a multicast ADDRESS:PORT, "
-                "e.g. 239.255.12.34:45000"
+                f"PORT in [1, {MAX_PORT}], e.g. 239.255.12.34:45000"
             )
-        return (address, int(port) + index), channel
+        if int(port) + index > MAX_PORT:
+            raise ValueError(
+                f"COMMPRESS_MULTICAST_GROUP={chosen!r}: this process's channel {index} would "
+                f"use port {int(port) + index}, above {MAX_PORT}; choose a lower PORT"
+            )
+        return (address, int(port) + index), 1 + owner % CHANNELS
     return (
         f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
         rng.randrange(40000, 60000),

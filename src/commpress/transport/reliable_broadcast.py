@@ -118,6 +118,9 @@ class Network(Protocol):
     def close(self) -> None: ...
 
 
+MAX_TTL = 255
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """How broadcasts are paced and how much loss is injected; every rank must agree."""
@@ -145,6 +148,8 @@ class Options:
             or self.uplink_bits < 1
         ):
             raise ValueError(f"uplink_bits must be a positive int, got {self.uplink_bits!r}")
+        if self.ttl > MAX_TTL:
+            raise ValueError(f"ttl must be at most {MAX_TTL} (an 8-bit field), got {self.ttl}")
         if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
         for name in ("retry_s", "burst_s"):
