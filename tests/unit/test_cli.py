@@ -391,3 +391,46 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
     assert torch_dtype("bfloat16") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype must be one of.*'float'.*got 'double'"):
         torch_dtype("double")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "-b", "infK"], "invalid byte_size value: 'infK'"),
+        (["bench", "-b", "1e400K"], "invalid byte_size value"),
+        (["sim", "--size", "infK"], "sizes are bytes"),
+        (["sim", "--nodes", "8,8"], "'8,8' names 8 twice"),
+        (["sim", "--codec", "int8,none,int8"], "names int8 twice"),
+        (["bench", "--algorithm", "ring,ring"], "names ring twice"),
+        (["launch", "--hosts", "2", "--port", "70000", "--", "true"], "invalid port value"),
+        (["launch", "--hosts", "2", "--port", "0", "--", "true"], "invalid port value"),
+        (["sim", "--latency-us", "inf"], "latency_s out of range: inf"),
+        (["sim", "--message-us", "inf"], "message_s out of range: inf"),
+        (["train", "--lr", "inf"], "learning rate must be positive and finite"),
+        (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
+        (["codecs", "--codec", "none", "--codec", "none"], "--codec none given twice"),
+    ],
+)
+def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
+    """From a bug hunt: infinite sizes were tracebacks (OverflowError), repeated list
+    entries repeated rows, a port above 65535 failed in every rank, infinite latencies
+    and learning rates ran (to inf, to NaN)."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_checks_its_output_folder_before_training(tmp_path, capsys):
+    """``--out`` naming a file failed only after the whole run, losing its results."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(a_file)])
+    assert exit_info.value.code == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--out", str(a_file / "below")])
+    assert "is not a writable folder" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from commpress.units import check_seconds
@@ -63,7 +64,10 @@ def byte_size(text: str) -> int:
     """``1048576``, ``64K``, ``1M``, ``2G`` (an optional trailing B), at least 1."""
     cleaned = text.strip().upper().removesuffix("B")
     if cleaned and cleaned[-1] in UNITS:
-        value = int(float(cleaned[:-1]) * UNITS[cleaned[-1]])
+        number = float(cleaned[:-1]) * UNITS[cleaned[-1]]
+        if not math.isfinite(number):  # int() of it raises OverflowError, which argparse misses
+            raise ValueError(f"must be a finite number of bytes, got {text!r}")
+        value = int(number)
     else:
         value = int(cleaned)
     if value < 1:
@@ -72,10 +76,22 @@ def byte_size(text: str) -> int:
 
 
 def comma_list(text: str) -> list[str]:
+    """``a,b,c``: at least one item, none twice (a repeated one would only repeat rows)."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ValueError("must name at least one item")
+    repeated = sorted({item for item in items if items.count(item) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(repeated)} twice")
     return items
+
+
+def port(text: str) -> int:
+    """A TCP or UDP port, 1 to 65535."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError(f"must be a port in [1, 65535], got {value}")
+    return value
 
 
 def dtype_list(text: str) -> list[str]:
@@ -88,6 +104,21 @@ def dtype_list(text: str) -> list[str]:
     if len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"a dtype named twice in {text!r}")
     return names
+
+
+def output_folder(text: str) -> str:
+    """A folder the command will write into once it has run: one that exists, or one it
+    can make (its nearest existing parent a writable folder), checked now so that a long
+    run does not end in an error that loses its results."""
+    path = os.path.abspath(text)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a writable folder")
+    return text
 
 
 def output_path(text: str) -> str:

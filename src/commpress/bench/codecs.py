@@ -116,6 +116,9 @@ def main(args) -> int:
     specs = args.codec or available_default_codecs()
     for spec in specs:
         get_codec(spec)  # fail on a bad spec before minutes of benchmarking
+    repeated = sorted({spec for spec in specs if specs.count(spec) > 1})
+    if repeated:
+        raise ValueError(f"--codec {', '.join(repeated)} given twice")
     torch.set_num_threads(args.threads)
     rows = run(specs, args.numel, args.repeats, args.seed)
     print(summary(args, rows[0]))

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from commpress.bench.arguments import positive_int, seconds
+from commpress.bench.arguments import port, positive_int, seconds
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import DEFAULT_PREFIX, Layout
@@ -140,7 +140,7 @@ def cluster_status(args) -> int:
 def add_launch_arguments(parser) -> None:
     add_link_arguments(parser, required=False)
     parser.add_argument("--nproc-per-host", type=positive_int, default=1, help="ranks per host (1)")
-    parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT, help="rendezvous port")
+    parser.add_argument("--port", type=port, default=DEFAULT_PORT, help="rendezvous port")
     parser.add_argument("--timeout", type=seconds, help="stop every rank after this many seconds")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="-- the program to run and its arguments"

@@ -154,6 +154,8 @@ def codec_speeds(path) -> dict:
         both = row["encode_gbps"], row["decode_gbps"]
         if not all(isinstance(v, (int, float)) and 0 < v < math.inf for v in both):
             raise ValueError(f"{path}: row {index}: encode_gbps and decode_gbps must be positive")
+        if not isinstance(row["codec"], str):
+            raise ValueError(f"{path}: row {index}: codec must be a spec string")
         speeds[row["codec"]] = (both[0] * 1e9, both[1] * 1e9)
     return speeds
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from commpress.bench import report
-from commpress.bench.arguments import output_path, positive_int, seconds
+from commpress.bench.arguments import output_folder, output_path, positive_int, seconds
 from commpress.cluster.commands import (
     add_link_arguments,
     check_multicast_on_cluster,
@@ -228,7 +228,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--nprocs", type=positive_int, default=2, help="local processes (2)")
     add_link_arguments(parser, required=False)
     parser.add_argument("--timeout", type=seconds, default=3600.0, help="seconds for the job")
-    parser.add_argument("--out", default="train-results", help="folder for CSV, JSON, PNG")
+    parser.add_argument(
+        "--out", type=output_folder, default="train-results", help="folder for CSV, JSON, PNG"
+    )
     parser.add_argument(
         "--markdown", type=output_path, metavar="PATH", help="also write the table as markdown"
     )

@@ -90,8 +90,12 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {known}, got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ValueError(f"learning rate must be positive, got {self.learning_rate}")
+        if self.learning_rate is not None and not 0 < self.learning_rate < math.inf:
+            raise ValueError(f"learning rate must be positive and finite, got {self.learning_rate}")
+        labels = [run.label for run in self.runs]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"--compare names {', '.join(repeated)} twice")
 
     @property
     def lr(self) -> float:
