@@ -46,7 +46,9 @@ def test_a_rate_of_a_fraction_of_a_bit_is_refused_not_truncated(text):
         parse_rate_bits(text, "uplink")
 
 
-@pytest.mark.parametrize("text", ["1gbyte", "fast", "", "gbit", "-1gbit", "1 g bit", "999kbit"])
+@pytest.mark.parametrize(
+    "text", ["1gbyte", "fast", "", "gbit", "-1gbit", "1 g bit", "999kbit", "100tbit"]
+)
 def test_bad_rates_are_value_errors_naming_the_value(text):
     with pytest.raises(ValueError, match="link rate"):
         parse_rate(text)

@@ -8,6 +8,7 @@ from commpress.units import RATE_UNITS, parse_quantity, parse_rate_bits
 
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 MIN_RATE_BITS = 10**6  # tbf's burst arithmetic is coarse below about 1 Mbit/s
+MAX_RATE_BITS = 10**13  # tc takes a burst of at most 4 GiB: one millisecond of 34 Tbit/s
 MIN_MTU, MAX_MTU = 576, 65535
 BURST_SECONDS = 1e-3  # the token bucket holds one millisecond of line rate...
 MIN_BURST_BYTES = 64 << 10  # ...but never less than this (a few full-size frames)
@@ -17,9 +18,15 @@ QUEUE_SECONDS = 0.05  # how long a packet may wait in the shaper before it is dr
 def parse_rate(text: str) -> int:
     """``"1gbit"``, ``"100mbit"``, ``"2.5gbit"`` -> bits per second (SI units, as tc's)."""
     bits = parse_rate_bits(text, "link rate")
-    if bits < MIN_RATE_BITS:
-        raise ValueError(f"link rate {text!r} is below the minimum of 1mbit")
+    _check_rate(bits, repr(text))
     return bits
+
+
+def _check_rate(bits: int, shown: str) -> None:
+    if bits < MIN_RATE_BITS:
+        raise ValueError(f"link rate {shown} is below the minimum of 1mbit")
+    if bits > MAX_RATE_BITS:
+        raise ValueError(f"link rate {shown} is above the maximum of 10tbit")
 
 
 def parse_delay(text: str) -> float:
@@ -54,8 +61,8 @@ class Link:
         rate_bits = rate if isinstance(rate, int) and not isinstance(rate, bool) else None
         if rate_bits is None:
             rate_bits = parse_rate(rate)
-        elif rate_bits < MIN_RATE_BITS:
-            raise ValueError(f"link rate {rate} bit/s is below the minimum of 1mbit")
+        else:
+            _check_rate(rate_bits, f"{rate} bit/s")
         if isinstance(mtu, bool) or not isinstance(mtu, int):
             raise TypeError(f"mtu must be an int, got {mtu!r}")
         if not MIN_MTU <= mtu <= MAX_MTU:
