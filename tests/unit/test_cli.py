@@ -409,6 +409,10 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
         (["codecs", "--codec", "none", "--codec", "none"], "--codec none given twice"),
+        (
+            ["bench", "--algorithm", "ring", "--loss", "0.5"],
+            "--loss 0.5: for --algorithm multicast",
+        ),
     ],
 )
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
