@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
@@ -110,3 +111,32 @@ def test_a_dead_peer_raises_on_every_other_rank():
     for rank in (0, 2):
         kind, elapsed = results[rank]
         assert kind != "no error" and elapsed < 25, (rank, kind, elapsed)
+
+
+def _under_inference_mode(rank, world_size):
+    """Each op on tensors made under inference mode, against torch's on the same inputs
+    (integers: exact with `none`), then a call outside it."""
+    with torch.inference_mode():
+        shard = torch.arange(6, dtype=torch.float32) + 10 * rank
+        whole = torch.arange(6 * world_size, dtype=torch.float32) * (rank + 1)
+        gathered, expected = torch.empty(6 * world_size), torch.empty(6 * world_size)
+        cp.all_gather_into_tensor(gathered, shard, codec="none")
+        dist.all_gather_into_tensor(expected, shard)
+        reduced, reference = torch.empty(6), torch.empty(6)
+        cp.reduce_scatter_tensor(reduced, whole, codec="none")
+        dist.reduce_scatter_tensor(reference, whole)
+        summed = whole.clone()
+        cp.all_reduce(summed, codec="none")
+        total = whole.clone()
+        dist.all_reduce(total)
+    after = torch.empty(6 * world_size)
+    cp.all_gather_into_tensor(after, torch.arange(6, dtype=torch.float32), codec="none")
+    same = torch.equal(gathered, expected) and torch.equal(reduced, reference)
+    return same and torch.equal(summed, total), after.tolist()
+
+
+def test_tensors_made_under_inference_mode_are_written_as_torch_writes_them():
+    """The communication thread is not under the caller's inference mode: every op raised
+    "Inplace update to inference tensor outside InferenceMode" after communicating."""
+    for same, after in run_distributed(_under_inference_mode, 2, timeout=120):
+        assert same and after == list(range(6)) * 2

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -84,6 +85,48 @@ def test_a_rank_that_dies_fails_the_run_with_its_exit_code():
     with pytest.raises(DistributedError, match="rank 1 died with exit code 3"):
         run_distributed(_exit_on_rank_one, 2, timeout=60)
     assert run_distributed(_exit_on_rank_one, 2, timeout=60, allow_dead=True) == [0, None]
+
+
+def _killed_between_collectives(rank, world_size):
+    import signal
+
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()  # rank 0 fails here: its peer is gone
+    return rank
+
+
+def test_a_peer_killed_is_named_ahead_of_the_error_it_caused():
+    """Only rank 0's "connection closed" was reported, not that rank 1 had been killed."""
+    with pytest.raises(DistributedError, match="(?s)rank 1 died with exit code -9.*rank 0"):
+        run_distributed(_killed_between_collectives, 2, timeout=60)
+
+
+def _exit_quietly_on_rank_one(rank, world_size):
+    if rank == 1:
+        os._exit(0)
+    return rank
+
+
+def test_a_rank_that_ends_without_a_result_fails_the_run_at_once():
+    """It waited out the whole timeout, then said the rank had not finished."""
+    started = time.monotonic()
+    with pytest.raises(DistributedError, match="rank 1 ended .exit code 0. without reporting"):
+        run_distributed(_exit_quietly_on_rank_one, 2, timeout=60)
+    assert time.monotonic() - started < 30
+
+
+def _children_of_a_rank(rank, world_size):
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=4, num_workers=1)
+    return [batch.tolist() for batch in loader]
+
+
+def test_a_rank_may_start_processes_of_its_own():
+    """Ranks were daemonic, which may not have children: a DataLoader with workers failed."""
+    assert (
+        run_distributed(_children_of_a_rank, 2, timeout=120) == [[[0, 1, 2, 3], [4, 5, 6, 7]]] * 2
+    )
 
 
 def test_tensors_in_the_arguments_reach_every_rank_whatever_their_number():

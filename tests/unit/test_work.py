@@ -52,3 +52,32 @@ def test_a_synchronous_collective_called_on_the_communication_thread_raises_not_
     assert thread.startswith("commpress") and "communication thread" in error
     # an asynchronous one from there is queued as usual, and this thread may still wait
     assert launch(lambda: None, async_op=True).wait()
+
+
+def test_waiting_on_the_communication_thread_for_a_later_collective_raises_not_hangs():
+    """A callback of one collective's future that waits for a collective queued after it
+    (on the same single thread) waited forever."""
+    release, outcome = threading.Event(), concurrent.futures.Future()
+    first = launch(lambda: release.wait(10), async_op=True)
+    later = launch(lambda: None, async_op=True)
+
+    def callback(_):
+        try:
+            later.wait()
+        except RuntimeError as error:
+            outcome.set_result(str(error))
+        else:
+            outcome.set_result(None)
+
+    first._future.add_done_callback(callback)
+    release.set()
+    assert "has not finished, called on commpress's communication thread" in outcome.result(10)
+    assert later.wait()  # from this thread, as usual
+
+
+def test_a_failing_before_fails_the_future_instead_of_leaving_it_pending():
+    done = concurrent.futures.Future()
+    future = CollectiveWork(done).torch_future(torch.zeros(1), before=lambda: 1 / 0)
+    done.set_result(None)
+    with pytest.raises(ZeroDivisionError):
+        future.wait()

@@ -128,7 +128,9 @@ def run_ranks(
             context.Process(
                 target=_worker,
                 args=(call, rank, world_size, store, backend, timeout, results, env, place, caller),
-                daemon=True,
+                # not daemonic, so that a rank may start processes of its own (a DataLoader's
+                # workers); every rank still ends with this call or with its caller
+                daemon=False,
             )
             for rank, (env, place) in enumerate(zip(environments, places, strict=True))
         ]
@@ -185,15 +187,31 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
                 raise DistributedError(
                     f"ranks {missing} did not finish within {timeout} s"
                 ) from None
-            for rank, process in enumerate(processes):
-                if rank not in values and process.exitcode not in (None, 0):
-                    if not allow_dead:
-                        raise DistributedError(
-                            f"rank {rank} died with exit code {process.exitcode}"
-                        ) from None
-                    dead.add(rank)
+            for rank, ended in _ended_unreported(processes, values, dead):
+                if not allow_dead:
+                    raise DistributedError(ended) from None
+                dead.add(rank)
             continue
-        if not ok:
-            raise DistributedError(f"rank {rank} failed:\n{value}")
+        if not ok:  # the cause may be a rank that died first: named ahead of this report
+            before = [ended for _, ended in _ended_unreported(processes, values, dead, rank)]
+            raise DistributedError("".join(f"{ended}; " for ended in before) +
+                                   f"rank {rank} failed:\n{value}")  # fmt: skip
         values[rank] = torch.load(io.BytesIO(value), weights_only=False)
     return [values.get(rank) for rank in range(len(processes))]
+
+
+def _ended_unreported(processes, values, dead, failed=None) -> list[tuple[int, str]]:
+    """``(rank, what happened)`` of each rank that has ended without a report on the queue
+    (but ``failed``, whose report is a failure): killed, failed to start, or ended with
+    exit code 0 without reporting (the queue holds nothing more when this is asked, after
+    a poll that found it empty, or after a failure, whose cause it names)."""
+    ended = []
+    for rank, process in enumerate(processes):
+        code = process.exitcode
+        if rank in values or rank in dead or rank == failed or code is None:
+            continue
+        if code == 0:
+            ended.append((rank, f"rank {rank} ended (exit code 0) without reporting a result"))
+        else:
+            ended.append((rank, f"rank {rank} died with exit code {code}"))
+    return ended

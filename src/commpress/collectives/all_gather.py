@@ -36,7 +36,7 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
-from commpress.collectives.work import launch
+from commpress.collectives.work import launch, writable, write_into
 from commpress.schedules import algorithms, plan
 from commpress.transport import collective
 from commpress.transport.p2p import wait
@@ -81,9 +81,12 @@ def all_gather_into_tensor(
     codec.check_dtype(inp.dtype, "inp.dtype")
     check_same_result_on_every_rank(codec, algorithm)
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
+    written = writable(out)
 
     def run() -> None:
-        gather(out, inp, group, codec, algorithm, timeout, fingerprint)
+        gather(written, inp, group, codec, algorithm, timeout, fingerprint)
+        if written is not out:
+            write_into(out, written)
 
     return launch(run, async_op, (out, inp))
 

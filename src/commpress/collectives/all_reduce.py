@@ -24,7 +24,7 @@ from commpress.collectives.checks import (
 )
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
-from commpress.collectives.work import launch
+from commpress.collectives.work import launch, write_into
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
@@ -84,6 +84,6 @@ def all_reduce(
             "all_reduce.gathered", world_size * chunk, total.dtype, total.device
         )
         gather(gathered, total, group, codec, gather_algorithm, timeout)
-        tensor.view(-1).copy_(gathered[:numel])
+        write_into(tensor.view(-1), gathered[:numel])
 
     return launch(run, async_op, (tensor,))

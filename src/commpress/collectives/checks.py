@@ -163,3 +163,8 @@ def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
             f"residual must be a contiguous float32 tensor of inp's size ({inp.numel()}) on "
             f"{inp.device}, got {residual.dtype} of {residual.numel()} on {residual.device}"
         )
+    if residual.is_inference():
+        raise ValueError(
+            "residual was made under torch.inference_mode: error feedback is training "
+            "state, which the collective updates in place; make it outside inference mode"
+        )

@@ -43,7 +43,7 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
-from commpress.collectives.work import launch
+from commpress.collectives.work import launch, write_into
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
 from commpress.transport import collective
 from commpress.transport.p2p import wait
@@ -103,7 +103,7 @@ def reduce_scatter_tensor(
         total = reduce(inp, group, codec, algorithm, chunk_bytes, timeout, fingerprint, residual)
         if op == dist.ReduceOp.AVG:
             total /= world_size
-        out.view(-1).copy_(total)
+        write_into(out.view(-1), total)
 
     return launch(run, async_op, (out, inp) if residual is None else (out, inp, residual))
 

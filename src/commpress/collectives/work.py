@@ -86,6 +86,13 @@ class CollectiveWork:
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         check_timeout(timeout)
+        if getattr(_on_comm_thread, "active", False) and not self._future.done():
+            raise RuntimeError(
+                "wait() on a commpress collective that has not finished, called on "
+                "commpress's communication thread (from a callback of another collective's "
+                "future, say): it is queued behind this callback and would never finish; "
+                "wait from another thread"
+            )
         seconds = None if timeout is None else timeout.total_seconds()
         try:
             self._future.result(timeout=seconds)
@@ -117,9 +124,12 @@ class CollectiveWork:
         future = torch.futures.Future(devices=[order.device]) if order else torch.futures.Future()
 
         def complete(done: concurrent.futures.Future) -> None:
-            if before is not None:
-                before()
             error = done.exception()
+            if before is not None:
+                try:
+                    before()
+                except Exception as failure:  # noqa: BLE001 - a waiter must hear of it
+                    error = error or failure
             if error is not None:
                 future.set_exception(error)
                 return
@@ -131,6 +141,22 @@ class CollectiveWork:
 
         self._future.add_done_callback(complete)
         return future
+
+
+def writable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or where a collective may write in place for it: inference mode is the
+    calling thread's, and only under it may a tensor made under it be written in place, so
+    for such a tensor a fresh one (copy the result in with :func:`write_into`)."""
+    if not tensor.is_inference():
+        return tensor
+    with torch.inference_mode(False):
+        return torch.empty_like(tensor)
+
+
+def write_into(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """``tensor.copy_(value)``, under inference mode if ``tensor`` was made under it."""
+    with torch.inference_mode(tensor.is_inference()):
+        tensor.copy_(value)
 
 
 def launch(
