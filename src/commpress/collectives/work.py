@@ -154,8 +154,12 @@ def writable(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def write_into(tensor: torch.Tensor, value: torch.Tensor) -> None:
-    """``tensor.copy_(value)``, under inference mode if ``tensor`` was made under it."""
-    with torch.inference_mode(tensor.is_inference()):
+    """``tensor.copy_(value)``, under inference mode if ``tensor`` was made under it (not
+    ``inference_mode(False)`` otherwise: that turns grad mode on)."""
+    if not tensor.is_inference():
+        tensor.copy_(value)
+        return
+    with torch.inference_mode():
         tensor.copy_(value)
 
 
