@@ -47,7 +47,7 @@ class _LoopedBack:
 
     posted: list[torch.Tensor] = []  # receives not yet filled, in the order posted
 
-    def __init__(self, group, sends, receives, tag=0):
+    def __init__(self, group, sends, receives):
         _LoopedBack.posted.extend(received for received, _ in receives)
         for sent, _ in sends:
             received = _LoopedBack.posted.pop(0)

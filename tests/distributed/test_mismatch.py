@@ -270,11 +270,10 @@ def _early_release(rank, world_size, early_bytes, split_bytes=1 << 60):
     """An all-gather whose early verdict lands at once (``is_completed`` made to wait for
     it): the held decodes are released at the second step, not at the end, and the result
     keeps torch's bits. Returns how many decodes were held at the first release."""
-    from commpress.collectives import executor, inband, payloads
+    from commpress.collectives import executor, payloads
     from commpress.transport import p2p
 
     executor.EARLY_VERDICT_BYTES, executor.EARLY_VERDICT_MIN_RANKS = early_bytes, 0
-    inband.EXCHANGE_MAX_RANKS = 0  # the all-reduce, whose verdict is polled, as from 8 ranks
     executor.SPLIT_LAST_BYTES = split_bytes
     p2p.Pending.is_completed = lambda self: self.wait() or True
     held_at_release, waits = [], []
@@ -462,13 +461,9 @@ def test_same_arguments_but_messages_of_another_size_raise_on_every_rank():
     _every_rank_says_the_messages_differ(run_distributed(_windows, 2, timeout=60))
 
 
-def _not_chains(rank, world_size, algorithms, exchange_max_ranks):
-    """Ranks whose schedules are not chains send one header and take every rank's verdict
-    (an exchange of digests, or from ``exchange_max_ranks`` 0 an all-reduce, as above 7
-    ranks); rank 1 (of three) calls with more elements."""
-    from commpress.collectives import inband
-
-    inband.EXCHANGE_MAX_RANKS = exchange_max_ranks
+def _not_chains(rank, world_size, algorithms):
+    """Ranks whose schedules are not chains send one header and take an all-reduce's
+    verdict; rank 1 (of three) calls with more elements."""
     numel = {r: 1000 for r in range(world_size)}
     numel[1] = 1200
     algorithm = algorithms[rank]
@@ -486,14 +481,13 @@ def _not_chains(rank, world_size, algorithms, exchange_max_ranks):
     return _mismatched(rank, world_size, call)
 
 
-@pytest.mark.parametrize("exchange_max_ranks", [7, 0], ids=["exchange", "all-reduce"])
 @pytest.mark.parametrize(
     "algorithms",
     [("backend", "backend", "backend"), ("backend", "backend", "ring")],
     ids=["no-chain", "two-not-chains-and-a-chain"],
 )
-def test_schedules_that_are_not_chains_raise_on_every_rank(algorithms, exchange_max_ranks):
-    results = run_distributed(_not_chains, 3, algorithms, exchange_max_ranks, timeout=60)
+def test_schedules_that_are_not_chains_raise_on_every_rank(algorithms):
+    results = run_distributed(_not_chains, 3, algorithms, timeout=60)
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and untouched and recovered, (rank, error)
     assert "rank 1 called all_gather (backend) with 1200 float32 elements" in results[0][0]

@@ -19,7 +19,7 @@ from commpress.transport import p2p
 def _routes(rank, world_size, backend):
     taken = []
     saved = p2p.post_each, dist.batch_isend_irecv, dist.get_backend
-    p2p.post_each = lambda group, sends, receives, tag=0: taken.append(
+    p2p.post_each = lambda group, sends, receives: taken.append(
         ["each", *(t.device.type for t, _ in (*sends, *receives))]
     ) or []  # fmt: skip
     dist.batch_isend_irecv = lambda ops: taken.append(["batched"]) or []

@@ -7,7 +7,7 @@ schedule names. The executor only orders them:
 
 1. the argument check: for CPU tensors on gloo carried in the messages themselves
    (:mod:`commpress.collectives.inband`: a ring's payloads carry it, any other schedule
-   first sends a header alone and takes every rank's verdict), elsewhere one all-reduce
+   first sends a header alone and takes an all-reduce's verdict), elsewhere one all-reduce
    (:class:`~commpress.collectives.fingerprint.Agreement`) in flight while the own
    payloads are encoded; either way nothing is written to the output before it has passed;
 2. a received payload is handled (decoded, added to, re-encoded) while the next step's

@@ -8,11 +8,7 @@ size of this message and of the sender's next one. A ring schedule (a *chain*,
 :attr:`~commpress.schedules.steps.Schedule.chains_right`) carries its payloads in such
 messages, every one with a header, so the check sends no message of its own; any other
 schedule sends one header alone (the first message of every rank must be one, whatever
-its algorithm), then takes every rank's verdict: every rank's digest, from one exchange
-(each rank sends its own to every other, on a tag of its own) up to
-:data:`EXCHANGE_MAX_RANKS` ranks, from an all-reduce above. Both are called "the
-all-reduce" below: what holds for one holds for the other (the choice is the same on every
-rank of a group, by its size).
+its algorithm), then takes every rank's verdict from one all-reduce of the digests.
 
 Why no rank can end another: gloo ends the process whose posted receive is *smaller* than
 the message that arrives, and accepts a smaller message. Every rank posts its first
@@ -75,16 +71,6 @@ from commpress.transport import collective, p2p
 
 #: The largest first message; every rank's first receive is posted this large.
 FIRST_MESSAGE_BYTES = 8 << 20
-#: Ranks up to which every rank's verdict comes from one exchange of digests (each rank's
-#: to every other at once, on a tag of their own: :data:`VERDICT_TAG`), cheaper there than
-#: an all-reduce's chain of steps; above, from an all-reduce. Below
-#: :data:`~commpress.collectives.executor.EARLY_VERDICT_MIN_RANKS`: an early verdict is
-#: polled, and gloo completes a point-to-point receive only once it is waited for.
-EXCHANGE_MAX_RANKS = 7
-#: The point-to-point tag of the digests exchanged: the payloads' is 0, and a message of
-#: one tag never lands in a receive of the other (gloo ends the process whose receive is
-#: smaller than the message that arrives).
-VERDICT_TAG = 1
 _MAGIC = b"cpi2"  # the second layout: a header may say it travelled alone
 # magic, poisoned, split, digest, this message's bytes, the sender's next message's bytes
 _HEADER = struct.Struct("<4s??2xQQQ")
@@ -173,7 +159,7 @@ class Check:
         self.digest = fingerprints.digest(self.row + layout)
         self.early, self.split_last = early, split_last and chains  # only a chain splits
         self.poisoned = False
-        self._reduced: p2p.Pending | p2p.Batch | None = None  # the verdict, in flight
+        self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
         self._verdict: torch.Tensor | None = None
         self._header: p2p.Batch | None = None  # a header alone, in flight
         self._scratch: torch.Tensor | None = None
@@ -244,8 +230,7 @@ class Check:
 
     def post_header(self) -> None:
         """Start the check of a schedule that is not a chain: one header to the right (every
-        rank's first message is one) and every rank's verdict (:meth:`_post_verdict`) in
-        flight.
+        rank's first message is one) and every rank's verdict, one all-reduce, in flight.
         :meth:`settle` waits for them."""
         self._post_verdict()
         message = workspace.take("inband.header", HEADER_BYTES, torch.uint8, self.device)
@@ -278,8 +263,7 @@ class Check:
         """Whether the early verdict has come, without waiting for it, and says that every
         rank agrees: then no poison can arrive, and the output may be written."""
         reduced = self._reduced
-        # an exchange's receives complete only when waited for: its verdict comes at the end
-        if not isinstance(reduced, p2p.Pending) or not reduced.is_completed():
+        if reduced is None or not reduced.is_completed():
             return False
         return self._every_rank_agrees()
 
@@ -290,25 +274,15 @@ class Check:
             self.raise_mismatch()
 
     def _post_verdict(self) -> None:
-        """Every rank's digest, to every rank: up to :data:`EXCHANGE_MAX_RANKS` ranks each
-        sends its own to every other and receives theirs; above, one all-reduce (MAX) of
-        ``[digest, -digest]``, whose two halves are each other's negation when every rank
-        agrees. Every rank of a mismatch joins it once: those whose schedule is not a
-        chain always, the others on their way to :meth:`raise_mismatch` (every one of them
-        is poisoned by then, and its digest, which says it runs a chain, differs from
-        theirs)."""
-        if self.world_size > EXCHANGE_MAX_RANKS:
-            self._verdict = fingerprints.digest_pair(self.digest)
-            reduced = collective.all_reduce(self._verdict, dist.ReduceOp.MAX, self.group)
-            self._reduced = p2p.Pending(reduced)
-            return
-        self._verdict = torch.zeros(self.world_size, dtype=torch.int64)
-        self._verdict[self.rank] = self.digest
-        rows = self._verdict.view(torch.uint8).view(self.world_size, -1)
-        others = [peer for peer in range(self.world_size) if peer != self.rank]
-        sends = [(rows[self.rank], peer) for peer in others]
-        receives = [(rows[peer], peer) for peer in others]
-        self._reduced = p2p.Batch(self.group, sends, receives, tag=VERDICT_TAG)
+        """One all-reduce (MAX) of ``[digest, -digest]``: every rank agrees when the two are
+        each other's negation. Every rank of a mismatch joins it once: those whose schedule
+        is not a chain always, the others on their way to :meth:`raise_mismatch` (every one
+        of them is poisoned by then, and its digest, which says it runs a chain, differs
+        from theirs)."""
+        self._verdict = fingerprints.digest_pair(self.digest)
+        self._reduced = p2p.Pending(
+            collective.all_reduce(self._verdict, dist.ReduceOp.MAX, self.group)
+        )
 
     def _every_rank_agrees(self) -> bool:
         """The verdict (posted now if it was not); once per collective."""
@@ -317,9 +291,7 @@ class Check:
         reduced, self._reduced = self._reduced, None
         if reduced is not None:
             reduced.wait(self.timeout)
-        if self.world_size > EXCHANGE_MAX_RANKS:
-            return fingerprints.pair_agrees(self._verdict)
-        return bool((self._verdict == self.digest).all())
+        return fingerprints.pair_agrees(self._verdict)
 
     # -- the ends ------------------------------------------------------------------------
 

@@ -29,10 +29,7 @@ class Batch:
         group: dist.ProcessGroup | None,
         sends: Sequence[tuple[torch.Tensor, int]],
         receives: Sequence[tuple[torch.Tensor, int]],
-        tag: int = 0,
     ):
-        """``tag``: messages of one tag are matched only with receives of that tag, in the
-        order posted between two ranks."""
         group_ = _group(group)
         self._copied_in: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, host)
         if not sends and not receives:
@@ -46,14 +43,11 @@ class Batch:
             receives = [(host, peer) for host, (_, peer) in zip(hosts, receives, strict=True)]
             on_cpu = True
         if on_cpu and sends_may_go_alone(group_):
-            self._works = post_each(group_, sends, receives, tag)
+            self._works = post_each(group_, sends, receives)
             return
-        sent = [
-            dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group, tag) for t, p in sends
-        ]
+        sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
         received = [
-            dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group, tag)
-            for t, p in receives
+            dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
         ]
         ops = [op for pair in itertools.zip_longest(sent, received) for op in pair if op]
         self._works = dist.batch_isend_irecv(ops)
@@ -95,15 +89,13 @@ def post_each(
     group: dist.ProcessGroup,
     sends: Sequence[tuple[torch.Tensor, int]],
     receives: Sequence[tuple[torch.Tensor, int]],
-    tag: int = 0,
 ) -> list:
-    """Post every receive, then every send, each on its own (``tag``: 0, as
-    ``torch.distributed.isend``, unless told); the works in that order. Receives first:
-    gloo's sender waits for the receive to be posted
-    (``benchmarks/check_overlap_2026-11-25/README.md``). ``commpress.testing.silence``
-    replaces this function to forbid communication."""
-    works = [group.recv([tensor], peer, tag) for tensor, peer in receives]
-    return works + [group.send([tensor], peer, tag) for tensor, peer in sends]
+    """Post every receive, then every send, each on its own (tag 0, as
+    ``torch.distributed.isend``); the works in that order. Receives first: gloo's sender
+    waits for the receive to be posted (``benchmarks/check_overlap_2026-11-25/README.md``).
+    ``commpress.testing.silence`` replaces this function to forbid communication."""
+    works = [group.recv([tensor], peer, 0) for tensor, peer in receives]
+    return works + [group.send([tensor], peer, 0) for tensor, peer in sends]
 
 
 def exchange(
