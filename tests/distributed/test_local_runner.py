@@ -75,9 +75,9 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback():
         run_distributed(_fail_on_rank_one, 2, timeout=60)
 
 
-def _exit_on_rank_one(rank, world_size):
+def _exit_on_rank_one(rank, world_size, code=3):
     if rank == 1:
-        os._exit(3)
+        os._exit(code)
     return rank
 
 
@@ -103,17 +103,11 @@ def test_a_peer_killed_is_named_ahead_of_the_error_it_caused():
         run_distributed(_killed_between_collectives, 2, timeout=60)
 
 
-def _exit_quietly_on_rank_one(rank, world_size):
-    if rank == 1:
-        os._exit(0)
-    return rank
-
-
 def test_a_rank_that_ends_without_a_result_fails_the_run_at_once():
     """It waited out the whole timeout, then said the rank had not finished."""
     started = time.monotonic()
     with pytest.raises(DistributedError, match="rank 1 ended .exit code 0. without reporting"):
-        run_distributed(_exit_quietly_on_rank_one, 2, timeout=60)
+        run_distributed(_exit_on_rank_one, 2, 0, timeout=60)
     assert time.monotonic() - started < 30
 
 
