@@ -37,7 +37,19 @@ def _placements():
     strided = torch.distributed.new_group([0, 2])
     every = torch.distributed.new_group([0, 1, 2])
     mine = auto.placement(strided) if torch.distributed.get_rank() != 1 else "outside"
-    return auto.placement(None), mine, auto.placement(every)
+    asked = []  # what a reduce-scatter on the strided group asks the tuner
+    choose, tuner.choose = (
+        tuner.choose,
+        lambda *args, **kwargs: asked.append(kwargs) or (choose(*args, **kwargs)),
+    )
+    try:
+        if torch.distributed.get_rank() != 1:
+            out, inp = torch.empty(8), torch.ones(16)
+            cp.reduce_scatter_tensor(out, inp, group=strided, algorithm="auto", chunk_bytes=1024)
+    finally:
+        tuner.choose = choose
+    passed = [(kwargs["placement"], kwargs["chunk_bytes"]) for kwargs in asked]
+    return auto.placement(None), mine, auto.placement(every), passed
 
 
 def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups():
@@ -45,7 +57,12 @@ def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups(
         *run_distributed(_auto_against_the_choice, 3, timeout=120), strict=True
     )
     strided = tuner.Placement(hosts=(0, 2), network_hosts=3)
-    assert placements == ((None, strided, None), (None, "outside", None), (None, strided, None))
+    asked = [(strided, 1024)]  # by the call that runs on the subgroup
+    assert placements == (
+        (None, strided, None, asked),
+        (None, "outside", None, []),
+        (None, strided, None, asked),
+    )
     for size in range(2):
         choices = {(r[size][2], r[size][3]) for r in by_rank}
         assert len(choices) == 1, choices

@@ -413,6 +413,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
             ["bench", "--algorithm", "ring", "--loss", "0.5"],
             "--loss 0.5: for --algorithm multicast",
         ),
+        (["bench", "--algorithm", "ring", "--roots", "3"], "--roots 3: for --algorithm multicast"),
     ],
 )
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):

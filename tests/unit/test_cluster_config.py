@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
+import queue
 import types
 
 import pytest
@@ -408,3 +410,32 @@ def test_entering_a_namespace_from_a_process_with_threads_is_refused():
     finally:
         release.set()
         waiting.join()
+
+
+class _QueueThatLags:
+    """A results queue whose report shows up one poll after its rank has ended."""
+
+    def __init__(self, report):
+        self.polls, self.report = 0, report
+
+    def get(self, timeout=None):
+        self.polls += 1
+        if self.polls == 1 or self.report is None:
+            raise queue.Empty
+        report, self.report = self.report, None
+        return report
+
+
+def test_a_rank_that_ended_after_reporting_is_not_taken_for_one_that_did_not(monkeypatch):
+    """A rank that put its result and ended between an empty poll and the look at its exit
+    code was reported as having ended without a result (a review reproduced it)."""
+    from commpress.cluster import local
+
+    monkeypatch.setattr(local, "POLL_SECONDS", 0.01)
+    saved = io.BytesIO()
+    torch.save("done", saved)
+    ended = [types.SimpleNamespace(exitcode=0)]
+    lagging = _QueueThatLags((0, True, saved.getvalue()))
+    assert local._collect(ended, lagging, timeout=10, allow_dead=False) == ["done"]
+    with pytest.raises(local.DistributedError, match="ended .exit code 0. without reporting"):
+        local._collect(ended, _QueueThatLags(None), timeout=10, allow_dead=False)

@@ -251,3 +251,12 @@ def test_a_reducer_refuses_a_group_that_is_not_one():
 
     with pytest.raises(TypeError, match="group must be a torch.distributed.ProcessGroup"):
         Reducer(PowerSGD(), group="x")
+
+
+def test_a_reducer_refuses_a_key_given_twice():
+    """Two gradients under one key shared one state."""
+    from commpress.lowrank import Reducer
+
+    gradient = torch.zeros(8, 8)
+    with pytest.raises(ValueError, match="keys 'w' given twice"):
+        Reducer(PowerSGD()).plan([("w", gradient), ("w", gradient)])

@@ -738,21 +738,18 @@ def test_a_bad_fixed_multicast_group_is_named(monkeypatch, group, message):
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", group)
     with pytest.raises(ValueError, match=f"COMMPRESS_MULTICAST_GROUP.*{message}"):
-        _choose_group(0, owner=0)
+        _choose_group(0)
 
 
-def test_a_fixed_multicast_group_keeps_channels_apart_by_port_or_number(monkeypatch):
-    """Two groups of one process differ in port; disjoint subgroups at the same index (rank
-    0 in different processes) in channel number, where a random number separated them only
-    by chance (and an index that pushes the port past 65535 is refused)."""
+def test_a_fixed_multicast_group_gives_each_channel_of_a_process_its_own_port(monkeypatch):
+    """The process's n-th channel takes PORT + n; one that would pass 65535 is refused."""
     from commpress.transport.multicast import _choose_group
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:47000")
-    first, second = _choose_group(0, owner=0), _choose_group(1, owner=0)
-    assert first[0] != second[0] and first[1] == second[1]
-    apart = _choose_group(0, owner=3)
-    assert apart[0] == first[0] and apart[1] != first[1]
-    assert _choose_group(0, owner=3) == apart  # the same on every call: nothing random
+    assert [_choose_group(n)[0] for n in range(2)] == [
+        ("239.255.3.3", 47000),
+        ("239.255.3.3", 47001),
+    ]
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:65535")
     with pytest.raises(ValueError, match="would use port 65536"):
-        _choose_group(1, owner=0)
+        _choose_group(1)

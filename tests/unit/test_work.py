@@ -81,3 +81,15 @@ def test_a_failing_before_fails_the_future_instead_of_leaving_it_pending():
     done.set_result(None)
     with pytest.raises(ZeroDivisionError):
         future.wait()
+
+
+def test_an_error_feedback_residual_made_under_inference_mode_is_refused():
+    """The collective updates it in place, which only inference mode may do to it."""
+    from commpress.collectives.checks import check_residual
+
+    inp = torch.zeros(8)
+    with torch.inference_mode():
+        residual = torch.zeros(8)
+    with pytest.raises(ValueError, match="residual was made under torch.inference_mode"):
+        check_residual(residual, inp, "alltoall")
+    check_residual(torch.zeros(8), inp, "alltoall")

@@ -38,6 +38,8 @@ from commpress.cluster.system import deferred_signals, end_with, enter_namespace
 from commpress.units import check_seconds
 
 POLL_SECONDS = 0.5
+#: How long a rank's failure waits for a peer's exit code, to name a peer that died first.
+DEATH_LOOK_SECONDS = 0.5
 #: How long the ranks of a run have, together, to end on their own (flushing their output)
 #: once it has succeeded, or failed; after a Ctrl-C or SIGTERM they are killed at once
 END_GRACE_SECONDS = 5.0
@@ -175,6 +177,7 @@ def _end(processes, grace: float) -> None:
 def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> list[Any]:
     values: dict[int, Any] = {}
     dead: set[int] = set()
+    suspects: set[int] = set()  # ended unreported at the last empty poll
     deadline = time.monotonic() + timeout
     while len(values) + len(dead) < len(processes):
         if stop:  # before any rank's report: theirs may be of the same signal
@@ -187,30 +190,43 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
                 raise DistributedError(
                     f"ranks {missing} did not finish within {timeout} s"
                 ) from None
-            for rank, ended in _ended_unreported(processes, values, dead):
+            ended = _ended_unreported(processes, values, dead)
+            for rank, what in ended:
+                # a rank may report and end between the poll and this look: its report is
+                # in the queue's pipe by then (flushed before a process ends), so it is
+                # judged at the next empty poll
+                if rank not in suspects:
+                    continue
                 if not allow_dead:
-                    raise DistributedError(ended) from None
+                    raise DistributedError(what) from None
                 dead.add(rank)
+            suspects = {rank for rank, _ in ended}
             continue
         if not ok:  # the cause may be a rank that died first: named ahead of this report
-            before = [ended for _, ended in _ended_unreported(processes, values, dead, rank)]
-            raise DistributedError("".join(f"{ended}; " for ended in before) +
+            look_until = time.monotonic() + DEATH_LOOK_SECONDS  # its exit code may lag
+            killed = _ended_unreported(processes, values, dead, rank, failed_only=True)
+            while not killed and time.monotonic() < look_until:
+                time.sleep(POLL_SECONDS / 10)
+                killed = _ended_unreported(processes, values, dead, rank, failed_only=True)
+            raise DistributedError("".join(f"{what}; " for _, what in killed) +
                                    f"rank {rank} failed:\n{value}")  # fmt: skip
         values[rank] = torch.load(io.BytesIO(value), weights_only=False)
     return [values.get(rank) for rank in range(len(processes))]
 
 
-def _ended_unreported(processes, values, dead, failed=None) -> list[tuple[int, str]]:
-    """``(rank, what happened)`` of each rank that has ended without a report on the queue
-    (but ``failed``, whose report is a failure): killed, failed to start, or ended with
-    exit code 0 without reporting (the queue holds nothing more when this is asked, after
-    a poll that found it empty, or after a failure, whose cause it names)."""
+def _ended_unreported(
+    processes, values, dead, failed=None, failed_only=False
+) -> list[tuple[int, str]]:
+    """``(rank, what happened)`` of each rank that has ended without a report read from the
+    queue (but ``failed``, whose report is a failure): killed, failed to start, or ended
+    with exit code 0 without reporting (``failed_only``: not those, whose report may still
+    be in the queue)."""
     ended = []
     for rank, process in enumerate(processes):
         code = process.exitcode
         if rank in values or rank in dead or rank == failed or code is None:
             continue
-        if code == 0:
+        if code == 0 and not failed_only:
             ended.append((rank, f"rank {rank} ended (exit code 0) without reporting a result"))
         else:
             ended.append((rank, f"rank {rank} died with exit code {code}"))

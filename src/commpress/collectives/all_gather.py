@@ -88,7 +88,7 @@ def all_gather_into_tensor(
         if written is not out:
             write_into(out, written)
 
-    return launch(run, async_op, (out, inp))
+    return launch(run, async_op, (out, inp, written))
 
 
 def gather(

@@ -23,7 +23,7 @@ from commpress.lowrank.operators import ORTHOGONALIZATIONS
 Factors = dict[str, torch.Tensor]
 #: Seeds are at most this (``torch.Generator.manual_seed`` takes a signed 64-bit one).
 SEEDS = 1 << 63
-_STEP_SEEDS = 1_000_003  # draws per seed kept apart: step ``s`` of seed ``k`` is k * this + s
+_STEP_SEEDS = 1_000_003  # draw ``p`` of step ``s`` of seed ``k``: k * this + 2 * s + p
 
 
 class LowRankAlgorithm(ABC):
@@ -70,12 +70,14 @@ class LowRankAlgorithm(ABC):
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.orthogonalization, self.seed = orthogonalization, seed
 
-    def draw(self, shape, step: int, purpose: int = 0) -> torch.Tensor:
+    def draw(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
         """Gaussian fp32 numbers of ``shape`` for compressed step ``step``, the same on
-        every rank (``purpose`` keeps two draws of one step apart)."""
+        every rank whose ``device`` is of one kind (``purpose`` keeps two draws of one step
+        apart); on the CPU unless ``device`` is a GPU."""
         seed = (self.seed * _STEP_SEEDS + 2 * step + purpose) % SEEDS
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(shape, generator=generator, dtype=torch.float32)
+        on = torch.device("cpu") if device is None else torch.device(device)
+        generator = torch.Generator(device=on).manual_seed(seed)
+        return torch.randn(shape, generator=generator, dtype=torch.float32, device=on)
 
     def revived(self, factor: torch.Tensor, step: int) -> torch.Tensor:
         """``factor`` (``(b, rows, rank)``, the same on every rank) with each all-zero
@@ -83,9 +85,12 @@ class LowRankAlgorithm(ABC):
         (``M @ 0 = 0``): a step whose gradient is zero, or of lower rank, would otherwise
         switch the matrix off, or lower its rank, from then on."""
         dead = (factor == 0).all(dim=1, keepdim=True)
+        if factor.is_cuda:  # no wait for the GPU: a draw there, taken where a column is dead
+            fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
+            return torch.where(dead, fresh, factor.float())
         if not bool(dead.any()):
             return factor
-        fresh = self.draw(factor.shape, step, purpose=1).to(factor.device)
+        fresh = self.draw(factor.shape, step, purpose=1)
         return torch.where(dead, fresh, factor.float())
 
     def compresses(self, n: int, m: int) -> bool:

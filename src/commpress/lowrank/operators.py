@@ -25,9 +25,9 @@ def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
 def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch.Tensor:
     """Orthonormal columns spanning each matrix's columns, ``(b, n, r)`` with ``r <= n``.
 
-    Returns a new fp32 tensor. A zero column stays zero (it spans nothing), and so
-    becomes one whose norm is below :data:`_TINY`; ``cholesky`` falls back to Householder
-    for matrices whose Gram matrix is too ill-conditioned.
+    Returns a new fp32 tensor. A zero column stays zero (it spans nothing); Gram-Schmidt
+    also zeroes one whose norm is at most :data:`_TINY`; ``cholesky`` falls back to
+    Householder for matrices whose Gram matrix is too ill-conditioned.
     """
     if method not in ORTHOGONALIZATIONS:
         raise ValueError(f"unknown orthogonalization {method!r}; known: {ORTHOGONALIZATIONS}")

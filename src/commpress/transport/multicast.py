@@ -132,8 +132,7 @@ class Channel:
         try:
             if problem is None:
                 local = _local_address()
-                owner = dist.get_global_rank(group, 0)
-                chosen = _choose_group(index, owner) if self.rank == 0 else None
+                chosen = _choose_group(index) if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = f"rank {self.rank}: {error}"
         addresses = [None] * self.world_size
@@ -279,13 +278,11 @@ def _local_address() -> str:
     return route_source(master)
 
 
-def _choose_group(index: int, owner: int) -> tuple[tuple[str, int], int]:
+def _choose_group(index: int) -> tuple[tuple[str, int], int]:
     """``((address, port), channel number)``: COMMPRESS_MULTICAST_GROUP's address and its port
-    + ``index`` (the process's ``index``-th channel), else random. ``owner``: the global
-    rank of the process choosing (the group's rank 0). With a fixed group, the channel
-    number is ``owner``'s: two groups whose rank 0 is one process differ in port, two
-    whose rank 0s differ (disjoint subgroups, at the same index) in channel number, so
-    neither takes the other's datagrams (a random number told them apart only by chance)."""
+    + ``index`` (the process's ``index``-th channel), else random; the channel number is
+    random either way (two jobs on one fixed group and port, or disjoint subgroups whose
+    rank 0s are at the same index, are told apart by it alone)."""
     chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
     rng = random.SystemRandom()
     channel = rng.randrange(1, CHANNELS + 1)
@@ -305,7 +302,7 @@ def _choose_group(index: int, owner: int) -> tuple[tuple[str, int], int]:
                 f"COMMPRESS_MULTICAST_GROUP={chosen!r}: this process's channel {index} would "
                 f"use port {int(port) + index}, above {MAX_PORT}; choose a lower PORT"
             )
-        return (address, int(port) + index), 1 + owner % CHANNELS
+        return (address, int(port) + index), channel
     return (
         f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
         rng.randrange(40000, 60000),
