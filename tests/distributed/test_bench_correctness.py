@@ -3,6 +3,7 @@ result has no ``#wrong`` element, and a corrupted one does."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import commpress as cp
@@ -73,3 +74,30 @@ def test_bounds_hold_for_correct_results_and_catch_corrupted_ones():
             assert result["doubled"] > result["numel"] // 2, case
             # Not vacuous: the worst element uses a good part of its bound.
             assert 0.3 < result["worst"] <= 1, case
+
+
+def _ring_that_writes_nothing(rank, world_size, op):
+    """The bench's worker with a `ring` that returns without writing its output."""
+    import commpress as cp
+    from commpress.bench import collectives
+
+    name = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}[op]
+    real = getattr(cp, name)
+
+    def broken(out, inp, codec=None, algorithm=None):
+        return None if algorithm == "ring" else real(out, inp, codec=codec, algorithm=algorithm)
+
+    setattr(cp, name, broken)
+    config = dict(op=op, algorithms=["native", "ring"], codecs=["none"], begin=4096,
+                  end=4096, factor=2, iters=1, warmup=0, dtypes=["float"],
+                  multicast={"concurrent_roots": 2, "loss": 0.0, "seed": 0})  # fmt: skip
+    return collectives._worker(rank, world_size, config)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_wrong_counts_an_output_left_unwritten(op):
+    """The output was reused from the previous algorithm's call (native, right), so a
+    collective that wrote nothing showed 0 wrong."""
+    rows = run_distributed(_ring_that_writes_nothing, 2, op, timeout=120)[0]
+    wrong = {row["algorithm"]: row["wrong"] for row in rows}
+    assert wrong["native"] == 0 and wrong["ring"] > 0

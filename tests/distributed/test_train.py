@@ -27,7 +27,10 @@ def test_train_compares_runs_and_writes_curves_summary_and_plot(strategy, tmp_pa
     with open(out / "losses.csv") as table:
         rows = list(csv.DictReader(table))
     assert [r["run"] for r in rows] == ["plain"] * 4 + ["int8"] * 4
-    summary = json.loads((out / "summary.json").read_text())["runs"]
+    strict = json.loads(  # no NaN (not JSON): a strict reader refused the file
+        (out / "summary.json").read_text(), parse_constant=lambda name: pytest.fail(name)
+    )
+    summary = strict["runs"]
     assert [run["run"] for run in summary] == ["plain", "int8"]
     plain, compressed = summary
     assert 0 < compressed["wire_bytes"] < plain["wire_bytes"] / 3

@@ -439,3 +439,15 @@ def test_a_rank_that_ended_after_reporting_is_not_taken_for_one_that_did_not(mon
     assert local._collect(ended, lagging, timeout=10, allow_dead=False) == ["done"]
     with pytest.raises(local.DistributedError, match="ended .exit code 0. without reporting"):
         local._collect(ended, _QueueThatLags(None), timeout=10, allow_dead=False)
+
+
+def test_a_hang_up_stops_a_run_as_a_ctrl_c_does():
+    """SIGHUP (a closed terminal, a dropped ssh session) ended the process at once, leaving
+    the emulated cluster behind."""
+    import signal
+
+    from commpress.cluster.system import deferred_signals
+
+    with pytest.raises(KeyboardInterrupt, match="SIGHUP"), deferred_signals() as received:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert received == [signal.SIGHUP]  # noted, not acted on, inside

@@ -196,10 +196,28 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     dist.barrier()  # every peer has received what this rank sent: it has left the link
     sent = read_local(interface) - before
     again = (read_retransmitted() - retransmitted) / iterations
+    # the loop's own barriers and reductions of times, alone, are taken off the counts
+    bookkeeping = _bookkeeping(interface, iterations, cpu.numel())
+    tx_bytes = max(0, sent.tx_bytes - bookkeeping.tx_bytes)
+    tx_packets = max(0, sent.tx_packets - bookkeeping.tx_packets)
     per_rank = [None] * dist.get_world_size()
-    mine = (sent.tx_bytes // iterations, sent.tx_packets / iterations, again)
+    mine = (tx_bytes // iterations, tx_packets / iterations, again)
     dist.all_gather_object(per_rank, mine)
     return statistics.median(times), cpu_us, tuple(map(list, zip(*per_rank, strict=True)))
+
+
+def _bookkeeping(interface, iterations: int, cpu_fields: int):
+    """What :func:`_time`'s loop sends besides the collective (a barrier and a reduction
+    of the time per call, one reduction of the CPU times, the closing barrier), counted
+    by running them alone."""
+    dist.barrier()
+    before = read_local(interface)
+    for _ in range(iterations):
+        dist.barrier()
+        dist.all_reduce(torch.zeros(1, dtype=torch.float64), op=dist.ReduceOp.MAX)
+    dist.all_reduce(torch.zeros(cpu_fields, dtype=torch.float64))
+    dist.barrier()
+    return read_local(interface) - before
 
 
 def check_sizes(op: str, smallest: int, dtypes: list[str], world_size: int) -> None:
@@ -254,6 +272,7 @@ def _worker(rank, world_size, config):
                 config["warmup"],
                 config.get("interface"),
             )
+            out.fill_(float("nan"))  # what the checked call leaves unwritten counts as wrong
             run_collective(op, algorithm, codec, inp, out)
             chosen = _chosen(op, algorithm, codec, inp, world_size)
             requested = (algorithm, codec)

@@ -16,7 +16,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Signals that stop a run cleanly (ranks ended, the emulated cluster removed): a Ctrl-C,
+#: a kill, and a hang-up (the terminal closed, the ssh session dropped).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ClusterError(RuntimeError):
@@ -61,8 +63,8 @@ def check_can_build() -> None:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[list[int]]:
-    """Inside, SIGINT and SIGTERM are only noted in the list yielded; on leaving, any noted
-    one raises KeyboardInterrupt.
+    """Inside, the :data:`STOP_SIGNALS` are only noted in the list yielded; on leaving, any
+    noted one raises KeyboardInterrupt.
 
     The code inside checks the list where stopping is safe, so that a Ctrl-C cannot cut a
     cleanup, a fork or a lock in half. The handlers are installed even where the signals were

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from commpress.bench import report
@@ -156,12 +157,20 @@ def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
             ):
                 writer.writerow([row["run"], step, f"{loss:.6f}", f"{seconds:.6f}"])
     summary = [
-        {k: v for k, v in row.items() if k not in ("losses", "step_times")} for row in results
+        {k: _json_value(v) for k, v in row.items() if k not in ("losses", "step_times")}
+        for row in results
     ]
-    (folder / "summary.json").write_text(
-        json.dumps({"title": title, "provenance": report.provenance(), "runs": summary}, indent=2)
-    )
+    record = {"title": title, "provenance": report.provenance(), "runs": summary}
+    (folder / "summary.json").write_text(json.dumps(record, indent=2, allow_nan=False))
     plot(folder / "loss.png", title, results)
+
+
+def _json_value(value):
+    """``value``, but null for a number that is not finite (JSON has no NaN: a strict
+    reader refuses the file)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def plot(path: Path, title: str, results: list[dict]) -> None:

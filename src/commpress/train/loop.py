@@ -246,8 +246,9 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
             dist.all_reduce(mean_loss, group=side)
             curves.losses.append(mean_loss.item() / world_size)
             progress.update(step, curves.losses[-1], curves.step_seconds[-1])
+        traffic = [c.snapshot() for c in counters]  # the training's: not the evaluation's
         eval_loss = _evaluate(model, corpus, config)
-        results.append(_summary(run, config, world_size, curves, eval_loss, counters))
+        results.append(_summary(run, config, world_size, curves, eval_loss, counters, traffic))
         dist.barrier(side)
     return results if rank == 0 else None
 
@@ -276,13 +277,12 @@ def _totals(counters) -> dict[str, float]:
     }
 
 
-def _summary(run, config, world_size, curves: Curves, eval_loss, counters):
+def _summary(run, config, world_size, curves: Curves, eval_loss, counters, traffic):
     losses, step_seconds = curves.losses, curves.step_seconds
     warmup = min(3, len(step_seconds) // 5)  # lazy initialisation, first kernel builds
     timed, comm = step_seconds[warmup:], curves.comm_seconds[warmup:]
     median = statistics.median(timed)
     tokens_per_step = world_size * config.batch_size * config.model.context
-    traffic = [c.snapshot() for c in counters]
     return {
         "run": run.label,
         "all_gather": run.all_gather,
