@@ -172,3 +172,17 @@ def test_the_fsdp_demo_stays_on_the_cpu_where_a_gpu_is_visible(fixed):
     else:  # the broken variant: the default mesh goes for the accelerator (an error where
         # torch has no CUDA, the GPU where it has)
         assert all(d == ["cuda"] or "CUDA" in str(d) for d in devices), devices
+
+
+def test_wire_bytes_are_the_training_steps_alone(tmp_path):
+    """The counters were read after the held-out evaluation, whose all-gathers counted as
+    training traffic (with --steps 1, 1.9x the step's). Plain FSDP moves the same bytes
+    every step: two steps move twice one step's."""
+    per_run = {}
+    for steps in (1, 2):
+        out = tmp_path / f"steps{steps}"
+        argv = ["train", *TINY, "--steps", str(steps), "--compare", "plain", "--out", str(out)]
+        assert main(argv) == 0
+        (run,) = json.loads((out / "summary.json").read_text())["runs"]
+        per_run[steps] = run["wire_bytes"]
+    assert per_run[1] > 0 and per_run[2] == 2 * per_run[1], per_run
