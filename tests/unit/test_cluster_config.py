@@ -451,3 +451,10 @@ def test_a_hang_up_stops_a_run_as_a_ctrl_c_does():
     with pytest.raises(KeyboardInterrupt, match="SIGHUP"), deferred_signals() as received:
         os.kill(os.getpid(), signal.SIGHUP)
         assert received == [signal.SIGHUP]  # noted, not acted on, inside
+    ignored = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: stays ignored
+    try:
+        with deferred_signals() as received:
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert received == [] and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, ignored)

@@ -63,8 +63,9 @@ def check_can_build() -> None:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[list[int]]:
-    """Inside, the :data:`STOP_SIGNALS` are only noted in the list yielded; on leaving, any
-    noted one raises KeyboardInterrupt.
+    """Inside, the :data:`STOP_SIGNALS` are only noted in the list yielded (a hang-up only
+    where it is not ignored, as under ``nohup``); on leaving, any noted one raises
+    KeyboardInterrupt.
 
     The code inside checks the list where stopping is safe, so that a Ctrl-C cannot cut a
     cleanup, a fork or a lock in half. The handlers are installed even where the signals were
@@ -76,8 +77,11 @@ def deferred_signals() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
+    # a hang-up ignored (nohup) stays ignored: the run is meant to outlive its terminal
+    stopping = [s for s in STOP_SIGNALS
+                if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN]  # fmt: skip
     previous = {
-        signum: signal.signal(signum, lambda s, _: received.append(s)) for signum in STOP_SIGNALS
+        signum: signal.signal(signum, lambda s, _: received.append(s)) for signum in stopping
     }
     try:
         yield received

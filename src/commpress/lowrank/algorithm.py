@@ -85,7 +85,10 @@ class LowRankAlgorithm(ABC):
         (``M @ 0 = 0``): a step whose gradient is zero, or of lower rank, would otherwise
         switch the matrix off, or lower its rank, from then on."""
         dead = (factor == 0).all(dim=1, keepdim=True)
-        if factor.is_cuda:  # no wait for the GPU: a draw there, taken where a column is dead
+        # on CUDA no wait for the GPU: a draw there, taken where a column is dead; the same
+        # on every rank of one GPU model (torch's CUDA draws above about 250K numbers
+        # depend on the device's number of multiprocessors)
+        if factor.is_cuda:
             fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
             return torch.where(dead, fresh, factor.float())
         if not bool(dead.any()):
