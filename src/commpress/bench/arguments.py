@@ -75,12 +75,18 @@ def byte_size(text: str) -> int:
     return value
 
 
+def named_twice(items: list[str]) -> list[str]:
+    """The items that ``items`` names more than once, sorted (a repeated one would only
+    repeat a command's rows)."""
+    return sorted({item for item in items if items.count(item) > 1})
+
+
 def comma_list(text: str) -> list[str]:
-    """``a,b,c``: at least one item, none twice (a repeated one would only repeat rows)."""
+    """``a,b,c``: at least one item, none twice."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ValueError("must name at least one item")
-    repeated = sorted({item for item in items if items.count(item) > 1})
+    repeated = named_twice(items)
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(repeated)} twice")
     return items
@@ -101,7 +107,7 @@ def dtype_list(text: str) -> list[str]:
         if name not in DTYPES:  # argparse shows this message, unlike a ValueError's
             choices = ", ".join(map(repr, DTYPES))
             raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {choices})")
-    if len(set(names)) < len(names):
+    if named_twice(names):
         raise argparse.ArgumentTypeError(f"a dtype named twice in {text!r}")
     return names
 

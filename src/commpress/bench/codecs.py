@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from commpress.bench import report
-from commpress.bench.arguments import output_path, positive_int
+from commpress.bench.arguments import named_twice, output_path, positive_int
 from commpress.codecs import get_codec
 
 DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
@@ -116,7 +116,7 @@ def main(args) -> int:
     specs = args.codec or available_default_codecs()
     for spec in specs:
         get_codec(spec)  # fail on a bad spec before minutes of benchmarking
-    repeated = sorted({spec for spec in specs if specs.count(spec) > 1})
+    repeated = named_twice(specs)
     if repeated:
         raise ValueError(f"--codec {', '.join(repeated)} given twice")
     torch.set_num_threads(args.threads)

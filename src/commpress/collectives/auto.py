@@ -43,9 +43,9 @@ def resolve(
 def placement(group) -> tuner.Placement | None:
     """Where ``group``'s ranks sit in the tuner's network: on the hosts of their global
     ranks; None for the whole world in order."""
-    network_hosts = dist.get_world_size()
     if group is None:
         return None
+    network_hosts = dist.get_world_size()
     hosts = tuple(dist.get_process_group_ranks(group))
     if hosts == tuple(range(network_hosts)):
         return None

@@ -85,15 +85,12 @@ class LowRankAlgorithm(ABC):
         (``M @ 0 = 0``): a step whose gradient is zero, or of lower rank, would otherwise
         switch the matrix off, or lower its rank, from then on."""
         dead = (factor == 0).all(dim=1, keepdim=True)
-        # on CUDA no wait for the GPU: a draw there, taken where a column is dead; the same
-        # on every rank of one GPU model (torch's CUDA draws above about 250K numbers
-        # depend on the device's number of multiprocessors)
-        if factor.is_cuda:
-            fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
-            return torch.where(dead, fresh, factor.float())
-        if not bool(dead.any()):
+        # on CUDA no wait for the GPU to tell whether a column is dead: a draw there, taken
+        # where one is; the same on every rank of one GPU model (torch's CUDA draws above
+        # about 250K numbers depend on the device's number of multiprocessors)
+        if not factor.is_cuda and not bool(dead.any()):
             return factor
-        fresh = self.draw(factor.shape, step, purpose=1)
+        fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
         return torch.where(dead, fresh, factor.float())
 
     def compresses(self, n: int, m: int) -> bool:

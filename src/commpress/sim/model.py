@@ -110,8 +110,8 @@ class Params:
             if values is None and name in OPTIONAL_EFFICIENCIES:
                 continue
             for value in values.values() if isinstance(values, dict) else (values,):
-                too_high = not value < math.inf if high is None else not value <= high
-                if not value >= low or too_high or (high is not None and value == 0):  # NaN too
+                in_range = low <= value < math.inf if high is None else 0 < value <= high
+                if not in_range:  # NaN too
                     raise ValueError(f"{name} out of range: {value}")
         for codec, speeds in self.codec_bytes_per_s.items():
             if len(speeds) != 2 or not all(0 < speed < math.inf for speed in speeds):

@@ -15,6 +15,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
+from commpress.bench.arguments import named_twice
 from commpress.lowrank.registry import ALGORITHMS
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
@@ -92,8 +93,7 @@ class TrainConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.learning_rate is not None and not 0 < self.learning_rate < math.inf:
             raise ValueError(f"learning rate must be positive and finite, got {self.learning_rate}")
-        labels = [run.label for run in self.runs]
-        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        repeated = named_twice([run.label for run in self.runs])
         if repeated:
             raise ValueError(f"--compare names {', '.join(repeated)} twice")
 
