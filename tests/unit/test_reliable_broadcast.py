@@ -753,3 +753,25 @@ def test_a_fixed_multicast_group_gives_each_channel_of_a_process_its_own_port(mo
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:65535")
     with pytest.raises(ValueError, match="would use port 65536"):
         _choose_group(1)
+
+
+@pytest.mark.parametrize("fixed", [None, "239.255.3.3:47000"])
+def test_channel_numbers_are_drawn_whatever_the_processes_seeds(monkeypatch, fixed):
+    """Two jobs on one fixed group and port (or disjoint subgroups) are told apart by their
+    channel numbers alone: jobs seed ``random`` and torch alike, so the draw must not follow
+    those seeds. With a seeded draw these twenty would all be the same number."""
+    import torch
+
+    from commpress.transport.multicast import CHANNELS, _choose_group
+
+    if fixed is None:
+        monkeypatch.delenv("COMMPRESS_MULTICAST_GROUP", raising=False)
+    else:
+        monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", fixed)
+    channels = []
+    for _ in range(20):
+        random.seed(0)
+        torch.manual_seed(0)
+        channels.append(_choose_group(0)[1])
+    assert all(1 <= channel <= CHANNELS for channel in channels)
+    assert len(set(channels)) > 1
