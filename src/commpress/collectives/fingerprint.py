@@ -170,7 +170,7 @@ class Agreement:
             return
         self._row = mine.to_bytes(self.sequence)
         self._device = _fingerprint_device(group, device)
-        self._digests = _digests(self._row).to(self._device)
+        self._digests = _digests(self._row, self._device)
         self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
 
     def check(self) -> None:
@@ -199,10 +199,13 @@ def digest(row: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(row, digest_size=8).digest(), "little") >> 1
 
 
-def digest_pair(value: int) -> torch.Tensor:
+def digest_pair(value: int, device: torch.device | None = None) -> torch.Tensor:
     """``[d, -d]`` for a digest ``d``: after an all-reduce with MAX it holds
-    ``[max d, -min d]``, so the ranks agree exactly when :func:`pair_agrees`."""
-    return torch.tensor([value, -value], dtype=torch.int64)
+    ``[max d, -min d]``, so the ranks agree exactly when :func:`pair_agrees`. Filled where
+    it is made: on a GPU, a copy from the host would wait for the stream's queue."""
+    pair = torch.full((2,), value, dtype=torch.int64, device=device)
+    pair[1:].neg_()
+    return pair
 
 
 def pair_agrees(reduced: torch.Tensor) -> bool:
@@ -223,9 +226,9 @@ def every_fingerprint(group, row: bytes, device, timeout) -> list[bytes]:
     return [bytes(r) for r in gathered.view(world_size, -1).cpu().numpy()]
 
 
-def _digests(row: bytes) -> torch.Tensor:
+def _digests(row: bytes, device: torch.device | None = None) -> torch.Tensor:
     """The :func:`digest_pair` of fingerprint ``row``."""
-    return digest_pair(digest(row))
+    return digest_pair(digest(row), device)
 
 
 def agree(

@@ -12,7 +12,7 @@ callbacks, and on gloo it hung or aborted with a collective mismatch in our
 runs). Without the scheduler the hook does everything before returning: the
 baseline that shows what overlap buys. On CUDA the worker runs on its own stream,
 ordered after backward's stream, and the futures carry that stream's events to
-DDP (written for NCCL; not yet run on a GPU).
+DDP (run once on one GPU with a one-rank NCCL group: README, "What has run on a GPU").
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
@@ -105,10 +105,11 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
         future.set_result(buffer)
         return future
 
-    producer = torch.cuda.current_stream(cuda) if cuda else None
+    # Backward's stream has written the bucket by now; what it queues later is not waited for
+    written = torch.cuda.current_stream(cuda).record_event() if cuda else None
 
     def submit() -> None:
-        with state.pipeline.side_stream(producer):
+        with state.pipeline.side_stream(written):
             state.pipeline.submit(pairs, future, buffer, last, handed)
 
     state.worker.submit(submit)
@@ -140,15 +141,15 @@ class Pipeline:
         self.failure: BaseException | None = None
 
     @contextlib.contextmanager
-    def side_stream(self, producer):
-        """On CUDA, run on the scheduler's own stream, after the work queued on
-        ``producer`` (backward's stream, which wrote the bucket); on CPU, nothing."""
-        if producer is None:
+    def side_stream(self, written):
+        """On CUDA, run on the scheduler's own stream, after the event ``written`` (recorded
+        on backward's stream when it handed the bucket over); on CPU (None), nothing."""
+        if written is None:
             yield
             return
         if self.stream is None:
-            self.stream = torch.cuda.Stream(producer.device)
-        self.stream.wait_stream(producer)
+            self.stream = torch.cuda.Stream(written.device)
+        self.stream.wait_event(written)
         with torch.cuda.stream(self.stream):
             yield
 
