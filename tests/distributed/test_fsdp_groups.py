@@ -132,3 +132,15 @@ def test_cpu_mesh_is_the_group_itself_on_the_cpu():
     assert found[0] == found[1] == ["cpu", [0, 1, 2], True, "cpu", [0, 1]]
     assert found[2] == ["cpu", [0, 1, 2], True, found[2][3]]
     assert "this rank is not in it" in found[2][3]
+
+
+def _unnamed_backend_mesh(rank, world_size):
+    """A world made without naming a backend (``init_process_group()``): gloo on this
+    machine, ``"undefined"`` by name."""
+    mesh = cp.fsdp.cpu_mesh()
+    return [dist.get_backend(), mesh.device_type, mesh.mesh.tolist()]
+
+
+def test_cpu_mesh_of_a_world_made_without_naming_a_backend():
+    found = run_distributed(_unnamed_backend_mesh, 2, backend=None, timeout=60)
+    assert found == [["undefined", "cpu", [0, 1]]] * 2  # before: "a CPU mesh needs gloo"

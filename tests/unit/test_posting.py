@@ -43,8 +43,10 @@ def test_receives_go_ahead_only_for_a_chain_of_cpu_tensors_off_nccl(monkeypatch)
         SimpleNamespace(device=torch.device("cpu")),
         SimpleNamespace(device=torch.device("meta")),
     )
-    for name, expected in (("gloo", True), ("nccl", False)):
+    made = (("gloo", "cpu:gloo,cuda:gloo", True), ("nccl", "cuda:nccl", False))
+    for name, pairs, expected in made:
         monkeypatch.setattr(p2p.dist, "get_backend", lambda group=None, name=name: name)
+        monkeypatch.setattr(p2p.dist, "get_backend_config", lambda group=None, p=pairs: p)
         assert executor._may_receive_ahead(ring, on_cpu, None) is expected
         assert not executor._may_receive_ahead(ring, on_meta, None)
         assert not executor._may_receive_ahead(backend, on_cpu, None)

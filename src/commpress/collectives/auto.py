@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.sim import tuner
+from commpress.transport import backends
 
 AUTO = tuner.AUTO
 
@@ -32,7 +33,7 @@ def resolve(
         codec,
         algorithm,
         on_cpu=inp.device.type == "cpu",
-        backend=dist.get_backend(group),
+        backend=backends.name(group),
         error_feedback=error_feedback,
         chunk_bytes=chunk_bytes,
         placement=placement(group),

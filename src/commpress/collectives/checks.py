@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_on_every_rank
+from commpress.transport import backends
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
@@ -79,7 +80,7 @@ def check_device(algorithm: str, op: str, tensor: torch.Tensor, group) -> None:
             f"algorithm {algorithm!r} moves CPU or CUDA tensors; inp is on {tensor.device}: "
             "use algorithm 'ring' or 'backend'"
         )
-    backend = dist.get_backend(group)
+    backend = backends.name(group)
     if "nccl" in backend:
         raise ValueError(
             f"algorithm {algorithm!r} sets up and checks each call on its group, with CPU "

@@ -38,7 +38,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.transport import collective
+from commpress.transport import backends, collective
 from commpress.transport.p2p import Pending, wait
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -248,8 +248,8 @@ def agree(
 
 
 def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
-    """NCCL moves only CUDA tensors; every other backend takes the fingerprint on the CPU."""
-    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    """On the CPU where the group moves CPU tensors; else (NCCL alone) on the device."""
+    return torch.device("cpu") if backends.moves(group, "cpu") else device
 
 
 def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:

@@ -36,6 +36,7 @@ from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
+from commpress.transport import backends
 
 try:
     AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
@@ -71,7 +72,7 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
     if not dist.is_initialized():
         raise ValueError("cpu_mesh needs torch.distributed initialised: call init_process_group")
     group = dist.group.WORLD if group is None else group
-    backend = dist.get_backend(group)
+    backend = backends.name(group)
     if "gloo" not in backend:
         raise ValueError(f"group's backend is {backend!r}: a CPU mesh needs one with gloo")
     return DeviceMesh.from_group(group, "cpu")
@@ -223,7 +224,7 @@ def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) 
             for pg in group.process_groups:
                 try:
                     tuner.check(op, dtype, dist.get_world_size(pg), spec.codec, spec.algorithm,
-                                on_cpu=on_cpu, backend=dist.get_backend(pg),
+                                on_cpu=on_cpu, backend=backends.name(pg),
                                 error_feedback=feedback,
                                 placement=auto.placement(pg))  # fmt: skip
                 except ValueError as error:

@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.transport import backends
+
 
 class Batch:
     """Sends and receives posted together; peers are group ranks. CPU tensors on a group
@@ -65,8 +67,8 @@ class Batch:
 def must_stage(group: dist.ProcessGroup, on_cpu: bool) -> bool:
     """Whether a batch goes through host memory: some of its tensors are on a GPU
     (``on_cpu`` False) and the group's backend moves host memory only (a group that names
-    NCCL moves CUDA tensors itself)."""
-    return not on_cpu and "nccl" not in dist.get_backend(group)
+    NCCL moves CUDA tensors itself, whatever name it was made with: :mod:`~.backends`)."""
+    return not on_cpu and "nccl" not in backends.name(group)
 
 
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,9 +82,10 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def sends_may_go_alone(group: dist.ProcessGroup | None) -> bool:
-    """Whether a send may be posted in a batch of its own, its ring partner's receive in a
-    later one: not on NCCL, where both must be in one group or a large message deadlocks."""
-    return dist.get_backend(_group(group)) != "nccl"
+    """Whether a send of CPU tensors may be posted in a batch of its own, its ring partner's
+    receive in a later one: where a backend other than NCCL moves them (on NCCL both must be
+    in one group or a large message deadlocks)."""
+    return backends.moves(_group(group), "cpu") not in (None, "nccl")
 
 
 def post_each(

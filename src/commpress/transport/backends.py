@@ -1,0 +1,26 @@
+"""Which backend of a process group moves the tensors of which device.
+
+``dist.get_backend`` gives the name a group was made with, not what moves its tensors: a
+group made without naming a backend (``init_process_group()``, which ``init_device_mesh``
+calls where nothing is initialised, and every group made after it) is ``"undefined"``,
+whatever torch chose for it: NCCL alone where a GPU is visible (nothing moves CPU tensors
+there), gloo where not. ``dist.get_backend_config`` says which (``"cuda:nccl"``,
+``"cpu:gloo,cuda:gloo"``)."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def moves(group: dist.ProcessGroup | None, device_type: str) -> str | None:
+    """The backend that moves ``group``'s tensors of ``device_type`` ("gloo", "nccl"), or
+    None where none does."""
+    pairs = dict(pair.split(":", 1) for pair in dist.get_backend_config(group).split(","))
+    return pairs.get(device_type)
+
+
+def name(group: dist.ProcessGroup | None) -> str:
+    """``dist.get_backend(group)``, or, for a group made without naming a backend, its
+    device:backend pairs ("cuda:nccl" where a GPU is visible, "cpu:gloo" where not)."""
+    backend = dist.get_backend(group)
+    return dist.get_backend_config(group) if backend == dist.Backend.UNDEFINED else backend

@@ -1,0 +1,78 @@
+"""Which backend moves a group's tensors, read from the pairs torch chose for the group
+(``dist.get_backend_config``), not from the name it was made with: a group made without
+naming one (``init_process_group()``, which ``init_device_mesh`` calls where nothing is
+initialised) is ``"undefined"`` by name, and on a machine with a GPU it is NCCL alone
+("cuda:nccl": no backend for CPU tensors). What each machine reports is patched in."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commpress.collectives import checks, fingerprint
+from commpress.transport import p2p
+
+#: (dist.get_backend, dist.get_backend_config) of groups made in these ways
+GLOO = ("gloo", "cpu:gloo,cuda:gloo")
+NCCL = ("nccl", "cuda:nccl")
+MIXED = ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl")
+UNNAMED_ON_A_GPU_MACHINE = ("undefined", "cuda:nccl")
+UNNAMED_ON_A_CPU_MACHINE = ("undefined", "cpu:gloo")
+
+
+@pytest.fixture
+def made(monkeypatch):
+    def make(reported):
+        name, config = reported
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: name)
+        monkeypatch.setattr(dist, "get_backend_config", lambda group=None: config)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "reported, cpu, cuda",
+    [(GLOO, "gloo", "gloo"), (NCCL, None, "nccl"), (MIXED, "gloo", "nccl"),
+     (UNNAMED_ON_A_GPU_MACHINE, None, "nccl"), (UNNAMED_ON_A_CPU_MACHINE, "gloo", None)],
+)  # fmt: skip
+def test_the_backend_of_each_device(made, reported, cpu, cuda):
+    from commpress.transport import backends
+
+    made(reported)
+    assert backends.moves(None, "cpu") == cpu and backends.moves(None, "cuda") == cuda
+
+
+@pytest.mark.parametrize(
+    "reported, staged, alone, digest_on",
+    [(GLOO, True, True, "cpu"), (NCCL, False, False, "cuda"), (MIXED, False, True, "cpu"),
+     (UNNAMED_ON_A_GPU_MACHINE, False, False, "cuda"),
+     (UNNAMED_ON_A_CPU_MACHINE, True, True, "cpu")],
+)  # fmt: skip
+def test_cuda_tensors_go_where_the_group_moves_them(made, reported, staged, alone, digest_on):
+    """A group that NCCL alone moves gets its CUDA tensors unstaged and the argument
+    check's digest on the GPU: host memory has no backend there (before, a group made
+    without naming a backend had every message staged into host memory and its digest
+    all-reduced on the CPU, which NCCL refuses: every compressed collective failed)."""
+    made(reported)
+    assert p2p.must_stage(None, on_cpu=False) is staged
+    assert p2p.sends_may_go_alone(None) is alone
+    device = torch.device("cuda", 0)
+    assert fingerprint._fingerprint_device(None, device).type == digest_on
+
+
+@pytest.mark.parametrize(
+    "reported, refused",
+    [(GLOO, False), (NCCL, True), (MIXED, True), (UNNAMED_ON_A_GPU_MACHINE, True),
+     (UNNAMED_ON_A_CPU_MACHINE, False)],
+)  # fmt: skip
+def test_multicast_needs_a_group_without_nccl_whatever_its_name(made, reported, refused):
+    made(reported)
+    tensor = types.SimpleNamespace(device=torch.device("cuda", 0))
+    if refused:
+        with pytest.raises(ValueError, match="cuda:nccl|nccl"):
+            checks.check_device("multicast", "all_gather", tensor, None)
+    else:
+        checks.check_device("multicast", "all_gather", tensor, None)
