@@ -152,6 +152,15 @@ def unsharded_parameters(group: ParamGroup) -> list[torch.Tensor]:
     ]
 
 
+def unshard_asynchronously(module: torch.nn.Module) -> None:
+    """Have FSDP2 call ``module``'s own all-gathers with ``async_op=True`` and wait on the
+    returned ``Work`` only when it needs the parameters (``FSDPParamGroup.unshard_async_op``,
+    which ``FSDPModule._set_unshard_async_op`` sets on a module and all below it)."""
+    for group in _state_param_groups(module):
+        _attribute(group, "unshard_async_op", "FSDPParamGroup.unshard_async_op")
+        group.unshard_async_op = True
+
+
 def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
     c10d = _module("torch._C._distributed_c10d")
     return _attribute(

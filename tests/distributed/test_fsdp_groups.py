@@ -51,25 +51,46 @@ def _train(model, rank) -> list[torch.Tensor]:
 
 
 def _mixed(rank, world_size):
-    used_groups = []
+    used_groups, asked_async = [], []
     real = fsdp_integration.all_gather_into_tensor
+    real_call = fsdp_integration.CompressedAllGather.__call__
 
     def recording(out, inp, group, **kwargs):
         used_groups.append(group)
         return real(out, inp, group, **kwargs)
 
+    def call(self, output_tensor, input_tensor, group, async_op=False):
+        asked_async.append(async_op)
+        return real_call(self, output_tensor, input_tensor, group, async_op)
+
     fsdp_integration.all_gather_into_tensor = recording
+    fsdp_integration.CompressedAllGather.__call__ = call
     try:
         results = {}
-        for prefetch in (False, True):
+        for prefetch, blocking in ((False, False), (True, False), (True, True)):
             model = _model(prefetch)
             compression = cp.fsdp.compress(model, all_gather="int8", reduce_scatter=None)
-            results[prefetch] = _train(model, rank)
+            if blocking:  # FSDP2's default, which blocks the training thread
+                for module in model.modules():
+                    for group in _torch_private._state_param_groups(module):
+                        group.unshard_async_op = False
+            calls_before = len(asked_async)
+            results[prefetch, blocking] = _train(model, rank)
+        blocking_calls = asked_async[calls_before:]
+        asked_async = asked_async[:calls_before]
     finally:
         fsdp_integration.all_gather_into_tensor = real
+        fsdp_integration.CompressedAllGather.__call__ = real_call
     fsdp_group = _torch_private.fsdp_param_groups(model[0])[0].process_groups[0]
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(results[a], results[b], strict=True))
+
     return {
-        "same": all(torch.equal(a, b) for a, b in zip(results[False], results[True], strict=True)),
+        "same": same((False, False), (True, False)),
+        "same_as_blocking": same((True, False), (True, True)),
+        "asked_async": set(asked_async),
+        "blocking_asked_async": set(blocking_calls),
         "calls": len(used_groups),
         "on_fsdp_group": sum(g is fsdp_group for g in used_groups),
         "twin_ranks": {tuple(dist.get_process_group_ranks(g)) for g in used_groups},
@@ -79,12 +100,19 @@ def _mixed(rank, world_size):
 
 
 def test_compressed_all_gather_with_torch_reduce_scatter_and_prefetching():
+    """The same bits with and without prefetching, and with FSDP2 waiting on each all-gather
+    where it needs the parameters or blocking the training thread on each."""
     for result in run_distributed(_mixed, 2, timeout=180):
         assert result["calls"] >= 2 * STEPS * 5  # every layer, forward and backward
         assert result["on_fsdp_group"] == 0, "commpress shared FSDP's group"
         assert result["twin_ranks"] == {(0, 1)}
         assert result["twin"] and result["native_keeps"]
         assert result["same"], "prefetching changed the result"
+        # FSDP2 waits on the compressed all-gathers only where it needs the parameters,
+        # and gets the same result as when it blocks on each (its default)
+        assert result["asked_async"] == {True}
+        assert result["blocking_asked_async"] == {False}
+        assert result["same_as_blocking"]
 
 
 def _ring_hop_zfp(rank, world_size):

@@ -98,6 +98,11 @@ def compress(
     every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
+
+    A module whose all-gather is compressed has FSDP2 call it with ``async_op=True`` and
+    wait for it only where it needs the parameters, so that a prefetched all-gather (in
+    backward, or in forward after ``set_modules_to_forward_prefetch``) runs while the
+    training thread goes on.
     """
     if _unavailable is not None:
         raise _unavailable
@@ -159,6 +164,9 @@ def compress(
             module.set_custom_all_gather(
                 CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
             )
+            # Called with async_op=False, a compressed all-gather blocks the training thread
+            # until it has finished (torch's NCCL one only until it is queued on a stream)
+            _torch_private.unshard_asynchronously(module)
         if scatter is not None:
             module.set_custom_reduce_scatter(
                 CompressedReduceScatter(
