@@ -332,3 +332,66 @@ def _futures_unordered(rank, world_size, which):
 
     work.CollectiveWork.torch_future = cpu_future
     return _adapters(rank, world_size, which, "communication")
+
+
+class _Bucket:
+    """What DDP hands a comm hook: one parameter whose gradient is the whole buffer."""
+
+    def __init__(self, parameter: torch.Tensor, buffer: torch.Tensor):
+        self._parameter, self._buffer = parameter, buffer
+
+    def parameters(self):
+        return [self._parameter]
+
+    def gradients(self):
+        return [self._buffer.view_as(self._parameter)]
+
+    def buffer(self):
+        return self._buffer
+
+    def is_last(self):
+        return True
+
+
+def _lowrank_hooks(rank, world_size, broken=False):
+    """The low-rank scheduler's result on a bucket its producer is still writing (a slow
+    kernel queued before the write), read on the caller's stream right after the future,
+    against the serial hook's on the same values (which runs on the caller's stream).
+    ``broken``: the scheduler's stream does not wait for the bucket's writer."""
+    from commpress.lowrank import hook as lowrank_hook
+
+    torch.cuda.set_device(0)
+    if broken:
+        lowrank_hook.Pipeline.side_stream = _side_stream_without_wait
+    parameter = torch.zeros(1024, 1024, device="cuda")
+    values = _values()
+    seen = {}
+    for scheduler in (False, True, True):  # the first scheduled run compiles nothing late
+        state, hook = cp.lowrank.ddp_hook(
+            "powersgd:rank=4,start_iter=0,warm_start=false", scheduler=scheduler
+        )
+        buffer = torch.zeros(NUMEL, device="cuda")
+        cuda_sleep(SLEEP_CYCLES)
+        buffer.copy_(values)
+        result = hook(state, _Bucket(parameter, buffer)).wait()
+        seen[scheduler] = result.clone()  # on the caller's stream, without synchronising
+        torch.cuda.synchronize()
+    return _verdict(seen[True].cpu(), seen[False])
+
+
+@contextlib.contextmanager
+def _side_stream_without_wait(self, written):
+    if self.stream is None:
+        self.stream = torch.cuda.Stream()
+    with torch.cuda.stream(self.stream):
+        yield
+
+
+def test_the_lowrank_scheduler_waits_for_the_bucket_and_its_future_for_it():
+    ok, detail = run_distributed(_lowrank_hooks, 1, backend="nccl", timeout=180)[0]
+    assert ok, detail
+
+
+def test_a_lowrank_scheduler_that_does_not_wait_for_the_bucket_is_caught():
+    ok, detail = run_distributed(_lowrank_hooks, 1, True, backend="nccl", timeout=180)[0]
+    assert not ok, f"the scheduler ignored the bucket's writer, yet the check passed ({detail})"
