@@ -70,10 +70,12 @@ def test_multicast_takes_cuda_tensors_only_on_a_group_that_moves_cpu_tensors(
     """Its payloads are staged through host memory, but its channel's set-up and each
     call's argument check move CPU tensors on the group: not on NCCL (which FSDP2 on GPUs
     uses), where they would go untested."""
+    config = {"gloo": "cpu:gloo,cuda:gloo", "nccl": "cuda:nccl"}.get(backend, backend)
     monkeypatch.setattr(checks.dist, "get_backend", lambda group: backend)
+    monkeypatch.setattr(checks.dist, "get_backend_config", lambda group: config)
     tensor = types.SimpleNamespace(device=torch.device(device))
     if refused:
-        with pytest.raises(ValueError, match="multicast"):
+        with pytest.raises(ValueError, match="multicast|moves no CPU tensors"):
             checks.check_device("multicast", "all_gather", tensor, None)
     else:
         checks.check_device("multicast", "all_gather", tensor, None)
@@ -255,3 +257,23 @@ def test_one_rank_with_bad_multicast_options_makes_every_rank_raise():
     for name, message in run_distributed(_one_rank_with_bad_multicast_options, 3, timeout=60):
         assert name == "MulticastSetupError"
         assert "rank 1: COMMPRESS_MULTICAST: loss must be a probability" in message
+
+
+def _cpu_tensors_on_an_nccl_group(rank, world_size):
+    if rank != 0:
+        return None
+    dist.get_backend_config = lambda group=None: "cuda:nccl"  # what an NCCL-only group says
+    calls = {
+        "all_gather": lambda: cp.all_gather_into_tensor(torch.zeros(16), torch.zeros(8)),
+        "reduce_scatter": lambda: cp.reduce_scatter_tensor(torch.zeros(4), torch.zeros(8)),
+        "all_reduce": lambda: cp.all_reduce(torch.zeros(8), codec="int8"),
+    }
+    return _errors_without_communication(calls)
+
+
+def test_cpu_tensors_on_a_group_that_moves_none_are_refused_before_communicating():
+    errors = run_distributed(_cpu_tensors_on_an_nccl_group, 2, timeout=60)[0]
+    assert set(errors) == {"all_gather", "reduce_scatter", "all_reduce"}
+    for op, (kind, message) in errors.items():
+        argument = "tensor" if op == "all_reduce" else "inp"
+        assert kind == "ValueError" and f"{argument} is on the CPU" in message, (op, message)

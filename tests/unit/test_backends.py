@@ -76,3 +76,23 @@ def test_multicast_needs_a_group_without_nccl_whatever_its_name(made, reported, 
             checks.check_device("multicast", "all_gather", tensor, None)
     else:
         checks.check_device("multicast", "all_gather", tensor, None)
+
+
+@pytest.mark.parametrize(
+    "reported, refused",
+    [(GLOO, False), (NCCL, True), (MIXED, False), (UNNAMED_ON_A_GPU_MACHINE, True),
+     (UNNAMED_ON_A_CPU_MACHINE, False)],
+)  # fmt: skip
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_cpu_tensors_on_a_group_that_moves_none_are_refused_up_front(made, reported, refused, op):
+    """Before, a CPU tensor on an NCCL-only group with `ring` failed inside the collective
+    (torch's "No backend type associated with device type cpu"), on the communication thread."""
+    made(reported)
+    tensor = torch.zeros(4)
+    argument = "tensor" if op == "all_reduce" else "inp"
+    if refused:
+        with pytest.raises(ValueError, match=f"{argument} is on the CPU.*moves no CPU tensors"):
+            checks.check_device("ring", op, tensor, None, argument)
+    else:
+        checks.check_device("ring", op, tensor, None, argument)
+    checks.check_device("native", op, tensor, None, argument)  # torch's own says it itself

@@ -16,6 +16,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
+    check_device,
     check_op,
     check_reduction_dtype,
     check_same_result_on_every_rank,
@@ -55,6 +56,7 @@ def all_reduce(
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError("tensor must be contiguous")
+    check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
         work = collective.all_reduce(tensor, op, group)
         return work if async_op else wait(work, timeout)

@@ -69,15 +69,25 @@ def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
 
 
-def check_device(algorithm: str, op: str, tensor: torch.Tensor, group) -> None:
+def check_device(
+    algorithm: str, op: str, tensor: torch.Tensor, group, argument: str = "inp"
+) -> None:
     """An algorithm whose transport moves host memory takes CPU tensors, and CUDA tensors
     (their payloads staged through host memory) on a group that moves CPU tensors (its
-    set-up and argument check run there); anything else is refused up front."""
-    if algorithm == NATIVE or not get_algorithm(algorithm, op).host_transport:
+    set-up and argument check run there); anything else is refused up front, and so are
+    CPU tensors on a group that moves none (NCCL alone)."""
+    if algorithm == NATIVE:
+        return
+    if tensor.device.type == "cpu" and backends.moves(group, "cpu") is None:
+        raise ValueError(
+            f"{argument} is on the CPU, and a {backends.name(group)} group moves no CPU tensors: "
+            "use a gloo group for them, e.g. dist.new_group(backend='gloo'), or CUDA tensors"
+        )
+    if not get_algorithm(algorithm, op).host_transport:
         return
     if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"algorithm {algorithm!r} moves CPU or CUDA tensors; inp is on {tensor.device}: "
+            f"algorithm {algorithm!r} moves CPU or CUDA tensors; {argument} is on {tensor.device}: "
             "use algorithm 'ring' or 'backend'"
         )
     backend = backends.name(group)

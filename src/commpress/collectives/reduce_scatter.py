@@ -33,6 +33,7 @@ from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_chunk_bytes,
+    check_device,
     check_op,
     check_pair,
     check_reduction_dtype,
@@ -90,6 +91,7 @@ def reduce_scatter_tensor(
     )
     check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_residual(residual, inp, algorithm)
+    check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
         work = collective.reduce_scatter(out, inp, op, group)
         return work if async_op else wait(work, timeout)
