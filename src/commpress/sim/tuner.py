@@ -14,7 +14,8 @@ computes the same choice from the same settings. Choices are cached per (op, ele
 backend, request) and each is logged once (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
 different collective, and where one of them is ``native`` (which has no argument check)
-the ranks can hang as with torch's own collectives called out of order.
+the ranks can hang as with torch's own collectives called out of order, or one of them be
+ended by gloo; so can ranks whose arguments differ, one of which the tuner gives to torch.
 
 The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TOPOLOGY``
 (``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``; default ``switch``),
