@@ -10,6 +10,7 @@ import torch
 
 import commpress as cp
 from commpress.codecs import registry
+from commpress.schedules import wire
 from commpress.testing import assert_same_bits
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,6 +37,18 @@ def test_spec_options_are_parsed_and_round_trip():
     assert str(cp.get_codec("int8")) == "int8"
     assert cp.get_codec(str(codec)) == codec
     assert cp.get_codec(codec) is codec
+
+
+@pytest.mark.parametrize("rate", [3.1249999, 7.1234567, 8.5, 16.0])
+def test_a_float_option_round_trips_through_the_canonical_spec(rate):
+    # str(codec) is what the schedules, the wire-byte counts and the argument check carry;
+    # 6 digits made 3.1249999 read back as 3.125, whose zfp stream is a bit per block longer
+    codec = cp.get_codec(f"zfp:rate={rate}")
+    assert cp.get_codec(str(codec)) == codec
+    numel = 4096
+    sent = wire.wire_bytes("all_gather", "ring-hop", codec, numel, 2, torch.float32)
+    payload = codec.encode(torch.randn(numel))
+    assert sent == codec.wire_bytes(numel, torch.float32) == payload.numel()
 
 
 def test_unknown_codec_lists_known_names():

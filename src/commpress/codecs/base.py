@@ -169,5 +169,6 @@ def _format_option(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:g}"
+        short = f"{value:g}"  # 6 digits: the spec must parse back to this very value
+        return short if float(short) == value else repr(value)
     return str(value)
