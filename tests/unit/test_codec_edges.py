@@ -317,6 +317,16 @@ def test_encode_out_of_the_wrong_size_is_refused(spec):
 
 
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_an_out_that_is_not_a_tensor_is_refused_by_name(spec):
+    codec = make(spec)
+    x = torch.randn(100)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got list"):
+        codec.encode(x, out=[0] * codec.wire_bytes(100, torch.float32))
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got list"):
+        codec.decode(codec.encode(x), 100, torch.float32, out=[0.0] * 100)
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
 def test_inputs_that_require_grad_are_encoded_outside_autograd(spec):
     codec = make(spec)
     x = torch.randn(300, requires_grad=True)

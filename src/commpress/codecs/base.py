@@ -86,16 +86,14 @@ class CodecBase:
 
     def check_input(self, x: torch.Tensor) -> torch.Tensor:
         """Validate ``x`` and return it as a contiguous 1-D view (or copy), outside autograd."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_tensor(x, "x")
         self.check_dtype(x.dtype, "x.dtype")
         if x.dim() == 1 and not x.requires_grad and x.is_contiguous():
             return x  # as it is: each view costs microseconds, on every call
         return x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
-        if not isinstance(payload, torch.Tensor):
-            raise TypeError(f"payload must be a torch.Tensor, got {type(payload).__name__}")
+        check_tensor(payload, "payload")
         if payload.dtype != torch.uint8 or payload.dim() != 1:
             raise ValueError(
                 f"payload must be a 1-D torch.uint8 tensor, got {payload.dtype} "
@@ -117,6 +115,7 @@ class CodecBase:
         size = self.wire_bytes(x.numel(), x.dtype)
         if out is None:
             return torch.empty(size, dtype=torch.uint8, device=x.device)
+        check_tensor(out, "out")
         if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != size:
             raise ValueError(
                 f"out must be a 1-D torch.uint8 tensor of {size} bytes, got {out.dtype} "
@@ -132,6 +131,7 @@ class CodecBase:
         """The 1-D destination of a decode: ``out`` (checked) or a new tensor."""
         if out is None:
             return torch.empty(numel, dtype=dtype, device=device)
+        check_tensor(out, "out")
         if out.dtype != dtype or out.numel() != numel or out.device != device:
             raise ValueError(
                 f"out must hold {numel} elements of {dtype} on {device}, got "
@@ -140,6 +140,11 @@ class CodecBase:
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
         return out if out.dim() == 1 else out.view(-1)
+
+
+def check_tensor(value: object, argument: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor, got {type(value).__name__}")
 
 
 def check_numel(numel: int) -> None:
