@@ -317,6 +317,12 @@ def test_encode_out_of_the_wrong_size_is_refused(spec):
 
 
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_an_error_bound_of_a_non_tensor_is_refused_by_name(spec):
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        make(spec).error_bound([1.0, 2.0])
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
 def test_an_out_that_is_not_a_tensor_is_refused_by_name(spec):
     codec = make(spec)
     x = torch.randn(100)

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from commpress.codecs.base import CodecBase, check_numel, view_as_dtype
+from commpress.codecs.base import CodecBase, check_numel, check_tensor, view_as_dtype
 from commpress.codecs.registry import register
 
 
@@ -34,4 +34,5 @@ class NoneCodec(CodecBase):
         return self.output(out, numel, dtype, payload.device).copy_(values)
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x")
         return torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
