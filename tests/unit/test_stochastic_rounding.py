@@ -96,3 +96,19 @@ def test_round_to_nearest_draws_no_noise():
     codec = cp.get_codec("int8")
     assert codec.noise(4, torch.device("cpu")) is None
     assert math.isclose(codec.grid_error, 0.5)
+
+
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_value_on_the_grid_is_never_rounded_away(spec, impl, monkeypatch):
+    """The largest noise below 1 must leave a grid point where it is: ``-127 + u``
+    rounded in fp32 is -126, whose floor moved a constant negative block by a step."""
+    codec = cp.get_codec(f"{spec},impl={impl}")
+    largest = 1.0 - 2.0**-24  # the largest value torch.rand draws in fp32
+    monkeypatch.setattr(
+        type(codec), "noise", lambda self, rows, device: torch.full((rows, self.block), largest)
+    )
+    extremes = torch.tensor([-1.5, 1.5, 0.0, -1.5]).repeat(16)  # codes -qmax, qmax and 0
+    for x in (torch.full((128,), -1.5), extremes):
+        decoded = codec.decode(codec.encode(x), x.numel(), torch.float32)
+        assert torch.equal(decoded, x)
