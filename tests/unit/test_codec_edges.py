@@ -332,6 +332,24 @@ def test_an_out_that_is_not_a_tensor_is_refused_by_name(spec):
         codec.decode(codec.encode(x), 100, torch.float32, out=[0.0] * 100)
 
 
+@pytest.mark.parametrize(
+    "spec", ["none", *LOSSY, "int8:impl=fused", "int4:impl=fused", "fp8:impl=fused"]
+)
+def test_an_out_overwritten_after_autograd_saved_it_fails_backward(spec):
+    """The native kernels write by address; without the version bump that torch's in-place
+    ops make, backward used the decoded values instead of the saved ones: a wrong gradient."""
+    codec = make(spec)
+    weight, saved = torch.ones(256, requires_grad=True), torch.full((256,), 2.0)
+    loss = (weight * saved).sum()  # saves ``saved`` for the gradient of ``weight``
+    payload = codec.encode(torch.full((256,), 5.0))
+    codec.decode(payload, 256, torch.float32, out=saved)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    version = payload._version
+    codec.encode(torch.randn(256), out=payload)
+    assert payload._version > version
+
+
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
 def test_inputs_that_require_grad_are_encoded_outside_autograd(spec):
     codec = make(spec)

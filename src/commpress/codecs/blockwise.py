@@ -26,6 +26,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import increment_version
 
 from commpress.codecs import native, rounding_noise
 from commpress.codecs.base import CodecBase, check_numel, is_aligned, view_as_dtype
@@ -165,6 +166,8 @@ class BlockScaledCodec(CodecBase):
         flat = self.check_input(x)
         payload = self.payload_buffer(out, flat)
         fast = self._native(self.native_encode, flat)
+        if fast and out is not None:
+            increment_version(out)  # C writes by address: autograd must see a change, as for copy_
         if fast and self._encode_by_address(fast, flat, payload):
             return payload
         whole_blocks, tail = divmod(flat.numel(), self.block)
@@ -210,6 +213,8 @@ class BlockScaledCodec(CodecBase):
         self.check_payload(payload, numel, dtype)
         result = self.output(out, numel, dtype, payload.device)
         fast = self._native(self.native_decode, result)
+        if fast and out is not None:
+            increment_version(out)  # as in encode: backward then refuses it if it was saved
         if fast and self._decode_by_address(fast, payload, numel, result):
             return result
         whole_blocks, tail = divmod(numel, self.block)
