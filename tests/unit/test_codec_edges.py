@@ -120,6 +120,12 @@ def test_none_is_bit_exact_for_any_dtype(dtype):
     assert torch.equal(decoded.view(torch.uint8), x.reshape(-1).view(torch.uint8))
 
 
+def test_none_sends_the_values_of_a_conjugate_view():
+    codec = cp.get_codec("none")
+    x = torch.randn(8, dtype=torch.complex64).conj()  # lazy: its memory holds x's conjugate
+    assert torch.equal(codec.decode(codec.encode(x), 8, x.dtype), x.resolve_conj())
+
+
 def test_none_keeps_nan_payloads_bit_exact():
     x = torch.tensor([float("nan"), -float("inf"), -0.0, 1.5])
     decoded = cp.get_codec("none").decode(cp.get_codec("none").encode(x), 4, torch.float32)
