@@ -126,6 +126,16 @@ def test_none_sends_the_values_of_a_conjugate_view():
     assert torch.equal(codec.decode(codec.encode(x), 8, x.dtype), x.resolve_conj())
 
 
+@pytest.mark.parametrize("spec", LOSSY)
+def test_a_lazy_negation_is_encoded_with_its_sign(spec):
+    """The imaginary part of a conjugate is a lazy negation, contiguous as one element:
+    fp16 cast it into the payload without its sign."""
+    x = torch.randn(4, dtype=torch.complex64).conj().imag[:1]
+    codec = make(spec)
+    decoded = codec.decode(codec.encode(x), 1, x.dtype)
+    assert ((decoded - x).abs() <= codec.error_bound(x)).all()
+
+
 def test_none_keeps_nan_payloads_bit_exact():
     x = torch.tensor([float("nan"), -float("inf"), -0.0, 1.5])
     decoded = cp.get_codec("none").decode(cp.get_codec("none").encode(x), 4, torch.float32)

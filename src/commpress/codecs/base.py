@@ -88,9 +88,11 @@ class CodecBase:
         """Validate ``x`` and return it as a contiguous 1-D view (or copy), outside autograd."""
         check_tensor(x, "x")
         self.check_dtype(x.dtype, "x.dtype")
-        if x.dim() == 1 and not x.requires_grad and x.is_contiguous():
+        lazy = x.is_conj() or x.is_neg()  # x.conj() and its .imag: memory that is not x
+        if x.dim() == 1 and not x.requires_grad and x.is_contiguous() and not lazy:
             return x  # as it is: each view costs microseconds, on every call
-        return x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
+        flat = x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
+        return flat.resolve_conj().resolve_neg() if lazy else flat
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         check_tensor(payload, "payload")

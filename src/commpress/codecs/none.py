@@ -24,8 +24,6 @@ class NoneCodec(CodecBase):
 
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = self.check_input(x)
-        if flat.is_conj() or flat.is_neg():  # lazy views (x.conj()): their bytes are not x's
-            flat = flat.resolve_conj().resolve_neg()
         return self.payload_buffer(out, flat).copy_(flat.view(torch.uint8))
 
     def decode(self, payload, numel, dtype, out=None):
