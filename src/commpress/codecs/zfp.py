@@ -125,10 +125,22 @@ class ZfpCodec(CodecBase):
         # from a finite one (the non-finite are flagged below)
         largest = torch.finfo(torch.float32).max
         values = torch.ldexp(torch.from_numpy(decoded), exponent).clamp_(-largest, largest)
+        values = self._saturate_within_reach(values, dtype)
         bad_groups = np.unpackbits(host[EXPONENT_BYTES:flag_end].numpy(), bitorder="little")
         bad = torch.from_numpy(bad_groups.astype(bool)).repeat_interleave(FLAG_GROUP)[:numel]
         values[bad] = torch.nan
         return result.copy_(values)
+
+    def _saturate_within_reach(self, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A 16-bit ``dtype``'s data near its largest can decode just past it (by at most
+        the error bound's share of the block's largest), which the cast would make Inf:
+        such values go to the largest; a value farther out came from wider data and casts
+        to Inf as before."""
+        largest = torch.finfo(dtype).max
+        if largest >= torch.finfo(torch.float32).max:
+            return values
+        reach = largest * (1 + 2.0 ** (7 - self.rate))
+        return torch.where(values.abs() <= reach, values.clamp(-largest, largest), values)
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         magnitude = self.check_input(x).float().abs()
