@@ -6,7 +6,7 @@ emulated hosts, all-gather and reduce-scatter ``SPEC`` (e.g. ``int8``); ``forwar
 prefetches each block's all-gather one block ahead in forward. Each round times one
 training step (forward, backward, AdamW) in each mode, their order alternating:
 
-- ``waited``: as ``cp.fsdp.compress`` sets it, FSDP2 calls the all-gathers with
+- ``waited``: ``cp.fsdp.compress(..., unshard_async_op=True)``: FSDP2 calls them with
   ``async_op=True`` and waits where it needs the parameters;
 - ``blocking``: FSDP2's default, ``async_op=False`` (every all-gather blocks the
   training thread until it has finished).
@@ -23,18 +23,18 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 import commpress as cp
-from commpress import _torch_private
 from commpress.bench.paired import paired_difference, slowest_rank_seconds
 from commpress.cluster import Emulated
 from commpress.train.model import GPT, GPTConfig
 
 WARMUP = 3
+MODES = ("waited", "blocking")
 
 
-def _model(spec: str, forward_prefetch: bool) -> GPT:
+def _model(spec: str, forward_prefetch: bool, waited: bool) -> GPT:
     torch.manual_seed(0)
     model = GPT(GPTConfig())
     mesh = cp.fsdp.cpu_mesh()
@@ -45,16 +45,8 @@ def _model(spec: str, forward_prefetch: bool) -> GPT:
         blocks = list(model.blocks)
         for block, following in zip(blocks, blocks[1:], strict=False):
             block.set_modules_to_forward_prefetch([following])
-    cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec)
+    cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec, unshard_async_op=waited)
     return model
-
-
-def _set_waited(model: GPT, waited: bool) -> None:
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        for group in _torch_private._state_param_groups(module):
-            group.unshard_async_op = waited
 
 
 def _step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> None:
@@ -64,8 +56,7 @@ def _step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) ->
 
 
 def _rounds(rank: int, world_size: int, rounds: int, spec: str, forward_prefetch: bool):
-    models = {mode: _model(spec, forward_prefetch) for mode in ("waited", "blocking")}
-    _set_waited(models["blocking"], False)
+    models = {mode: _model(spec, forward_prefetch, mode == "waited") for mode in MODES}
     optimizers = {mode: torch.optim.AdamW(m.parameters(), lr=1e-3) for mode, m in models.items()}
     generator = torch.Generator().manual_seed(rank)
     times = {mode: [] for mode in models}

@@ -67,16 +67,14 @@ def _mixed(rank, world_size):
     fsdp_integration.CompressedAllGather.__call__ = call
     try:
         results = {}
-        for prefetch, blocking in ((False, False), (True, False), (True, True)):
+        for prefetch, blocking in ((False, True), (True, True), (True, False)):
             model = _model(prefetch)
-            compression = cp.fsdp.compress(model, all_gather="int8", reduce_scatter=None)
-            if blocking:  # FSDP2's default, which blocks the training thread
-                for module in model.modules():
-                    for group in _torch_private._state_param_groups(module):
-                        group.unshard_async_op = False
+            compression = cp.fsdp.compress(
+                model, all_gather="int8", reduce_scatter=None, unshard_async_op=not blocking
+            )
             calls_before = len(asked_async)
             results[prefetch, blocking] = _train(model, rank)
-        blocking_calls = asked_async[calls_before:]
+        waited_calls = asked_async[calls_before:]
         asked_async = asked_async[:calls_before]
     finally:
         fsdp_integration.all_gather_into_tensor = real
@@ -87,10 +85,10 @@ def _mixed(rank, world_size):
         return all(torch.equal(x, y) for x, y in zip(results[a], results[b], strict=True))
 
     return {
-        "same": same((False, False), (True, False)),
+        "same": same((False, True), (True, True)),
         "same_as_blocking": same((True, False), (True, True)),
-        "asked_async": set(asked_async),
-        "blocking_asked_async": set(blocking_calls),
+        "blocking_asked_async": set(asked_async),
+        "waited_asked_async": set(waited_calls),
         "calls": len(used_groups),
         "on_fsdp_group": sum(g is fsdp_group for g in used_groups),
         "twin_ranks": {tuple(dist.get_process_group_ranks(g)) for g in used_groups},
@@ -100,18 +98,18 @@ def _mixed(rank, world_size):
 
 
 def test_compressed_all_gather_with_torch_reduce_scatter_and_prefetching():
-    """The same bits with and without prefetching, and with FSDP2 waiting on each all-gather
-    where it needs the parameters or blocking the training thread on each."""
+    """The same bits with and without prefetching, and with FSDP2 blocking the training
+    thread on each all-gather (its default) or waiting where it needs the parameters."""
     for result in run_distributed(_mixed, 2, timeout=180):
         assert result["calls"] >= 2 * STEPS * 5  # every layer, forward and backward
         assert result["on_fsdp_group"] == 0, "commpress shared FSDP's group"
         assert result["twin_ranks"] == {(0, 1)}
         assert result["twin"] and result["native_keeps"]
         assert result["same"], "prefetching changed the result"
-        # FSDP2 waits on the compressed all-gathers only where it needs the parameters,
-        # and gets the same result as when it blocks on each (its default)
-        assert result["asked_async"] == {True}
+        # FSDP2's default blocks on each all-gather; with unshard_async_op=True it waits
+        # only where it needs the parameters, for the same result
         assert result["blocking_asked_async"] == {False}
+        assert result["waited_asked_async"] == {True}
         assert result["same_as_blocking"]
 
 

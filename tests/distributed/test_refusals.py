@@ -73,9 +73,12 @@ def test_multicast_takes_cuda_tensors_only_on_a_group_that_moves_cpu_tensors(
     config = {"gloo": "cpu:gloo,cuda:gloo", "nccl": "cuda:nccl"}.get(backend, backend)
     monkeypatch.setattr(checks.dist, "get_backend", lambda group: backend)
     monkeypatch.setattr(checks.dist, "get_backend_config", lambda group: config)
+    monkeypatch.setattr(checks.dist, "get_world_size", lambda group: 2)
     tensor = types.SimpleNamespace(device=torch.device(device))
+    # CPU tensors on NCCL alone are refused before multicast's own check, for every algorithm
+    message = "inp is on the CPU" if (device, backend) == ("cpu", "nccl") else "multicast"
     if refused:
-        with pytest.raises(ValueError, match="multicast|moves no CPU tensors"):
+        with pytest.raises(ValueError, match=message):
             checks.check_device("multicast", "all_gather", tensor, None)
     else:
         checks.check_device("multicast", "all_gather", tensor, None)
@@ -167,6 +170,12 @@ def _bad_groups_and_flags(rank, world_size):
         "fsdp, error_feedback": lambda: cp.fsdp.compress(
             torch.nn.Linear(2, 2), "int8", "int8@alltoall", error_feedback="no"
         ),
+        "fsdp, unshard_async_op": lambda: cp.fsdp.compress(
+            torch.nn.Linear(2, 2), unshard_async_op="yes"
+        ),
+        "fsdp, unshard_async_op without all_gather": lambda: cp.fsdp.compress(
+            torch.nn.Linear(2, 2), None, "int8", unshard_async_op=True
+        ),
     }
     return _errors_without_communication(calls)
 
@@ -181,12 +190,15 @@ def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
         "low-rank hook, scheduler": "scheduler must be True or False, got 'no'",
         "low-rank hook, model": "model must be the torch.nn.Module DDP wraps, got str",
         "fsdp, error_feedback": "error_feedback must be True or False, got 'no'",
+        "fsdp, unshard_async_op": "unshard_async_op must be True or False, got 'yes'",
     }
     for name, message in expected.items():
         assert errors.get(name, (None, ""))[0] == "TypeError", (name, errors.get(name))
         assert message in errors[name][1], name
     kind, message = errors["ddp hook, not a member"]
     assert kind == "ValueError" and "this rank is not a member of the group" in message
+    kind, message = errors["fsdp, unshard_async_op without all_gather"]
+    assert kind == "ValueError" and "all_gather is None" in message
 
 
 def _wait_with_a_number(rank, world_size):
@@ -262,7 +274,8 @@ def test_one_rank_with_bad_multicast_options_makes_every_rank_raise():
 def _cpu_tensors_on_an_nccl_group(rank, world_size):
     if rank != 0:
         return None
-    dist.get_backend_config = lambda group=None: "cuda:nccl"  # what an NCCL-only group says
+    dist.get_backend = lambda group=None: "nccl"  # what an NCCL-only group says
+    dist.get_backend_config = lambda group=None: "cuda:nccl"
     calls = {
         "all_gather": lambda: cp.all_gather_into_tensor(torch.zeros(16), torch.zeros(8)),
         "reduce_scatter": lambda: cp.reduce_scatter_tensor(torch.zeros(4), torch.zeros(8)),
@@ -272,8 +285,11 @@ def _cpu_tensors_on_an_nccl_group(rank, world_size):
 
 
 def test_cpu_tensors_on_a_group_that_moves_none_are_refused_before_communicating():
+    """Before, torch's "No backend type associated with device type cpu" came from the
+    communication thread; at one rank nothing moves, and the call stays allowed."""
     errors = run_distributed(_cpu_tensors_on_an_nccl_group, 2, timeout=60)[0]
     assert set(errors) == {"all_gather", "reduce_scatter", "all_reduce"}
     for op, (kind, message) in errors.items():
         argument = "tensor" if op == "all_reduce" else "inp"
-        assert kind == "ValueError" and f"{argument} is on the CPU" in message, (op, message)
+        assert kind == "ValueError", (op, message)
+        assert f"{argument} is on the CPU, and a nccl group moves no CPU tensors" in message

@@ -84,10 +84,16 @@ def test_multicast_needs_a_group_without_nccl_whatever_its_name(made, reported, 
      (UNNAMED_ON_A_CPU_MACHINE, False)],
 )  # fmt: skip
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
-def test_cpu_tensors_on_a_group_that_moves_none_are_refused_up_front(made, reported, refused, op):
+def test_cpu_tensors_on_a_group_that_moves_none_are_refused_up_front(
+    monkeypatch, made, reported, refused, op
+):
     """Before, a CPU tensor on an NCCL-only group with `ring` failed inside the collective
-    (torch's "No backend type associated with device type cpu"), on the communication thread."""
+    (torch's "No backend type associated with device type cpu"), on the communication
+    thread. At one rank nothing moves: allowed, as before."""
     made(reported)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    checks.check_device("ring", op, torch.zeros(4), None)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     tensor = torch.zeros(4)
     argument = "tensor" if op == "all_reduce" else "inp"
     if refused:

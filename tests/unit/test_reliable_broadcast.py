@@ -768,10 +768,14 @@ def test_channel_numbers_are_drawn_whatever_the_processes_seeds(monkeypatch, fix
         monkeypatch.delenv("COMMPRESS_MULTICAST_GROUP", raising=False)
     else:
         monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", fixed)
-    channels = []
-    for _ in range(20):
-        random.seed(0)
-        torch.manual_seed(0)
-        channels.append(_choose_group(0)[1])
+    channels, python_state, torch_state = [], random.getstate(), torch.get_rng_state()
+    try:
+        for _ in range(20):
+            random.seed(0)
+            torch.manual_seed(0)
+            channels.append(_choose_group(0)[1])
+    finally:
+        random.setstate(python_state)
+        torch.set_rng_state(torch_state)
     assert all(1 <= channel <= CHANNELS for channel in channels)
     assert len(set(channels)) > 1

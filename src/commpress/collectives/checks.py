@@ -75,10 +75,11 @@ def check_device(
     """An algorithm whose transport moves host memory takes CPU tensors, and CUDA tensors
     (their payloads staged through host memory) on a group that moves CPU tensors (its
     set-up and argument check run there); anything else is refused up front, and so are
-    CPU tensors on a group that moves none (NCCL alone)."""
+    CPU tensors on a group of two ranks or more that moves none (NCCL alone)."""
     if algorithm == NATIVE:
         return
-    if tensor.device.type == "cpu" and backends.moves(group, "cpu") is None:
+    on_cpu = tensor.device.type == "cpu"
+    if on_cpu and dist.get_world_size(group) > 1 and backends.moves(group, "cpu") is None:
         raise ValueError(
             f"{argument} is on the CPU, and a {backends.name(group)} group moves no CPU tensors: "
             "use a gloo group for them, e.g. dist.new_group(backend='gloo'), or CUDA tensors"

@@ -72,9 +72,11 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
     if not dist.is_initialized():
         raise ValueError("cpu_mesh needs torch.distributed initialised: call init_process_group")
     group = dist.group.WORLD if group is None else group
-    backend = backends.name(group)
-    if "gloo" not in backend:
-        raise ValueError(f"group's backend is {backend!r}: a CPU mesh needs one with gloo")
+    if backends.moves(group, "cpu") != "gloo":
+        raise ValueError(
+            f"group's backend is {backends.name(group)!r}: a CPU mesh needs gloo to move its "
+            "CPU tensors"
+        )
     return DeviceMesh.from_group(group, "cpu")
 
 
@@ -86,6 +88,7 @@ def compress(
     error_feedback: bool = False,
     timeout: timedelta | None = None,
     on_unsupported: str = "raise",
+    unshard_async_op: bool = False,
 ) -> Compression:
     """Install commpress collectives on every ``FSDPModule`` in ``model``.
 
@@ -99,21 +102,29 @@ def compress(
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
 
-    A module whose all-gather is compressed has FSDP2 call it with ``async_op=True`` and
-    wait for it only where it needs the parameters, so that a prefetched all-gather (in
-    backward, or in forward after ``set_modules_to_forward_prefetch``) runs while the
-    training thread goes on.
+    ``unshard_async_op``: FSDP2 calls a module's all-gathers with ``async_op=False``
+    unless told otherwise, and a compressed one, run on the communication thread, then
+    blocks the training thread until it has finished. True has FSDP2 call the compressed
+    all-gathers of ``model`` with ``async_op=True`` (what FSDP2's private
+    ``_set_unshard_async_op`` sets) and wait where it needs the parameters, so that a
+    prefetched one (in backward, or in forward after ``set_modules_to_forward_prefetch``)
+    runs while the training thread goes on. On a GPU it also moves the copy-in and the
+    all-gather's start onto the compute stream (FSDP2's own caveat): without forward
+    prefetching, a forward all-gather then waits for the compute queued before it.
     """
     if _unavailable is not None:
         raise _unavailable
     check_timeout(timeout)
     check_flag(error_feedback, "error_feedback")
+    check_flag(unshard_async_op, "unshard_async_op")
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
     gather = _parse(all_gather, ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
+    if unshard_async_op and gather is None:
+        raise ValueError("unshard_async_op=True concerns the all-gathers: all_gather is None")
     feeds_back = (*ERROR_FEEDBACK_ALGORITHMS, AUTO)
     if error_feedback and (scatter is None or scatter.algorithm not in feeds_back):
         raise ValueError(
@@ -164,9 +175,8 @@ def compress(
             module.set_custom_all_gather(
                 CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
             )
-            # Called with async_op=False, a compressed all-gather blocks the training thread
-            # until it has finished (torch's NCCL one only until it is queued on a stream)
-            _torch_private.unshard_asynchronously(module)
+            if unshard_async_op:
+                _torch_private.unshard_asynchronously(module)
         if scatter is not None:
             module.set_custom_reduce_scatter(
                 CompressedReduceScatter(

@@ -12,7 +12,9 @@ callbacks, and on gloo it hung or aborted with a collective mismatch in our
 runs). Without the scheduler the hook does everything before returning: the
 baseline that shows what overlap buys. On CUDA the worker runs on its own stream,
 ordered after backward's stream, and the futures carry that stream's events to
-DDP (run once on one GPU with a one-rank NCCL group: README, "What has run on a GPU").
+DDP (the hook and scheduler ran once on one GPU with a one-rank NCCL group, before the
+hand-over became the event recorded here; that form has not run: README, "What has run
+on a GPU").
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
