@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -93,3 +95,19 @@ def test_an_error_feedback_residual_made_under_inference_mode_is_refused():
     with pytest.raises(ValueError, match="residual was made under torch.inference_mode"):
         check_residual(residual, inp, "alltoall")
     check_residual(torch.zeros(8), inp, "alltoall")
+
+
+def test_a_forked_child_runs_collectives_on_a_communication_thread_of_its_own():
+    """Only the forking thread survives a fork: a child of a process whose communication
+    thread had started queued every collective for a thread that was not there."""
+    launch(lambda: None, async_op=False)  # the parent's communication thread is running
+    child = os.fork()
+    if child == 0:  # the child: exit 0 once a collective queued there has run
+        try:
+            ran = launch(lambda: None, async_op=True)
+            ran.wait(timedelta(seconds=30))
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -34,9 +35,24 @@ def _mark_comm_thread() -> None:
     _on_comm_thread.active = True
 
 
-_executor = concurrent.futures.ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="commpress", initializer=_mark_comm_thread
-)
+def _new_executor() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="commpress", initializer=_mark_comm_thread
+    )
+
+
+_executor = _new_executor()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the thread that forked: the executor inherited from the
+    parent counts a communication thread that is not there, and would queue every
+    collective for it forever. The child starts its own."""
+    global _executor
+    _executor = _new_executor()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 #: The communication thread's stream on each CUDA device (created on first use).
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
