@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# For the next session lent a GPU (about 6 minutes of device time): what changed after
-# this session's last run and has not run on a GPU. Every gpu-marked test (the rewritten
+# For the next session lent a GPU (about 6 minutes of device time, at most 9 by its
+# timeouts, plus the machine's start): what changed after this session's last run and has
+# not run on a GPU. Needs pytest-xdist and pytest-timeout on the device image (the last
+# image had them in /opt/torch/.venv; a bare torch image has neither). Every gpu-marked test (the rewritten
 # two-rank stream tests and their broken variants, the corrected CUDA codec check, the
 # codecs' compiled twins), then the per-call probes to compare with run 1
 # (run1_probe_codec_calls.md, run1_probe_fixed.md: same card kind for a comparison).
