@@ -161,6 +161,11 @@ def unshard_asynchronously(module: torch.nn.Module) -> None:
         group.unshard_async_op = True
 
 
+def negative_view(x: torch.Tensor) -> torch.Tensor:
+    """``torch._neg_view``: ``-x`` as a lazy view of ``x``'s memory (tests of codecs)."""
+    return _attribute(torch, "_neg_view", "torch._neg_view")(x)
+
+
 def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
     c10d = _module("torch._C._distributed_c10d")
     return _attribute(
@@ -188,4 +193,5 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,
+    "torch._neg_view": lambda: _attribute(torch, "_neg_view", "torch._neg_view"),
 }

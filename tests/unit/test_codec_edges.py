@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import commpress as cp
+from commpress import _torch_private
 from commpress.codecs import registry
 from commpress.schedules import wire
 from commpress.testing import assert_same_bits
@@ -134,6 +135,11 @@ def test_a_lazy_negation_is_encoded_with_its_sign(spec):
     codec = make(spec)
     decoded = codec.decode(codec.encode(x), 1, x.dtype)
     assert ((decoded - x).abs() <= codec.error_bound(x)).all()
+    # whole blocks on the default path (the native kernels read the memory, not -x)
+    values = torch.randn(512)
+    negated, default = _torch_private.negative_view(values), cp.get_codec(spec)
+    decoded = default.decode(default.encode(negated), 512, torch.float32)
+    assert ((decoded + values).abs() <= default.error_bound(values)).all()
 
 
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
@@ -293,8 +299,11 @@ def test_bf16_on_fp16_keeps_finite_values_finite():
     assert torch.isinf(codec.decode(codec.encode(fp32), 2, torch.float16)).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rate", [4, 8, 16])
+@pytest.mark.parametrize(
+    "dtype, rate",  # bf16 from rate 16 on: every decode within reach casts to the largest
+    [(torch.float16, 4), (torch.float16, 8), (torch.float16, 16), (torch.bfloat16, 4),
+     (torch.bfloat16, 8)],
+)  # fmt: skip
 def test_zfp_keeps_16_bit_data_near_its_largest_finite(dtype, rate):
     """The fp32 decode of data near a 16-bit type's largest can land past it, and the cast
     made those values Inf (415 of 51,200 fp16 values at the default rate, in a hunt)."""

@@ -98,7 +98,7 @@ def test_round_to_nearest_draws_no_noise():
     assert math.isclose(codec.grid_error, 0.5)
 
 
-@pytest.mark.parametrize("impl", ["fused", "reference"])
+@pytest.mark.parametrize("impl", ["fused", "compiled", "reference"])
 @pytest.mark.parametrize("spec", SPECS)
 def test_a_value_on_the_grid_is_never_rounded_away(spec, impl, monkeypatch):
     """The largest noise below 1 must leave a grid point where it is: ``-127 + u``
@@ -112,3 +112,15 @@ def test_a_value_on_the_grid_is_never_rounded_away(spec, impl, monkeypatch):
     for x in (torch.full((128,), -1.5), extremes):
         decoded = codec.decode(codec.encode(x), x.numel(), torch.float32)
         assert torch.equal(decoded, x)
+
+
+def test_a_value_just_past_the_largest_code_stays_in_range():
+    """An approximate division (CUDA's compiled path divides so) can scale a block's absmax
+    to just past qmax; rounded up, that was code 128 for int8 (and a nibble of 16 for int4,
+    which spills into its neighbour)."""
+    from commpress.codecs.blockwise import round_to_integers
+
+    v = torch.tensor([127.0 + 2.0**-16, -127.0 - 2.0**-16, 7.0 + 2.0**-20])
+    largest = torch.full((3,), 1.0 - 2.0**-24)
+    assert round_to_integers(v[:2], largest[:2], 127.0).tolist() == [127.0, -127.0]
+    assert round_to_integers(v[2:], largest[2:], 7.0).tolist() == [7.0]

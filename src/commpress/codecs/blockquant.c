@@ -7,7 +7,7 @@
  *
  *   absmax = max |x| over the block (NaN if the block holds a NaN or an Inf)
  *   v      = (x / absmax) * qmax           when 0 < absmax < inf, else 0
- *   q      = nearbyint(v)                  or floor(v) + (frac(v) + noise >= 1)
+ *   q      = nearbyint(v)                  or clamp(floor(v) + (frac(v) + noise >= 1), +-qmax)
  *   x_hat  = (q / qmax) * absmax
  *
  * int8 codes are the two's-complement bytes of q; int4 codes are the nibbles
@@ -51,11 +51,13 @@ static inline float nearest(float x, float absmax, float qmax) {
     return nearbyintf((x / absmax) * qmax);
 }
 
-/* floor(v) + 1 where frac(v) + u >= 1, as blockwise.round_to_integers (not floor(v + u),
- * which v + u rounded up in float turns into the next integer). */
+/* floor(v) + 1 where frac(v) + u >= 1, clamped to [-qmax, qmax], as
+ * blockwise.round_to_integers (not floor(v + u), which v + u rounded up in float turns
+ * into the next integer). */
 static inline float stochastic(float x, float absmax, float qmax, float u) {
     const float v = (x / absmax) * qmax, down = floorf(v);
-    return (v - down) + u >= 1.0f ? down + 1.0f : down;
+    const float r = (v - down) + u >= 1.0f ? down + 1.0f : down;
+    return r < -qmax ? -qmax : (r > qmax ? qmax : r);
 }
 
 /* q[i] = nearest((x[i] / absmax) * qmax) as int8. The AVX-512 loop does what gcc's

@@ -75,19 +75,20 @@ def scale_to_grid(blocks: torch.Tensor, absmax: torch.Tensor, qmax: float) -> to
     return torch.where(usable, blocks / absmax * qmax, 0.0)
 
 
-def round_to_integers(v: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+def round_to_integers(v: torch.Tensor, noise: torch.Tensor | None, qmax: float) -> torch.Tensor:
     """Round to nearest (ties to even), or stochastically when ``noise`` ~ U[0, 1) is given.
 
     Stochastic: ``floor(v)``, plus one where ``frac(v) + u >= 1``, which is unbiased: it
     rounds up with probability ``frac(v)``, and never moves a ``v`` on the grid. Not
     ``floor(v + u)``: in fp32, ``v + u`` rounds up to the next integer when ``u`` lies
     within half an ulp of ``v``'s distance to it (``-127 + (1 - 2**-24)`` is -126), which
-    moved grid points, a block's own absmax among them, by a step.
+    moved grid points, a block's own absmax among them, by a step. The clamp catches a
+    ``v`` just past ``qmax``, which an approximate division (CUDA's compiled path) can give.
     """
     if noise is None:
         return torch.round(v)
     down = torch.floor(v)
-    return torch.where((v - down) + noise >= 1.0, down + 1.0, down)
+    return torch.clamp(torch.where((v - down) + noise >= 1.0, down + 1.0, down), -qmax, qmax)
 
 
 def quantize_to_integers(
@@ -96,7 +97,7 @@ def quantize_to_integers(
     """Absmax ``(nblocks,)`` and integer codes ``q`` (as floats) of ``(nblocks, block)`` input."""
     blocks = blocks.float()
     absmax = block_absmax(blocks)
-    q = round_to_integers(scale_to_grid(blocks, absmax, qmax), noise)
+    q = round_to_integers(scale_to_grid(blocks, absmax, qmax), noise, qmax)
     return absmax.view(-1), q
 
 

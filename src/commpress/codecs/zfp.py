@@ -134,8 +134,8 @@ class ZfpCodec(CodecBase):
     def _saturate_within_reach(self, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A 16-bit ``dtype``'s data near its largest can decode just past it (by at most
         the error bound's share of the block's largest), which the cast would make Inf:
-        such values go to the largest; a value farther out came from wider data and casts
-        to Inf as before."""
+        values within that reach go to the largest, whatever type they came from (the
+        payload does not say); a value farther out came from wider data and casts to Inf."""
         largest = torch.finfo(dtype).max
         if largest >= torch.finfo(torch.float32).max:
             return values
