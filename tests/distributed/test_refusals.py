@@ -36,6 +36,9 @@ def _refused(rank, world_size):
             torch.zeros(4, dtype=torch.float64), torch.zeros(8, dtype=torch.float64), codec="none"
         ),
         "int64 all_reduce": lambda: cp.all_reduce(torch.zeros(8, dtype=torch.int64), codec="none"),
+        "float64 int8 all_reduce": lambda: cp.all_reduce(
+            torch.zeros(8, dtype=torch.float64), codec="int8"
+        ),
         "zfp ring-hop all_gather": lambda: cp.all_gather_into_tensor(
             torch.zeros(16), torch.zeros(8), codec="zfp", algorithm="ring-hop"
         ),
@@ -101,6 +104,9 @@ def test_inexact_sums_and_rank_dependent_all_gathers_are_refused():
     assert "inp.dtype=torch.float64" in errors["float64 sum"][1]
     assert "accumulate in float32" in errors["float64 sum"][1]
     assert "tensor.dtype=torch.int64" in errors["int64 all_reduce"][1]
+    # a lossy codec's dtype error would send the caller to codec 'none', refused in turn
+    kind, message = errors["float64 int8 all_reduce"]
+    assert kind == "TypeError" and "algorithm='native'" in message and "'none'" not in message
     for name in ("zfp ring-hop all_gather", "zfp ring-hop all_reduce"):
         kind, message = errors[name]
         assert kind == "ValueError" and "zfp is not idempotent" in message

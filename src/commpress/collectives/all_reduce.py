@@ -61,8 +61,8 @@ def all_reduce(
         work = collective.all_reduce(tensor, op, group)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
+    check_reduction_dtype(tensor.dtype, "tensor.dtype")  # first: it names the way out
     codec.check_dtype(tensor.dtype, "tensor.dtype")
-    check_reduction_dtype(tensor.dtype, "tensor.dtype")
     gather_algorithm = get_algorithm(algorithm, "all_reduce").all_reduce_gather
     check_same_result_on_every_rank(codec, gather_algorithm)
     world_size, numel = dist.get_world_size(group), tensor.numel()

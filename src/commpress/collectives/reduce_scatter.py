@@ -96,8 +96,8 @@ def reduce_scatter_tensor(
         work = collective.reduce_scatter(out, inp, op, group)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
+    check_reduction_dtype(inp.dtype, "inp.dtype")  # first: it names the way out
     codec.check_dtype(inp.dtype, "inp.dtype")
-    check_reduction_dtype(inp.dtype, "inp.dtype")
     pieces = chunk_bytes if algorithm == "ring" else 0
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 

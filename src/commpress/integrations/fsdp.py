@@ -224,9 +224,9 @@ def _check_dtypes(name, module, gather, scatter, error_feedback) -> None:
             if scatter is not None and dtype in reduced:
                 reduce_dtype = policy.reduce_dtype or dtype
                 argument = f"module {name!r} reduce-scatter dtype"
-                scatter.codec.check_dtype(reduce_dtype, argument)
                 if scatter.algorithm not in (NATIVE, AUTO):  # the tuner picks native for it
-                    check_reduction_dtype(reduce_dtype, argument)
+                    check_reduction_dtype(reduce_dtype, argument)  # first: it names the way out
+                scatter.codec.check_dtype(reduce_dtype, argument)
 
 
 def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) -> None:
