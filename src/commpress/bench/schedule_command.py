@@ -16,7 +16,9 @@ from commpress.schedules.wire import wire_bytes
 def add_arguments(parser) -> None:
     parser.add_argument("--op", choices=OPS, required=True)
     parser.add_argument(
-        "--algorithm", required=True, help="ring, ring-hop, backend; alltoall (reductions)"
+        "--algorithm",
+        required=True,
+        help="ring, ring-hop, backend; multicast (all-gather); alltoall (reductions)",
     )
     parser.add_argument("--world", type=positive_int, required=True, help="world size")
     parser.add_argument("--rank", type=int, help="print this rank's schedules only (every rank)")

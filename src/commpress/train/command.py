@@ -211,7 +211,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (200)")
     parser.add_argument("--batch", type=positive_int, default=8, help="sequences per rank (8)")
-    parser.add_argument("--context", type=positive_int, default=64, help="tokens per sequence")
+    parser.add_argument("--context", type=positive_int, default=64, help="tokens per sequence (64)")
     parser.add_argument("--dim", type=positive_int, default=128, help="model width (128)")
     parser.add_argument("--layers", type=positive_int, default=4, help="transformer blocks (4)")
     parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (4)")
@@ -232,13 +232,18 @@ def add_arguments(parser) -> None:
         default="constant",
         help=f"learning rate: constant, or cosine decay to {COSINE_FLOOR:g} of it (constant)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of every configuration (0)")
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduction")
     parser.add_argument("--nprocs", type=positive_int, default=2, help="local processes (2)")
     add_link_arguments(parser, required=False)
-    parser.add_argument("--timeout", type=seconds, default=3600.0, help="seconds for the job")
     parser.add_argument(
-        "--out", type=output_folder, default="train-results", help="folder for CSV, JSON, PNG"
+        "--timeout", type=seconds, default=3600.0, help="seconds for the job (3600)"
+    )
+    parser.add_argument(
+        "--out",
+        type=output_folder,
+        default="train-results",
+        help="folder for CSV, JSON, PNG (train-results)",
     )
     parser.add_argument(
         "--markdown", type=output_path, metavar="PATH", help="also write the table as markdown"
