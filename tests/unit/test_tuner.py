@@ -277,3 +277,13 @@ def test_a_subgroup_is_timed_on_the_hosts_of_its_ranks():
     with pytest.raises(ValueError, match=r"does not fit a group of 2 ranks on hosts \[0, 9\]"):
         tuner.check("all_gather", torch.float32, 2, "int8", "ring",
                     placement=tuner.Placement((0, 9), network_hosts=8))  # fmt: skip
+
+
+def test_the_tuner_is_reached_as_the_readme_writes_it():
+    """``cp.sim.tuner.configure(...)`` right after ``import commpress as cp``: ``cp.sim``
+    did not import its ``tuner`` until a collective had, so it raised AttributeError."""
+    import subprocess
+    import sys
+
+    code = "import commpress as cp; cp.sim.tuner.configure(link='1gbit'); cp.sim.calibrate.load"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
