@@ -351,6 +351,11 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         calibrate.fit([_bench_file(tmp_path / "g.json", [{**row, "time_us": 5, "codec": "int3"}])])
     with pytest.warns(UserWarning, match="left out of the fit"):
         calibrate.fit([_bench_file(tmp_path / "h.json", [{**row, "time_us": 5}])])
+    saved = tmp_path / "empty_fit.json"  # was saved, announced as saved, then refused
+    with pytest.warns(UserWarning):
+        argv = ["sim", "--calibrate", str(tmp_path / "h.json"), "--save-fit", str(saved)]
+        assert main(argv) == 2
+    assert not saved.exists()
     (tmp_path / "i.json").write_text(json.dumps({"format": "commpress-sim-fit", "version": 1,
         "message_s": {"ring": "fast"}, "efficiency": {}, "codec_bytes_per_s": {}}))  # fmt: skip
     with pytest.raises(ValueError, match="a malformed fit"):

@@ -147,6 +147,11 @@ def _params(args) -> Params:
         fields.update(calibrate.load(args.fit))
     if args.calibrate:
         fields.update(calibrate.fit(args.calibrate, args.codec_speeds))
+        if not fields["message_s"]:  # an empty fit would be saved, then refused at every use
+            raise ValueError(
+                f"--calibrate: no op and algorithm has the {calibrate.MIN_ROWS} rows of two sizes "
+                "or more a fit needs (see the warnings): sweep more sizes, e.g. -b 1M -e 16M"
+            )
         if args.save_fit:
             calibrate.save(args.save_fit, fields)
             print(f"fit saved to {args.save_fit}: {calibrate.describe(fields)}")
