@@ -299,3 +299,11 @@ def test_cpu_tensors_on_a_group_that_moves_none_are_refused_before_communicating
         argument = "tensor" if op == "all_reduce" else "inp"
         assert kind == "ValueError", (op, message)
         assert f"{argument} is on the CPU, and a nccl group moves no CPU tensors" in message
+
+
+def test_an_algorithm_of_another_collective_is_not_called_unknown():
+    """``reduce_scatter='int8@multicast'`` said "unknown algorithm 'multicast'"."""
+    with pytest.raises(ValueError, match="'multicast' does not run this collective"):
+        checks.check_algorithm("multicast", ("native", "ring", "alltoall"))
+    with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
+        checks.check_algorithm("tree", ("native", "ring"))

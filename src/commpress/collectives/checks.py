@@ -9,7 +9,11 @@ import torch
 import torch.distributed as dist
 
 from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
-from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, same_result_on_every_rank
+from commpress.schedules.registry import (
+    ERROR_FEEDBACK_ALGORITHMS,
+    every_algorithm,
+    same_result_on_every_rank,
+)
 from commpress.transport import backends
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
@@ -66,6 +70,10 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
 
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
     if algorithm not in known:
+        if isinstance(algorithm, str) and algorithm in every_algorithm():  # another op's
+            raise ValueError(
+                f"algorithm {algorithm!r} does not run this collective; known: {known}"
+            )
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
 
 
