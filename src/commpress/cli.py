@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Iterable
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"commpress {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped reading (`commpress schedule ... | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 128 + signal.SIGPIPE
 
 
 def _interrupt(signum, frame):

@@ -307,3 +307,5 @@ def test_an_algorithm_of_another_collective_is_not_called_unknown():
         checks.check_algorithm("multicast", ("native", "ring", "alltoall"))
     with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
         checks.check_algorithm("tree", ("native", "ring"))
+    with pytest.raises(ValueError, match="'auto' chooses for all_gather_into_tensor and"):
+        checks.check_algorithm("auto", ("native", "ring"))  # all_reduce's (no tuner there)

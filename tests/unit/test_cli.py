@@ -439,3 +439,17 @@ def test_train_checks_its_output_folder_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--out", str(a_file / "below")])
     assert "is not a writable folder" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
+    """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    command = [sys.executable, "-m", "commpress.cli", "schedule", "--op", "all_gather",
+               "--algorithm", "ring", "--world", "64"]  # fmt: skip
+    done = subprocess.run(command, stdout=reader.stdin, stderr=subprocess.PIPE, text=True)
+    reader.stdin.close()
+    assert reader.stdout.read() and reader.wait() == 0
+    assert "Traceback" not in done.stderr, done.stderr

@@ -70,6 +70,11 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
 
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
     if algorithm not in known:
+        if algorithm == "auto":  # the tuner's: all_reduce has none
+            raise ValueError(
+                "algorithm 'auto' chooses for all_gather_into_tensor and reduce_scatter_tensor "
+                f"only; known here: {known}"
+            )
         if isinstance(algorithm, str) and algorithm in every_algorithm():  # another op's
             raise ValueError(
                 f"algorithm {algorithm!r} does not run this collective; known: {known}"
