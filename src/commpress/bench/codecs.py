@@ -93,7 +93,7 @@ def run(specs: Sequence[str], numel: int, repeats: int, seed: int = 0) -> list[d
 
 def summary(args, row: dict) -> str:
     return (
-        f"{args.numel} fp32 values ({args.numel * 4 / 2**20:.0f} MiB), {args.threads} thread(s), "
+        f"{args.numel} fp32 values ({args.numel * 4 / 2**20:.3g} MiB), {args.threads} thread(s), "
         f"median of {args.repeats}; memcpy {row['memcpy_gbps']:.2f} GB/s, "
         f"read-only stream {row['read_gbps']:.2f} GB/s (the ceiling of any encoder)"
     )
