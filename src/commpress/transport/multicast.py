@@ -273,7 +273,9 @@ def _local_address() -> str:
     if not master:
         raise MulticastSetupError(
             "cannot tell which interface to multicast on: set COMMPRESS_MULTICAST_ADDRESS "
-            "to this host's address on the cluster network (or MASTER_ADDR)"
+            "to this host's address on the cluster network (or MASTER_ADDR); on one machine, "
+            "run on the emulated cluster (commpress launch --hosts N, "
+            "commpress.cluster.Emulated), whose hosts multicast"
         )
     return route_source(master)
 

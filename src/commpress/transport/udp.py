@@ -72,7 +72,9 @@ def interface_of(address: str) -> tuple[str, int]:
         if not flags & _IFF_MULTICAST:
             raise MulticastSetupError(
                 f"interface {name} ({address}) cannot multicast (no MULTICAST flag): use "
-                "another interface (COMMPRESS_MULTICAST_ADDRESS) or another algorithm"
+                "another interface (COMMPRESS_MULTICAST_ADDRESS), another algorithm, or, "
+                "on one machine, the emulated cluster (commpress launch --hosts N, "
+                "commpress.cluster.Emulated), whose hosts multicast"
             )
         mtu = struct.unpack_from("i", _ifreq(name, _SIOCGIFMTU), 16)[0]
         return name, mtu
