@@ -111,3 +111,55 @@ def test_a_forked_child_runs_collectives_on_a_communication_thread_of_its_own():
             os._exit(1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _child_exit_code(child: int, seconds: float = 60.0) -> int | None:
+    """The forked ``child``'s exit code, or None (and the child killed) if it hangs."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None
+
+
+def test_a_child_forked_from_the_communication_thread_is_not_on_it():
+    """The child's one thread kept the communication thread's mark, and its synchronous
+    collectives were refused as if called from a callback."""
+
+    def fork() -> int:
+        child = os.fork()
+        if child == 0:
+            try:
+                launch(lambda: None, async_op=False)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        return child
+
+    forked = concurrent.futures.Future()
+    launch(lambda: forked.set_result(fork()), async_op=True).wait(timedelta(seconds=30))
+    assert _child_exit_code(forked.result()) == 0
+
+
+def test_a_fork_while_the_native_build_lock_is_held_leaves_the_child_able_to_build():
+    """A fork while another thread built the C kernels left the child's lock held: its
+    first native kernel waited for good."""
+    from commpress.codecs import native
+
+    native.load()  # built (or found in the cache) before the fork
+    with native._lock:  # another thread's build, as the fork sees it
+        child = os.fork()
+        if child == 0:
+            try:
+                native._libraries.clear()  # so that the child takes the lock to load again
+                os._exit(0 if native.load() is not None else 2)
+            except BaseException:
+                os._exit(1)
+    assert _child_exit_code(child) == 0

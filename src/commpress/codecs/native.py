@@ -42,6 +42,16 @@ FLAGS = (
 )
 
 _lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A fork while another thread builds would leave the child's lock held for good; the
+    child builds again if it needs to (a build writes a temporary file, then renames it)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 _libraries: dict[Path, ctypes.CDLL | None] = {}  # by source; None where the build failed
 
 

@@ -47,9 +47,11 @@ _executor = _new_executor()
 def _after_fork_in_child() -> None:
     """A forked child has only the thread that forked: the executor inherited from the
     parent counts a communication thread that is not there, and would queue every
-    collective for it forever. The child starts its own."""
+    collective for it forever. The child starts its own (and a child forked from the
+    communication thread is not on it any more)."""
     global _executor
     _executor = _new_executor()
+    _on_comm_thread.active = False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
