@@ -4,6 +4,7 @@ within the error budget, and refuses what it cannot satisfy."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -195,6 +196,30 @@ def test_each_choice_is_logged_once(caplog):
             tuner.choose("all_gather", 4096, torch.float32, 4, "int8")
     assert len([r for r in caplog.records if r.name == "commpress.tuner"]) == 1
     assert "all_gather of 4096 float32 elements on 4 ranks" in caplog.records[0].message
+
+
+def test_a_choice_made_while_another_thread_reconfigures_is_not_served_after(monkeypatch):
+    """configure() on one thread while choose() times the pairs on another: the choice
+    made under the old network was cached and served under the new one (ring, which the
+    new network does not even list)."""
+    tuner.configure(link="1gbit", algorithms=("ring",))
+    entered, release = threading.Event(), threading.Event()
+    real = tuner.simulate
+
+    def slow(*args, **kwargs):
+        entered.set()
+        release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner, "simulate", slow)
+    call = ("all_gather", 4096, torch.float32, 4, "none")
+    thread = threading.Thread(target=tuner.choose, args=call)
+    thread.start()
+    assert entered.wait(10)
+    tuner.configure(link="1gbit", algorithms=("backend",))
+    release.set()
+    thread.join()
+    assert tuner.choose(*call).algorithm == "backend"
 
 
 def test_a_fit_used_on_another_backend_than_gloo_is_warned_of_once(tmp_path, caplog):

@@ -11,7 +11,7 @@ each partial sum at every hop, so int8 errs about 1.9 times one encode's on 8 ra
 ``none`` always qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the
 codecs. Every rank
 computes the same choice from the same settings. Choices are cached per (op, elements, dtype, ranks,
-backend, request) and each is logged once (logger ``commpress.tuner``, level INFO).
+backend, request, network) and each is logged once (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
 different collective, and where one of them is ``native`` (which has no argument check)
 the ranks can hang as with torch's own collectives called out of order, or one of them be
@@ -177,13 +177,15 @@ def choose(
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
     request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
+    # the network in the key: a choice made while configure() replaced it on another
+    # thread is stored under the old network's key, never served under the new one
+    setting = network()
     key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes,
-           placement, request)  # fmt: skip
+           placement, request, setting)  # fmt: skip
     with _lock:
         found = _choices.get(key)
     if found is not None:
         return found
-    setting = network()
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
