@@ -222,6 +222,18 @@ def test_a_choice_made_while_another_thread_reconfigures_is_not_served_after(mon
     assert tuner.choose(*call).algorithm == "backend"
 
 
+def test_the_candidates_may_be_given_as_a_list():
+    """configure(algorithms=[...]) was accepted, then the first choice raised that a list
+    is unhashable (the network keys the cached fits and choices)."""
+    tuner.configure(link="1gbit", algorithms=["ring", "backend"])
+    assert tuner.choose("all_gather", 4096, torch.float32, 4, "int8").algorithm in (
+        "ring",
+        "backend",
+    )
+    with pytest.raises(TypeError, match="a list of names"):
+        tuner.configure(algorithms="ring")
+
+
 def test_a_fit_used_on_another_backend_than_gloo_is_warned_of_once(tmp_path, caplog):
     """Fits come from `commpress bench`, which runs on gloo: on NCCL the tuner says so,
     once per fit and backend (again after ``configure``); without a fit, on gloo, or with

@@ -75,6 +75,10 @@ class Network:
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
 
     def __post_init__(self):
+        if isinstance(self.algorithms, str):
+            raise TypeError(f"tuner algorithms must be a list of names, got {self.algorithms!r}")
+        # a list would leave the network unhashable: it keys the cached choices and fits
+        object.__setattr__(self, "algorithms", tuple(self.algorithms))
         check_topology(self.topology)
         parse_rate_bits(self.link, "tuner link")
         if self.shared_cores is not None and (
