@@ -306,8 +306,12 @@ def _squared_error(rows, params) -> float:
 def test_calibration_files_of_another_format_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not a `commpress bench --json` file"):
         calibrate.fit([_bench_file(tmp_path / "a.json", None)])
-    with pytest.raises(ValueError, match="lacks"):
+    with pytest.raises(ValueError, match="b.json: row 0: a row lacks"):
         calibrate.fit([_bench_file(tmp_path / "b.json", [{"op": "all_gather"}])])
+    local = {"op": "all_gather", "algorithm": "ring", "codec": "int8", "size_bytes": 1 << 20,
+             "time_us": 5, "nprocs": 4}  # fmt: skip
+    with pytest.raises(ValueError, match="row 0: a `commpress bench` row of local processes"):
+        calibrate.fit([_bench_file(tmp_path / "b2.json", [local])])
     with pytest.raises(ValueError, match="no all_gather or reduce_scatter rows"):
         calibrate.fit([_bench_file(tmp_path / "c.json", [{"op": "all_reduce"}])])
     with pytest.raises(ValueError, match="is not JSON"):

@@ -75,8 +75,13 @@ class Measured:
     @classmethod
     def of(cls, row: dict, source: str, roots=2, shared_cores=None, machine="") -> Measured:
         missing = [key for key in _BENCH_KEYS if key not in row]
+        if missing == ["link"]:  # local processes: no link the model could time
+            raise ValueError(
+                "a `commpress bench` row of local processes (no link rate): calibrate with "
+                "rows measured on the emulated cluster (`commpress bench --hosts N --link R`)"
+            )
         if missing:
-            raise ValueError(f"{source}: a row lacks {missing}: not a `commpress bench` row")
+            raise ValueError(f"a row lacks {missing}: not a `commpress bench` row")
         get_codec(row["codec"])  # an unknown codec is named with its file and row
         nodes = _whole(row, "nprocs")
         size_bytes = _whole(row, "size_bytes")
