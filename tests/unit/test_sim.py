@@ -164,6 +164,8 @@ def test_bad_topologies_and_sizes_are_named():
         parse_topology("fattree:32", 8, GBIT)
     with pytest.raises(ValueError, match="unknown option"):
         parse_topology("racks:count=2,speed=1gbit", 8, GBIT)
+    with pytest.raises(ValueError, match="count given twice"):
+        parse_topology("racks:count=2,uplink=1gbit,count=4", 8, GBIT)
     with pytest.raises(ValueError, match="holds 16 hosts"):
         parse_topology("fattree:radix=4", 17, GBIT)
     with pytest.raises(ValueError, match="radix must be an even"):

@@ -218,6 +218,8 @@ def check_topology(text: str) -> tuple[str, dict]:
         key, equals, value = item.partition("=")
         if not equals:
             raise ValueError(f"topology {text!r}: expected key=value, got {item!r}")
+        if key.strip() in options:  # not the last one silently
+            raise ValueError(f"topology {text!r}: {key.strip()} given twice")
         options[key.strip()] = value.strip()
     known = {"switch": set(), "racks": {"count", "uplink"}, "fattree": {"radix"}}
     if kind not in known:
