@@ -13,6 +13,7 @@ from commpress.cli import main
 from commpress.schedules import Transport, plan
 from commpress.schedules.registry import algorithms
 from commpress.sim import FatTree, Params, Racks, Switch, calibrate, model, parse_topology, simulate
+from commpress.units import parse_rate_bits
 
 GBIT = 1e9
 NO_OVERHEAD = Params(latency_s=0.0, message_s=0.0)
@@ -164,6 +165,11 @@ def test_bad_topologies_and_sizes_are_named():
         parse_topology("fattree:32", 8, GBIT)
     with pytest.raises(ValueError, match="unknown option"):
         parse_topology("racks:count=2,speed=1gbit", 8, GBIT)
+    for spec in ("switch", "racks:count=2"):  # it raised OverflowError, int to float
+        with pytest.raises(ValueError, match="link rate must be positive and below 1e308"):
+            parse_topology(spec, 8, parse_rate_bits("9" * 400 + "tbit"))
+    with pytest.raises(ValueError, match="racks uplink must be positive and below 1e308"):
+        parse_topology("racks:count=2,uplink=" + "9" * 400 + "tbit", 8, GBIT)
     with pytest.raises(ValueError, match="count given twice"):
         parse_topology("racks:count=2,uplink=1gbit,count=4", 8, GBIT)
     with pytest.raises(ValueError, match="holds 16 hosts"):

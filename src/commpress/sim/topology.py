@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class Topology:
     def __init__(self, nodes: int, link_bits: float):
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
             raise ValueError(f"nodes must be an int of at least 2, got {nodes!r}")
-        self.nodes, self.link_bits = nodes, float(link_bits)
+        self.nodes, self.link_bits = nodes, _rate(link_bits, "link rate")
         self.hosts = np.arange(nodes)
 
     @property
@@ -108,7 +109,7 @@ class Racks(Topology):
         super().__init__(nodes, link_bits)
         if count < 2 or count > nodes:
             raise ValueError(f"racks: count must be in [2, nodes={nodes}], got {count}")
-        self.count, self.uplink_bits = count, float(uplink_bits)
+        self.count, self.uplink_bits = count, _rate(uplink_bits, "racks uplink")
         self.rack = self.hosts * count // nodes  # rack by rack, as the emulated cluster
         self.name = f"racks:count={count},uplink={_rate_text(uplink_bits)}"
 
@@ -249,6 +250,17 @@ def _int_option(options: dict, key: str, default, text: str) -> int:
         return int(options[key])
     except ValueError:
         raise ValueError(f"topology {text!r}: {key} must be an integer") from None
+
+
+def _rate(bits, what: str) -> float:
+    """``bits`` per second as a float, positive and finite (a rate of 400 digits is not)."""
+    try:
+        rate = float(bits)
+    except OverflowError:
+        rate = math.inf
+    if not 0 < rate < math.inf:  # NaN too
+        raise ValueError(f"{what} must be positive and below 1e308 bit/s, got {rate:g} bit/s")
+    return rate
 
 
 def _rate_text(bits: float) -> str:
