@@ -166,6 +166,10 @@ def test_bad_requests_are_named():
         tuner.budget("auto:speed=fast")
     with pytest.raises(ValueError, match="unknown codec 'int3'"):
         tuner.budget("auto:codecs=int3")
+    with pytest.raises(ValueError, match="max_rel_err given twice"):  # took the last
+        tuner.budget("auto:max_rel_err=1e-2,max_rel_err=0")
+    with pytest.raises(ValueError, match="codecs= names no codec"):  # "none of [] encodes"
+        tuner.budget("auto:codecs=")
     with pytest.raises(ValueError, match="for all_gather and reduce_scatter"):
         tuner.choose("all_reduce", 1024, torch.float32, 4, "int8")
     with pytest.raises(ValueError, match="unknown topology"):

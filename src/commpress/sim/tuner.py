@@ -349,12 +349,16 @@ def budget(codec: str) -> tuple[float, tuple[str, ...]]:
     """``(max_rel_err, candidate codecs)`` of an ``auto[:max_rel_err=E][,codecs=a+b]`` spec."""
     _, _, options = codec.strip().partition(":")
     limit, names = DEFAULT_MAX_REL_ERR, CANDIDATE_CODECS
+    seen = set()
     for item in filter(None, options.split(",")):
         key, equals, value = item.partition("=")
         if not equals or key.strip() not in ("max_rel_err", "codecs"):
             raise ValueError(
                 f"codec {codec!r}: options are max_rel_err=E and codecs=a+b, got {item!r}"
             )
+        if key.strip() in seen:  # not the last one silently
+            raise ValueError(f"codec {codec!r}: {key.strip()} given twice")
+        seen.add(key.strip())
         if key.strip() == "max_rel_err":
             try:
                 limit = float(value)
@@ -364,6 +368,8 @@ def budget(codec: str) -> tuple[float, tuple[str, ...]]:
                 raise ValueError(f"codec {codec!r}: max_rel_err must be at least 0")
         else:
             names = tuple(filter(None, (name.strip() for name in value.split("+"))))
+            if not names:
+                raise ValueError(f"codec {codec!r}: codecs= names no codec (codecs=int8+int4)")
             for name in names:
                 get_codec(name)  # an unknown codec is named here
     return limit, names
