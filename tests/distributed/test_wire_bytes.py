@@ -171,3 +171,30 @@ def test_the_adapters_count_the_bytes_they_send_headers_included(adapters_record
     for results in adapters_recorded:
         sent, counted = results[case]
         assert sent > 0 and counted == sent
+
+
+def _recorded_with_window(rank, world_size, window):
+    """The ring's bytes with ``window`` steps in flight: sent, and as counted."""
+    from commpress.collectives import executor
+    from commpress.collectives.inband import call_wire_bytes
+
+    executor.WINDOW = window
+    results = {}
+    with _recording(world_size) as sent:
+        for op in ("all_gather", "reduce_scatter"):
+            inp = torch.randn(3 * 1000)
+            sent.clear()
+            if op == "all_gather":
+                cp.all_gather_into_tensor(inp.new_empty(3 * inp.numel()), inp, codec="int8")
+            else:
+                cp.reduce_scatter_tensor(inp.new_empty(1000), inp, codec="int8")
+            results[op] = (sum(sent), call_wire_bytes(op, "ring", "int8", inp, None))
+    return results
+
+
+def test_a_window_of_several_steps_counts_the_one_header_it_sends():
+    """With more than one step in flight the ring's check travels as one header alone,
+    not in every message: the counters once still charged a header per message."""
+    for results in run_distributed(_recorded_with_window, WORLD, 2, timeout=120):
+        for op, (sent, counted) in results.items():
+            assert counted == sent, op

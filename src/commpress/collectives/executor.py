@@ -34,6 +34,7 @@ from commpress.collectives import inband
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.workspace import workspace
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
+from commpress.schedules.wire import carries_check
 from commpress.transport import collective, multicast, p2p
 
 #: Output bytes from which a chain whose writes to the output are held (an all-gather)
@@ -127,7 +128,7 @@ def execute(
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     settle, call = None, None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
-        chains = window == 1 and schedule.chains_right
+        chains = carries_check(schedule, window)
         several = len(schedule.steps) > 1  # with one, nothing is left to overlap at the verdict
         early = (
             chains

@@ -100,11 +100,17 @@ def call_wire_bytes(
     op: str, algorithm: str, codec, tensor: torch.Tensor, group: dist.ProcessGroup | None
 ) -> int:
     """The bytes each rank sends in one compressed call on ``group`` whose input is
-    ``tensor``, this check's headers included where it rides along (:func:`applies`)."""
+    ``tensor``, this check's headers included where it rides along (:func:`applies`), as
+    the executor runs it (its :data:`~commpress.collectives.executor.WINDOW`)."""
+    from commpress.collectives import executor  # which imports this module
+
     checked = applies(group, tensor.device)
     world_size = dist.get_world_size(group)
     numel, dtype = tensor.numel(), tensor.dtype
-    return wire_bytes(op, algorithm, codec, numel, world_size, dtype, in_band_check=checked)
+    window = executor.WINDOW
+    return wire_bytes(
+        op, algorithm, codec, numel, world_size, dtype, in_band_check=checked, window=window
+    )
 
 
 def read(message: torch.Tensor) -> Header | None:

@@ -27,6 +27,7 @@ def wire_bytes(
     dtype: torch.dtype,
     chunk_bytes: int | None = None,
     in_band_check: bool = False,
+    window: int = 1,
 ) -> int:
     """Bytes each rank sends per call (the largest over ranks).
 
@@ -35,7 +36,7 @@ def wire_bytes(
     (nccl-tests' busbw bytes): the ``ring`` schedule of codec ``none`` on the raw dtype,
     the same for every reduction's two halves. gloo's own reduce-scatter sends more.
     ``in_band_check``: add the argument check's headers (:func:`check_bytes`), as a call
-    on gloo sends them.
+    on gloo sends them, for an executor that keeps ``window`` steps in flight.
     """
     if chunk_bytes is None:
         chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
@@ -43,17 +44,23 @@ def wire_bytes(
     sent = _wire_bytes(op, algorithm, codec, numel, world_size, dtype, chunk_bytes)
     if in_band_check and algorithm != NATIVE and world_size > 1:
         (first, *_) = plan(op, algorithm, 0, world_size, numel, dtype, codec, chunk_bytes)
-        sent += check_bytes(first)
+        sent += check_bytes(first, window)
     return sent
 
 
-def check_bytes(schedule: Schedule) -> int:
+def check_bytes(schedule: Schedule, window: int = 1) -> int:
     """What the in-band argument check adds to the first schedule of a call: a header on
-    each message of a chain (:attr:`~commpress.schedules.steps.Schedule.chains_right`),
-    else one header sent alone before it (and a 16-byte all-reduce, not counted here).
-    A chain is a schedule run one step at a time, as the executor runs them by default."""
-    messages = len(schedule.steps) if schedule.chains_right else 1
+    each message where it rides in the payloads (:func:`carries_check`), else one header
+    sent alone before it (and a 16-byte all-reduce, not counted here)."""
+    messages = len(schedule.steps) if carries_check(schedule, window) else 1
     return HEADER_BYTES * messages
+
+
+def carries_check(schedule: Schedule, window: int) -> bool:
+    """Whether the payloads of ``schedule`` carry the in-band check's headers: a chain
+    (:attr:`~commpress.schedules.steps.Schedule.chains_right`) run one step at a time
+    (``window`` 1, the executor's default); any other run sends one header alone."""
+    return window == 1 and schedule.chains_right
 
 
 @functools.lru_cache(maxsize=4096)
