@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import signal
 import sys
 from collections.abc import Iterable
@@ -104,9 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"commpress {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader stopped reading (`commpress schedule ... | head`)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe: a defect or a dead peer, with its traceback
+        # the reader stopped reading (`commpress schedule ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 128 + signal.SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll reports an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _interrupt(signum, frame):

@@ -453,3 +453,18 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     reader.stdin.close()
     assert reader.stdout.read() and reader.wait() == 0
     assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 141  # 128 + SIGPIPE, as a shell tool's
+
+
+def test_a_broken_pipe_other_than_standard_output_keeps_its_traceback(monkeypatch, capsys):
+    """Only a reader that stopped reading standard output ends a command quietly: another
+    broken pipe (a dead peer of a local run, say) is an error to see."""
+    from commpress import cli
+    from commpress.bench import schedule_command
+
+    def broken(args):
+        raise BrokenPipeError("a peer's pipe")
+
+    monkeypatch.setattr(schedule_command, "run", broken)
+    with pytest.raises(BrokenPipeError, match="a peer's pipe"):
+        cli.main(["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "2"])

@@ -236,6 +236,8 @@ def test_the_candidates_may_be_given_as_a_list():
     )
     with pytest.raises(TypeError, match="a list of names"):
         tuner.configure(algorithms="ring")
+    with pytest.raises(TypeError, match="a list of names"):  # its order: the hash seed's
+        tuner.configure(algorithms={"ring", "backend"})
 
 
 def test_a_fit_used_on_another_backend_than_gloo_is_warned_of_once(tmp_path, caplog):

@@ -75,7 +75,9 @@ class Network:
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
 
     def __post_init__(self):
-        if isinstance(self.algorithms, str):
+        # a set's order follows the hash seed, and ties go to the first listed: ranks
+        # would choose differently
+        if isinstance(self.algorithms, (str, set, frozenset)):
             raise TypeError(f"tuner algorithms must be a list of names, got {self.algorithms!r}")
         # a list would leave the network unhashable: it keys the cached choices and fits
         object.__setattr__(self, "algorithms", tuple(self.algorithms))
