@@ -163,7 +163,7 @@ def unshard_asynchronously(module: torch.nn.Module) -> None:
 
 def negative_view(x: torch.Tensor) -> torch.Tensor:
     """``torch._neg_view``: ``-x`` as a lazy view of ``x``'s memory (tests of codecs)."""
-    return _attribute(torch, "_neg_view", "torch._neg_view")(x)
+    return _neg_view()(x)
 
 
 def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
@@ -171,6 +171,10 @@ def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
     return _attribute(
         c10d, "_create_work_from_future", "torch._C._distributed_c10d._create_work_from_future"
     )
+
+
+def _neg_view() -> Callable[[torch.Tensor], torch.Tensor]:
+    return _attribute(torch, "_neg_view", "torch._neg_view")
 
 
 def _cuda_sleep() -> Callable[[int], None]:
@@ -193,5 +197,5 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,
-    "torch._neg_view": lambda: _attribute(torch, "_neg_view", "torch._neg_view"),
+    "torch._neg_view": _neg_view,
 }
