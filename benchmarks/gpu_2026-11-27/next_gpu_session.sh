@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # For the next session lent a GPU (about 6 minutes of device time, at most 9 by its
 # timeouts, plus the machine's start): what changed after this session's last run and has
-# not run on a GPU. Needs pytest-xdist and pytest-timeout on the device image (the last
-# image had them in /opt/torch/.venv; a bare torch image has neither). Every gpu-marked test (the rewritten
+# not run on a GPU. Uses pytest-xdist and pytest-timeout where the device image has them
+# (the last image had them in /opt/torch/.venv); without them the tests run one at a time
+# under the shell's `timeout` alone. Every gpu-marked test (the rewritten
 # two-rank stream tests and their broken variants, the corrected CUDA codec check, the
 # codecs' compiled twins), then the per-call probes to compare with run 1
 # (run1_probe_codec_calls.md, run1_probe_fixed.md: same card kind for a comparison).
@@ -10,16 +11,19 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 here=benchmarks/gpu_2026-11-27
+# "-n K" and "--timeout S" only where their plugins are installed
+workers() { python3 -c "import xdist" 2>/dev/null && echo "-n $1"; }
+per_test() { python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout $1"; }
 nvidia-smi -L > "$OUT/env.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__)" >> "$OUT/env.txt" 2>&1
-timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -p no:benchmark -n 12 -q -rfE \
-  --timeout 180 --continue-on-collection-errors tests --junitxml "$OUT/gpu_tests.xml" \
+timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -p no:benchmark $(workers 12) -q -rfE \
+  $(per_test 180) --continue-on-collection-errors tests --junitxml "$OUT/gpu_tests.xml" \
   > "$OUT/gpu_tests.log" 2>&1
 tail -n 25 "$OUT/gpu_tests.log"
 # the FSDP2 tests with a GPU visible (17 items of test_fsdp.py errored in their fixtures
 # in run2_cpu_suite_torch2_11.log: the default mesh put the model on the GPU; they, the
 # other FSDP tests and `commpress train` now name a CPU mesh)
-timeout 150 python3 -m pytest -p no:cacheprovider -n 8 -q -rfE --timeout 120 \
+timeout 150 python3 -m pytest -p no:cacheprovider $(workers 8) -q -rfE $(per_test 120) \
   tests/distributed/test_fsdp.py tests/distributed/test_fsdp_groups.py tests/distributed/test_wire_bytes.py \
   tests/unit/test_torch_private.py "tests/distributed/test_train.py::test_the_fsdp_demo_stays_on_the_cpu_where_a_gpu_is_visible" \
   > "$OUT/fsdp_gpu_visible.log" 2>&1
