@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from commpress.spec_options import parse_options
 from commpress.units import parse_rate_bits
 
 WAYS = ("up", "down")
@@ -214,42 +215,21 @@ def check_topology(text: str) -> tuple[str, dict]:
     if not isinstance(text, str):
         raise TypeError(f"topology must be a string, got {text!r}")
     kind, _, rest = text.strip().partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, equals, value = item.partition("=")
-        if not equals:
-            raise ValueError(f"topology {text!r}: expected key=value, got {item!r}")
-        if key.strip() in options:  # not the last one silently
-            raise ValueError(f"topology {text!r}: {key.strip()} given twice")
-        options[key.strip()] = value.strip()
-    known = {"switch": set(), "racks": {"count", "uplink"}, "fattree": {"radix"}}
+    known = {"switch": {}, "racks": {"count": int, "uplink": str}, "fattree": {"radix": int}}
     if kind not in known:
         raise ValueError(f"unknown topology {kind!r}; known: switch, racks:count=R,uplink=RATE, "
                          "fattree:radix=K")  # fmt: skip
-    unknown = set(options) - known[kind]
-    if unknown:
-        raise ValueError(f"topology {kind}: unknown option(s) {sorted(unknown)}; "
-                         f"known: {sorted(known[kind]) or 'none'}")  # fmt: skip
+    options = parse_options(rest, known[kind], text, f"topology {kind!r}")
     if kind == "racks":
-        options["count"] = _int_option(options, "count", 2, text)
+        options.setdefault("count", 2)
         if "uplink" in options:
             parse_rate_bits(options["uplink"], "racks uplink")
     elif kind == "fattree":
-        options["radix"] = _int_option(options, "radix", None, text)
+        if "radix" not in options:
+            raise ValueError(f"topology {text!r} needs radix=")
         if options["radix"] < 4 or options["radix"] % 2:
             raise ValueError(f"{text!r}: radix must be an even number of at least 4")
     return kind, options
-
-
-def _int_option(options: dict, key: str, default, text: str) -> int:
-    if key not in options:
-        if default is None:
-            raise ValueError(f"topology {text!r} needs {key}=")
-        return default
-    try:
-        return int(options[key])
-    except ValueError:
-        raise ValueError(f"topology {text!r}: {key} must be an integer") from None
 
 
 def _rate(bits, what: str) -> float:

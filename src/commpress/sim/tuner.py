@@ -51,6 +51,7 @@ from commpress.schedules.registry import (
 from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import check_topology, parse_topology
+from commpress.spec_options import parse_options
 from commpress.units import parse_rate_bits
 
 AUTO = "auto"
@@ -349,31 +350,18 @@ def _growth(op: str, algorithm: str, world_size: int, spec: str) -> float:
 
 def budget(codec: str) -> tuple[float, tuple[str, ...]]:
     """``(max_rel_err, candidate codecs)`` of an ``auto[:max_rel_err=E][,codecs=a+b]`` spec."""
-    _, _, options = codec.strip().partition(":")
-    limit, names = DEFAULT_MAX_REL_ERR, CANDIDATE_CODECS
-    seen = set()
-    for item in filter(None, options.split(",")):
-        key, equals, value = item.partition("=")
-        if not equals or key.strip() not in ("max_rel_err", "codecs"):
-            raise ValueError(
-                f"codec {codec!r}: options are max_rel_err=E and codecs=a+b, got {item!r}"
-            )
-        if key.strip() in seen:  # not the last one silently
-            raise ValueError(f"codec {codec!r}: {key.strip()} given twice")
-        seen.add(key.strip())
-        if key.strip() == "max_rel_err":
-            try:
-                limit = float(value)
-            except ValueError:
-                raise ValueError(f"codec {codec!r}: max_rel_err must be a number") from None
-            if not limit >= 0:  # NaN too
-                raise ValueError(f"codec {codec!r}: max_rel_err must be at least 0")
-        else:
-            names = tuple(filter(None, (name.strip() for name in value.split("+"))))
-            if not names:
-                raise ValueError(f"codec {codec!r}: codecs= names no codec (codecs=int8+int4)")
-            for name in names:
-                get_codec(name)  # an unknown codec is named here
+    _, _, text = codec.strip().partition(":")
+    options = parse_options(text, {"max_rel_err": float, "codecs": str}, codec, "codec 'auto'")
+    limit = options.get("max_rel_err", DEFAULT_MAX_REL_ERR)
+    if not limit >= 0:  # NaN too
+        raise ValueError(f"codec {codec!r}: max_rel_err must be at least 0")
+    names = CANDIDATE_CODECS
+    if "codecs" in options:
+        names = tuple(filter(None, (name.strip() for name in options["codecs"].split("+"))))
+        if not names:
+            raise ValueError(f"codec {codec!r}: codecs= names no codec (codecs=int8+int4)")
+        for name in names:
+            get_codec(name)  # an unknown codec is named here
     return limit, names
 
 
