@@ -50,3 +50,44 @@ def test_receives_go_ahead_only_for_a_chain_of_cpu_tensors_off_nccl(monkeypatch)
         assert executor._may_receive_ahead(ring, on_cpu, None) is expected
         assert not executor._may_receive_ahead(ring, on_meta, None)
         assert not executor._may_receive_ahead(backend, on_cpu, None)
+
+
+class _Done:
+    def wait(self, timeout):
+        pass
+
+
+class _RecordingPayloads:
+    """Records what the executor asks of a run's payloads, in order."""
+
+    encodes_change_state, device, held_bytes = False, torch.device("cpu"), 0
+
+    def __init__(self, events):
+        self.events = events
+
+    def encode_own(self, send):
+        self.events.append("encode")
+
+    def begin(self):
+        self.events.append("begin")
+
+    def handle(self, receive):
+        self.events.append(f"handle {receive.src}")
+
+
+def test_the_own_payloads_work_overlaps_the_first_transfer(monkeypatch):
+    """A schedule that is not a chain (here ``backend``'s one all-gather) begins its
+    payloads (decodes the own shard) once the transfer is posted, not before: the slowest
+    rank's decode would otherwise delay every rank's all-gather."""
+    events = []
+    monkeypatch.setattr(executor, "_start", lambda *args: events.append("post") or _Done())
+    (schedule,) = plan("all_gather", "backend", 0, 3, 4096, torch.float32, get_codec("int8"))
+    executor.execute(schedule, _RecordingPayloads(events), None, None)
+    assert events == ["encode", "post", "begin", "handle 1", "handle 2"]
+
+
+def test_a_run_without_transfers_still_begins_its_payloads():
+    events = []
+    (schedule,) = plan("all_gather", "backend", 0, 1, 4096, torch.float32, get_codec("int8"))
+    executor.execute(schedule, _RecordingPayloads(events), None, None)
+    assert events == ["begin"]

@@ -80,8 +80,8 @@ class Payloads(Protocol):
 
     def encode_own(self, send: Send) -> None: ...
     def begin(self) -> None:
-        """After the argument check: before the first transfer, or, in an unchecked chain,
-        while it is on the wire."""
+        """After the argument check, once the first transfer is posted (its work overlaps
+        that transfer); in a chain that carries the check, before it."""
 
     def send_buffer(self, send: Send) -> torch.Tensor: ...
     def receive_buffer(self, receive: Receive) -> torch.Tensor: ...
@@ -161,9 +161,16 @@ def execute(
         # the own payloads are written to the output while the first transfer is on the wire
         _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
         return
-    payloads.begin()
     transport = schedule.transport
-    start = lambda k, step: _start(transport, step, payloads, group)  # noqa: E731
+
+    def start(k: int, step: Step) -> _Transfer:
+        transfer = _start(transport, step, payloads, group)
+        if k == 0:
+            payloads.begin()  # the own shard's decode, while the first transfer is on the wire
+        return transfer
+
+    if not schedule.steps:
+        payloads.begin()
     _run_steps(schedule, payloads, window, timeout, start)
 
 
