@@ -148,6 +148,27 @@ def test_a_child_forked_from_the_communication_thread_is_not_on_it():
     assert _child_exit_code(forked.result()) == 0
 
 
+def test_a_collective_pending_at_a_fork_raises_in_the_child_instead_of_hanging():
+    """A collective still running when the process forked never finishes in the child (its
+    communication thread stayed in the parent): waiting for it there hung for good."""
+    release = threading.Event()
+    pending = launch(release.wait, async_op=True)
+    child = os.fork()
+    if child == 0:
+        try:
+            pending.wait()
+            os._exit(2)
+        except RuntimeError as error:
+            os._exit(0 if "forked this one" in str(error) else 3)
+        except BaseException:
+            os._exit(1)
+    try:
+        assert _child_exit_code(child, seconds=20) == 0
+    finally:
+        release.set()
+    assert pending.wait(timedelta(seconds=30))  # the parent's own wait is unaffected
+
+
 def test_a_fork_while_the_native_build_lock_is_held_leaves_the_child_able_to_build():
     """A fork while another thread built the C kernels left the child's lock held: its
     first native kernel waited for good."""

@@ -101,9 +101,16 @@ class CollectiveWork:
     def __init__(self, future: concurrent.futures.Future, order: StreamOrder | None = None):
         self._future = future
         self._order = order
+        self._process = os.getpid()  # whose communication thread runs it
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         check_timeout(timeout)
+        if os.getpid() != self._process and not self._future.done():
+            raise RuntimeError(
+                f"wait() on a commpress collective started by process {self._process}, "
+                "which forked this one before it finished: it runs on that process's "
+                "communication thread and never finishes here"
+            )
         if getattr(_on_comm_thread, "active", False) and not self._future.done():
             raise RuntimeError(
                 "wait() on a commpress collective that has not finished, called on "
