@@ -116,6 +116,26 @@ def test_a_crashed_rank_stops_the_job_with_its_exit_code(prefix, tmp_path):
     assert_nothing_left(prefix, recorded_pids(tmp_path, 2, timeout=0))
 
 
+def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
+    # `commpress launch ... | head -1`: more output than a pipe holds, then a file at the end
+    talker = f"seq 1 100000; touch {tmp_path}/$RANK.done"
+    launcher = subprocess.Popen(
+        [*LAUNCH, "--hosts", "2", "--link", "100mbit", "--prefix", prefix, "--timeout", "20",
+         "--", "sh", "-c", talker],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        launcher.stdout.readline()
+        launcher.stdout.close()
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 141, stderr
+    assert "Traceback" not in stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["0.done", "1.done"]
+    assert present(Layout(prefix)) == []
+
+
 def test_a_timeout_stops_every_rank(prefix, tmp_path):
     done = run_launch(
         "--hosts",

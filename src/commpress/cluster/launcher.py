@@ -8,12 +8,15 @@ across the emulated links. Output is streamed line by line with a
 would wait for it forever); on a timeout, SIGINT or SIGTERM every rank is stopped.
 Signals are noted and acted on between steps, never by an exception raised in the
 middle of one (a ``Popen`` that would leave a rank untracked, a ``poll`` that would
-leave its lock taken, a cleanup cut short).
+leave its lock taken, a cleanup cut short). Once the reader of the output has gone
+(``commpress launch ... | head``), the ranks' output is still read, and discarded, so
+that the job runs to its end; then BrokenPipeError is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import signal
@@ -87,6 +90,7 @@ def launch(
     """Run ``command`` on every host, ``nproc_per_host`` ranks each; the worst exit status.
 
     ``timeout`` (seconds) stops every rank and returns 124. ``env`` adds variables.
+    Raises BrokenPipeError once the job has ended where ``output``'s reader went away.
     """
     command = list(command)
     if not command or not all(isinstance(part, str) for part in command):
@@ -97,7 +101,7 @@ def launch(
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
     if timeout is not None:
         check_seconds(timeout)
-    output = output or sys.stdout
+    lines = _Lines(output or sys.stdout)
     ranks: list[Rank] = []
     with system.deferred_signals() as received:  # raises KeyboardInterrupt once all is stopped
         try:
@@ -105,14 +109,35 @@ def launch(
                 if received:
                     break
                 ranks.append(_start(cluster, command, host, local_rank, nproc_per_host, port, env))
-            streams = _stream(ranks, output)
-            status = _supervise(ranks, timeout, output, received)
+            streams = _stream(ranks, lines)
+            status = _supervise(ranks, timeout, lines, received)
         finally:
             _stop(ranks)
         drained = time.monotonic() + STREAM_DRAIN_SECONDS
         for stream in streams:  # a detached grandchild may hold a pipe open: do not wait on it
             stream.join(timeout=max(0.0, drained - time.monotonic()))
+    if lines.reader_gone:
+        raise BrokenPipeError(errno.EPIPE, "the reader of the job's output has gone")
     return status
+
+
+class _Lines:
+    """Whole lines to ``output``, one writer at a time; discarded once its reader has gone."""
+
+    def __init__(self, output: TextIO) -> None:
+        self.output = output
+        self.lock = threading.Lock()
+        self.reader_gone = False
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            if self.reader_gone:
+                return
+            try:
+                self.output.write(line)
+                self.output.flush()
+            except BrokenPipeError:
+                self.reader_gone = True
 
 
 def _start(cluster, command, host, local_rank, nproc_per_host, port, env) -> Rank:
@@ -129,15 +154,11 @@ def _start(cluster, command, host, local_rank, nproc_per_host, port, env) -> Ran
     return Rank(host, local_rank, int(variables["RANK"]), process)
 
 
-def _stream(ranks: list[Rank], output: TextIO) -> list[threading.Thread]:
-    lock = threading.Lock()
-
+def _stream(ranks: list[Rank], lines: _Lines) -> list[threading.Thread]:
     def copy(rank: Rank) -> None:
         for raw in rank.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
-            with lock:
-                output.write(f"{rank.label}| {line}\n")
-                output.flush()
+            lines.write(f"{rank.label}| {line}\n")
 
     threads = [threading.Thread(target=copy, args=(rank,), daemon=True) for rank in ranks]
     for thread in threads:
@@ -145,26 +166,24 @@ def _stream(ranks: list[Rank], output: TextIO) -> list[threading.Thread]:
     return threads
 
 
-def _supervise(
-    ranks: list[Rank], timeout: float | None, output: TextIO, received: list[int]
-) -> int:
+def _supervise(ranks: list[Rank], timeout: float | None, lines: _Lines, received: list[int]) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         if received:
             name = signal.Signals(received[0]).name
-            output.write(f"commpress launch: {name}; stopping every rank\n")
+            lines.write(f"commpress launch: {name}; stopping every rank\n")
             return 128 + received[0]
         codes = [rank.process.poll() for rank in ranks]
         failed = [r for r, code in zip(ranks, codes, strict=True) if code not in (None, 0)]
         if failed:
             worst = max(exit_status(rank.process.returncode) for rank in failed)
             labels = ", ".join(rank.label for rank in failed)
-            output.write(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
+            lines.write(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
             return worst
         if all(code == 0 for code in codes):
             return 0
         if deadline is not None and time.monotonic() > deadline:
-            output.write(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
+            lines.write(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
             return TIMEOUT_EXIT_CODE
         time.sleep(POLL_SECONDS)
 
