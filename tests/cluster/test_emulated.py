@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.cluster import ClusterError, Emulated, Layout, present, read_local, system
+from commpress.cluster import ClusterError, Emulated, Layout, emulated, present, read_local, system
 from commpress.testing.parity import assert_same_bits
 
 RATE = "100mbit"  # low enough that two cores are never the bottleneck
@@ -63,6 +63,24 @@ def test_an_existing_cluster_is_an_error_and_is_left_intact(prefix):
         existing = present(Layout(prefix))
         with pytest.raises(ClusterError, match=f"already exists.*cluster down --prefix {prefix}"):
             Emulated(3, RATE, prefix=prefix).up()
+        assert present(Layout(prefix)) == existing
+
+
+def test_a_second_builder_of_the_same_prefix_leaves_the_first_one_s_cluster_alone(
+    prefix, monkeypatch
+):
+    # two `commpress launch` started together: both look for leftovers before either builds
+    with Emulated(2, RATE, prefix=prefix):
+        existing = present(Layout(prefix))
+        looks = []  # the first look finds nothing; any later one, what is there
+
+        def late_look(layout):
+            looks.append(layout)
+            return [] if len(looks) == 1 else present(layout)
+
+        monkeypatch.setattr(emulated, "present", late_look)
+        with pytest.raises(ClusterError, match=f"already exists \\({prefix}-br\\)"):
+            Emulated(2, RATE, prefix=prefix).up()
         assert present(Layout(prefix)) == existing
 
 

@@ -81,11 +81,8 @@ class Emulated:
         with system.deferred_signals() as interrupted:  # raises KeyboardInterrupt on leaving
             leftovers = present(self.layout)
             if leftovers:
-                raise ClusterError(
-                    f"a cluster named {self.layout.prefix!r} already exists "
-                    f"({', '.join(leftovers)}): remove it with `commpress cluster down --prefix "
-                    f"{self.layout.prefix}` or pick another prefix"
-                )
+                raise self._already_exists(leftovers)
+            self._claim()
             try:
                 self._build(interrupted)
             except BaseException:  # never leave half a cluster behind
@@ -94,6 +91,24 @@ class Emulated:
             if interrupted:  # the build stopped part way
                 remove(self.layout)
         return self
+
+    def _already_exists(self, leftovers: list[str]) -> ClusterError:
+        return ClusterError(
+            f"a cluster named {self.layout.prefix!r} already exists "
+            f"({', '.join(leftovers)}): remove it with `commpress cluster down --prefix "
+            f"{self.layout.prefix}` or pick another prefix"
+        )
+
+    def _claim(self) -> None:
+        """Add the bridge, before anything else: of two builders of one prefix, the one
+        that comes second fails here, and leaves the first one's cluster alone."""
+        bridge = self.layout.bridge
+        try:
+            self._create_bridge(bridge)
+        except ClusterError:
+            if system.link_exists(bridge):
+                raise self._already_exists([bridge]) from None
+            raise
 
     def down(self) -> None:
         remove(self.layout)
@@ -127,7 +142,7 @@ class Emulated:
 
     def _build(self, interrupted: list[int]) -> None:
         layout, link = self.layout, self.link
-        self._add_bridge(layout.bridge)  # the switch; with racks, the spine
+        self._set_up_bridge(layout.bridge)  # the switch; with racks, the spine
         if self.racks > 1:
             for rack in range(self.racks):
                 if interrupted:
@@ -176,7 +191,13 @@ class Emulated:
 
     def _add_bridge(self, name: str) -> None:
         """A bridge that floods multicast to every port (no snooping), without IPv6."""
+        self._create_bridge(name)
+        self._set_up_bridge(name)
+
+    def _create_bridge(self, name: str) -> None:
         system.ip("link", "add", "name", name, "type", "bridge", "mcast_snooping", "0")
+
+    def _set_up_bridge(self, name: str) -> None:
         system.disable_ipv6(name)
         system.ip("link", "set", name, "up")
 
