@@ -125,6 +125,15 @@ def test_train_refuses_multicast_without_the_cluster(capsys):
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err
 
 
+def test_train_refuses_nprocs_on_the_cluster_before_building_it(monkeypatch, capsys):
+    """Before, --nprocs 3 was dropped without a word and the job ran one rank per host."""
+    from commpress.train import command
+
+    monkeypatch.setattr(command, "cluster_from", lambda args: pytest.fail("a cluster was built"))
+    assert main(["train", "--nprocs", "3", "--hosts", "2", "--link", "1gbit"]) == 2
+    assert "--nprocs is for local processes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dtype", ["double", "bf16", "FLOAT", "", "float,double", "float,"])
 def test_bench_rejects_an_unknown_dtype(dtype, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -52,6 +52,8 @@ LOWRANK_COLUMNS = (
     ("exposed_ms", "waited(ms)", ".1f"),
     ("hidden", "hidden", ".0%"),
 )
+#: Ranks of a run without the emulated cluster.
+LOCAL_PROCESSES = 2
 
 
 def config_from(args) -> TrainConfig:
@@ -75,9 +77,12 @@ def main(args) -> int:
     config = config_from(args)
     _check_specs(config, wants_cluster(args))
     if not wants_cluster(args):
-        results = run_distributed(train_worker, args.nprocs, config, timeout=args.timeout)[0]
-        where = f"{args.nprocs} local gloo processes"
+        nprocs = args.nprocs or LOCAL_PROCESSES
+        results = run_distributed(train_worker, nprocs, config, timeout=args.timeout)[0]
+        where = f"{nprocs} local gloo processes"
     else:
+        if args.nprocs is not None:
+            raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config = dataclasses.replace(config, multicast=multicast_options(cluster))
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
@@ -234,7 +239,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every configuration (0)")
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduction")
-    parser.add_argument("--nprocs", type=positive_int, default=2, help="local processes (2)")
+    parser.add_argument("--nprocs", type=positive_int, help=f"local processes ({LOCAL_PROCESSES})")
     add_link_arguments(parser, required=False)
     parser.add_argument(
         "--timeout", type=seconds, default=3600.0, help="seconds for the job (3600)"
