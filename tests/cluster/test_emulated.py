@@ -14,7 +14,16 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.cluster import ClusterError, Emulated, Layout, emulated, present, read_local, system
+from commpress.cluster import (
+    ClusterError,
+    Emulated,
+    Layout,
+    emulated,
+    present,
+    read_local,
+    remove,
+    system,
+)
 from commpress.testing.parity import assert_same_bits
 
 RATE = "100mbit"  # low enough that two cores are never the bottleneck
@@ -82,6 +91,22 @@ def test_a_second_builder_of_the_same_prefix_leaves_the_first_one_s_cluster_alon
         with pytest.raises(ClusterError, match=f"already exists \\({prefix}-br\\)"):
             Emulated(2, RATE, prefix=prefix).up()
         assert present(Layout(prefix)) == existing
+
+
+@pytest.mark.parametrize("left", ["the bridge", "all but a host's port"])
+def test_what_a_killed_build_left_is_incomplete_and_says_how_to_remove_it(prefix, left):
+    """Before, a lone bridge was 'no cluster is up: start one with cluster up' (which then
+    refused: it exists), and a missing port an obscure tc error."""
+    if left == "the bridge":
+        system.ip("link", "add", f"{prefix}-br", "type", "bridge")
+    else:
+        Emulated(2, RATE, prefix=prefix).up()
+        system.ip("link", "del", f"{prefix}-s1")
+    try:
+        with pytest.raises(ClusterError, match=f"incomplete.*cluster down --prefix {prefix}"):
+            Emulated.attach(prefix)
+    finally:
+        remove(Layout(prefix))
 
 
 def test_a_failure_while_building_leaves_nothing(prefix, monkeypatch):

@@ -123,14 +123,16 @@ class Emulated:
     def attach(cls, prefix: str = DEFAULT_PREFIX) -> Emulated:
         """The cluster that ``commpress cluster up`` (or another process) built."""
         layout = Layout(prefix)
-        hosts = sorted(h for h in map(layout.host_of, system.namespaces()) if h is not None)
-        if not hosts or not system.link_exists(layout.bridge):
+        leftovers = present(layout)
+        if not leftovers:
             raise ClusterError(
                 f"no cluster named {prefix!r} is up: start one with `commpress cluster up`"
             )
-        if hosts != list(range(len(hosts))):
+        hosts = sorted(h for h in map(layout.host_of, leftovers) if h is not None)
+        links = [layout.bridge] + [layout.switch_port(host) for host in hosts]
+        if not hosts or hosts != list(range(len(hosts))) or not set(links) <= set(leftovers):
             raise ClusterError(
-                f"cluster {prefix!r} is incomplete (hosts {hosts}): "
+                f"cluster {prefix!r} is incomplete ({', '.join(leftovers)}): "
                 f"`commpress cluster down --prefix {prefix}` and build it again"
             )
         racks = _read_racks(layout, len(hosts))
