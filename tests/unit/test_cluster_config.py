@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate
+from commpress.cluster import Counters, Emulated, Layout, Link, parse_rate, system
 from commpress.cluster.commands import add_link_arguments, wants_cluster
 from commpress.cluster.counters import parse_net_dev, parse_retransmitted
 from commpress.cluster.launcher import exit_status, launch, rank_environment
@@ -64,6 +64,23 @@ def test_link_rejects_bad_types_and_mtu():
     with pytest.raises(ValueError, match="delay"):
         Link.parse("1gbit", delay="0ms")
     assert Link.parse("1gbit", delay="200us").delay_s == pytest.approx(2e-4)
+
+
+@pytest.mark.parametrize(
+    ("delay", "netem"), [("15us", "15us"), ("0.043ms", "43us"), ("0.000291s", "291us")]
+)
+def test_netem_gets_the_delay_given_not_a_microsecond_less(delay, netem, monkeypatch):
+    """Before, int() of the float product gave netem 14us for 15us: a third of all values."""
+    commands = []
+    monkeypatch.setattr(system, "tc", lambda *arguments: commands.append(arguments))
+    Emulated(2, "1gbit", delay=delay)._shape("cp-h0", "cp-s0")
+    assert commands[-1][-3:] == ("netem", "delay", netem)
+
+
+@pytest.mark.parametrize("delay", ["0.5us", "1.5us", "0.0001ms"])
+def test_a_delay_netem_cannot_take_is_refused_not_truncated(delay):
+    with pytest.raises(ValueError, match="whole number of microseconds"):
+        Link.parse("1gbit", delay=delay)
 
 
 def test_ideal_time_is_bytes_over_rate():

@@ -253,9 +253,7 @@ class Emulated:
                     "1:1",
                     "handle",
                     "10:",
-                    "netem",
-                    "delay",
-                    f"{int(self.link.delay_s * 1e6)}us",
+                    *self.link.netem_arguments(),
                 )
             except ClusterError as error:
                 if "unknown" in str(error).lower():

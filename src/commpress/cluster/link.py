@@ -30,10 +30,12 @@ def _check_rate(bits: int, shown: str) -> None:
 
 
 def parse_delay(text: str) -> float:
-    """``"5ms"``, ``"200us"`` -> seconds."""
+    """``"5ms"``, ``"200us"`` -> seconds: a whole number of microseconds, as netem is given."""
     seconds = parse_quantity(text, _TIME_UNITS, "delay")
     if seconds <= 0:
         raise ValueError(f"delay {text!r} must be positive")
+    if abs(seconds * 1e6 - round(seconds * 1e6)) > 1e-6:
+        raise ValueError(f"delay {text!r} is not a whole number of microseconds")
     return seconds
 
 
@@ -88,6 +90,10 @@ class Link:
             "latency",
             f"{int(QUEUE_SECONDS * 1e6)}us",
         ]
+
+    def netem_arguments(self) -> list[str]:
+        """The delay as netem takes it (rounded: ``15e-6 * 1e6`` is 14.999999999999998)."""
+        return ["netem", "delay", f"{round(self.delay_s * 1e6)}us"]
 
     def describe(self) -> str:
         text = format_rate(self.rate_bits)
