@@ -12,6 +12,9 @@ ORTHOGONALIZATIONS = ("gram-schmidt", "householder", "cholesky")
 #: Cholesky-QR squares the condition number; beyond this it loses fp32 orthogonality.
 CHOLESKY_MAX_CONDITION = 1e3
 _TINY = 1e-30
+#: Gram-Schmidt zeroes a column left with less than this share of its norm once the
+#: columns before it are projected out: fp32 rounding is all that remains of it.
+DEPENDENT = 1e-4
 
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -26,7 +29,8 @@ def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch
     """Orthonormal columns spanning each matrix's columns, ``(b, n, r)`` with ``r <= n``.
 
     Returns a new fp32 tensor. A zero column stays zero (it spans nothing); Gram-Schmidt
-    also zeroes one whose norm is at most :data:`_TINY`; ``cholesky`` falls back to
+    also zeroes one whose norm is at most :data:`_TINY`, or that is a combination of the
+    columns before it (to :data:`DEPENDENT`); ``cholesky`` falls back to
     Householder for matrices whose Gram matrix is too ill-conditioned.
     """
     if method not in ORTHOGONALIZATIONS:
@@ -46,16 +50,20 @@ def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch
 
 
 def _gram_schmidt(matrices: torch.Tensor) -> torch.Tensor:
-    """Modified Gram-Schmidt over columns, all matrices of the batch at once."""
+    """Gram-Schmidt over columns, all matrices of the batch at once, each projection done
+    twice: once leaves a nearly dependent column (a gradient of lower rank than the
+    factor) far from orthogonal to the others."""
     result = matrices.clone()
     for column in range(result.shape[2]):
         current = result[:, :, column : column + 1]
-        if column:
-            previous = result[:, :, :column]
-            current -= previous @ (previous.transpose(1, 2) @ current)
+        previous = result[:, :, :column]
         # in float64: the squares of fp32 values below about 1e-19 underflow in fp32
+        before = current.double().norm(dim=1, keepdim=True)
+        for _ in range(2 if column else 0):
+            current -= previous @ (previous.transpose(1, 2) @ current)
         norm = current.double().norm(dim=1, keepdim=True)
-        spans = ~(norm <= _TINY)  # a NaN norm spans: the NaN reaches the column
+        # a NaN norm spans: the NaN reaches the column
+        spans = ~((norm <= _TINY) | (norm < DEPENDENT * before))
         current /= torch.where(spans, norm, torch.ones_like(norm)).float()
         current.masked_fill_(~spans, 0.0)
     return result
