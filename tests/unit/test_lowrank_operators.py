@@ -272,11 +272,13 @@ def dependent_columns(b: int, n: int, r: int, spread: float, seed: int = 0) -> t
     return shared + spread * torch.randn(b, n, r, generator=generator)
 
 
-@pytest.mark.parametrize("method", ["gram-schmidt", "householder"])
+@pytest.mark.parametrize("method", ORTHOGONALIZATIONS)
 @pytest.mark.parametrize("spread", [1e-2, 1e-3, 1e-5, 1e-7, 0.0])
 def test_nearly_dependent_columns_come_out_orthonormal(method, spread):
     """One Gram-Schmidt projection left columns within 1e-3 of each other at cosines near
-    1. Columns that only rounding sets apart may come out zero (they span nothing new)."""
+    1; Cholesky-QR kept such matrices (its Cholesky factor's diagonal ratio stayed under
+    1e3) and returned columns off from orthonormal by 0.6. Columns that only rounding sets
+    apart may come out zero (they span nothing new)."""
     matrices = dependent_columns(8, 200, 4, spread)
     q = orthogonalize(matrices, method)
     gram = q.transpose(1, 2) @ q

@@ -11,6 +11,10 @@ import torch
 ORTHOGONALIZATIONS = ("gram-schmidt", "householder", "cholesky")
 #: Cholesky-QR squares the condition number; beyond this it loses fp32 orthogonality.
 CHOLESKY_MAX_CONDITION = 1e3
+#: The ratio of the Cholesky factor's diagonal underestimates the condition number, so
+#: Cholesky-QR's columns are also checked: off from orthonormal by more than this, the
+#: matrix goes to Householder.
+CHOLESKY_MAX_ERROR = 1e-4
 _TINY = 1e-30
 #: Gram-Schmidt zeroes a column left with less than this share of its norm once the
 #: columns before it are projected out: fp32 rounding is all that remains of it.
@@ -31,7 +35,8 @@ def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch
     Returns a new fp32 tensor. A zero column stays zero (it spans nothing); Gram-Schmidt
     also zeroes one whose norm is at most :data:`_TINY`, or that is a combination of the
     columns before it (to :data:`DEPENDENT`); ``cholesky`` falls back to
-    Householder for matrices whose Gram matrix is too ill-conditioned.
+    Householder for matrices whose Gram matrix is too ill-conditioned, or whose columns
+    come out further than :data:`CHOLESKY_MAX_ERROR` from orthonormal.
     """
     if method not in ORTHOGONALIZATIONS:
         raise ValueError(f"unknown orthogonalization {method!r}; known: {ORTHOGONALIZATIONS}")
@@ -87,11 +92,19 @@ def _cholesky_qr(matrices: torch.Tensor) -> torch.Tensor:
         # Q = A L^-T, i.e. solve L Q^T = A^T
         solved = torch.linalg.solve_triangular(
             lower[fine], matrices[fine].transpose(1, 2), upper=False
-        )
-        result[fine] = solved.transpose(1, 2)
+        ).transpose(1, 2)
+        result[fine] = solved
+        fine[fine.clone()] = _orthonormal(solved, CHOLESKY_MAX_ERROR)
     if (~fine).any():
         result[~fine] = _householder(matrices[~fine])
     return result
+
+
+def _orthonormal(matrices: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """Whether each matrix's columns are orthonormal to ``tolerance`` (False for NaN)."""
+    identity = torch.eye(matrices.shape[2], device=matrices.device)
+    error = (matrices.transpose(1, 2) @ matrices - identity).abs().flatten(1).amax(dim=1)
+    return error <= tolerance
 
 
 def times(matrices: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
