@@ -301,3 +301,11 @@ def test_powersgd_reconstructs_a_gradient_of_lower_rank_exactly(method, gradient
         q = torch.randn(1, 48, 4, generator=generator)
         result = simulate(PowerSGD(rank=4, orthogonalization=method), [matrix], {"q": q})
         assert (result - matrix).norm() <= 1e-3 * matrix.norm()
+
+
+@pytest.mark.parametrize("method", ORTHOGONALIZATIONS)
+@pytest.mark.parametrize("shape", [(2, 10, 0), (0, 10, 3), (2, 0, 0)])
+def test_batches_without_elements_are_orthogonalized_as_they_are(method, shape):
+    """Cholesky-QR raised an IndexError from ``min()`` for matrices without columns."""
+    q = orthogonalize(torch.zeros(shape), method)
+    assert q.shape == shape and q.dtype == torch.float32

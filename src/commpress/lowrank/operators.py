@@ -47,6 +47,8 @@ def orthogonalize(matrices: torch.Tensor, method: str = "gram-schmidt") -> torch
             f"cannot orthogonalize {matrices.shape[2]} columns in {matrices.shape[1]} dimensions"
         )
     matrices = matrices.float()
+    if matrices.shape[2] == 0:
+        return matrices.clone()
     if method == "gram-schmidt":
         return _gram_schmidt(matrices)
     if method == "householder":
