@@ -485,13 +485,34 @@ def _odd_settings(rank, world_size):
     except ValueError as error:
         mismatch = str(error)
     finite = torch.isfinite(weight_grad).all().item() and weight_grad.abs().sum().item() > 0
-    return finite, mismatch
+    return finite, mismatch, _other_shape_messages(saved.state_dict(), rank)
+
+
+def _other_shape_messages(saved: dict, rank: int) -> list[str]:
+    """Why a step fails whose gradient has another shape than its state: loaded from a
+    checkpoint of another model, or the same key given another tensor before."""
+    messages = []
+    for error_feedback in (True, False):
+        loaded = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=error_feedback))
+        if error_feedback:
+            loaded.load_state_dict(saved)
+        else:
+            loaded.reduce([("a", gradients(rank, 0)["a"])])
+        try:
+            loaded.reduce([("a", gradients(rank, 1)["a"].T.contiguous())])
+            messages.append("no error")
+        except ValueError as error:
+            messages.append(str(error))
+    return messages
 
 
 def test_empty_parameters_float64_defaults_and_mismatched_checkpoints():
     """``Linear(16, 0)`` raised in backward at the first compressed step; a float64 default
     dtype made the factors float64 against fp32 gradients; a checkpoint without error
-    feedback raised a KeyError in the next backward of a reducer with it."""
-    for finite, mismatch in run_distributed(_odd_settings, 2, timeout=120):
+    feedback raised a KeyError in the next backward of a reducer with it; a state of
+    another shape raised a RuntimeError about tensor sizes that named no gradient."""
+    for finite, mismatch, other_shape in run_distributed(_odd_settings, 2, timeout=120):
         assert finite
         assert "saved with error_feedback=True, this reducer runs error_feedback=False" in mismatch
+        for message in other_shape:
+            assert "gradient 'a' is a 30 x 40 matrix, but its low-rank state" in message

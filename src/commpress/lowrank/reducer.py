@@ -203,7 +203,9 @@ class Reducer:
     def _state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
         if key not in self.states:
             self.states[key] = self._fresh_state(n, m, device)
-        return self.states[key]
+        state = self.states[key]
+        _check_state_fits(key, state, n, m, self.algorithm.rank)
+        return state
 
     def _fresh_state(self, n: int, m: int, device) -> dict[str, torch.Tensor]:
         """Drawn on the CPU (the same numbers on every rank), kept on ``device``."""
@@ -248,6 +250,19 @@ class Reducer:
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._error_stacks.clear()
+
+
+def _check_state_fits(key, state: dict[str, torch.Tensor], n: int, m: int, rank: int) -> None:
+    """A state made for another shape (a checkpoint of another model, one key given two
+    tensors) failed deep inside a batched product, naming no gradient."""
+    expected = {"error": (n, m), "p": (n, rank), "q": (m, rank)}
+    for name, tensor in state.items():
+        if name in expected and tuple(tensor.shape) != expected[name]:
+            raise ValueError(
+                f"gradient {key!r} is a {n} x {m} matrix, but its low-rank state {name!r} "
+                f"is {tuple(tensor.shape)}: loaded from a checkpoint of another model, or "
+                f"the key was given another tensor before"
+            )
 
 
 def _write_product(left: torch.Tensor, right: torch.Tensor, gradient: torch.Tensor) -> None:
