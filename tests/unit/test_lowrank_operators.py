@@ -309,3 +309,17 @@ def test_batches_without_elements_are_orthogonalized_as_they_are(method, shape):
     """Cholesky-QR raised an IndexError from ``min()`` for matrices without columns."""
     q = orthogonalize(torch.zeros(shape), method)
     assert q.shape == shape and q.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "gradients",
+    [[torch.zeros(2, 8)], {"ab": torch.zeros(8, 8)}, torch.zeros(2, 8), [("w", torch.zeros(2), 1)]],
+    ids=["a tensor for a pair", "a dict", "a tensor", "a triple"],
+)
+def test_a_reducer_refuses_gradients_that_are_not_key_tensor_pairs(gradients):
+    """``[grad]`` of a 2-row gradient was taken as the pair (row 0, row 1): row 1 averaged
+    under row 0 as its key, row 0 left alone; a dict gave "gradient 'a' must be..."."""
+    from commpress.lowrank import Reducer
+
+    with pytest.raises(TypeError, match=r"gradients must be \(key, tensor\) pairs"):
+        Reducer(PowerSGD()).plan(gradients)

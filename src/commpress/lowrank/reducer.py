@@ -12,7 +12,7 @@ name), so it survives a change of bucketing, and checkpoints with
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -116,7 +116,7 @@ class Reducer:
         """The work of averaging ``gradients``, round by round, for a caller that runs the
         all-reduces itself (the scheduler overlaps several parts; each alive part needs
         its own ``slot`` of scratch buffers)."""
-        gradients = list(gradients)
+        gradients = _pairs(gradients)
         for key, gradient in gradients:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
@@ -250,6 +250,25 @@ class Reducer:
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._error_stacks.clear()
+
+
+def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
+    """``gradients`` as a list of ``(key, gradient)`` pairs. A tensor in place of a pair
+    was unpacked along its rows: ``[grad]`` of a 2-row gradient averaged its second row
+    under its first as the key, silently; a dict gave its keys' characters."""
+    if isinstance(gradients, (Mapping, torch.Tensor)):
+        raise TypeError(
+            f"gradients must be (key, tensor) pairs, such as list(grads.items()), "
+            f"got a {type(gradients).__name__}"
+        )
+    pairs = list(gradients)
+    for pair in pairs:
+        if isinstance(pair, torch.Tensor) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"gradients must be (key, tensor) pairs, such as list(grads.items()), got an "
+                f"item of type {type(pair).__name__}"
+            )
+    return [tuple(pair) for pair in pairs]
 
 
 def _check_state_fits(key, state: dict[str, torch.Tensor], n: int, m: int, rank: int) -> None:
