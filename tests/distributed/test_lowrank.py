@@ -102,6 +102,27 @@ def _bucketing_and_checkpoint(rank, world_size):
     return outputs, all(torch.equal(a[k], b[k]) for k in SHAPES), mismatch
 
 
+def _key_in_two_parts(rank, world_size):
+    reducer = Reducer(PowerSGD(rank=2, start_iter=1))
+    items = list(gradients(rank, 0).items())
+    reducer.reduce_part(items[:3])
+    try:
+        reducer.reduce_part(items[2:])  # "c" again, without finish_step in between
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    reducer.finish_step()
+    reducer.reduce_part(items)  # the next step takes every key again
+    return refused
+
+
+def test_a_key_in_two_parts_of_one_step_is_refused():
+    """A key in two parts of one step had its state updated twice, and reduce_part without
+    finish_step stayed in warm-up (ACP-SGD: on one factor) for good, silently."""
+    for refused in run_distributed(_key_in_two_parts, 2, timeout=120):
+        assert "keys 'c' were already reduced this step (call finish_step" in refused
+
+
 def test_state_follows_parameters_across_bucketing_and_checkpoints():
     outputs, restored_equal, mismatch = run_distributed(_bucketing_and_checkpoint, 2, timeout=120)[
         0

@@ -91,6 +91,7 @@ class Reducer:
         self._generator = torch.Generator().manual_seed(algorithm.seed)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
+        self._keys_this_step: set = set()
 
     # -- the public step ------------------------------------------------------------------
 
@@ -124,6 +125,7 @@ class Reducer:
         if len(set(keys)) != len(keys):
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
             raise ValueError(f"gradients: keys {', '.join(repeated)} given twice (one state each)")
+        self._take_keys(keys)
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
             return UncompressedPart(self, [g for _, g in gradients], world_size)
@@ -149,6 +151,18 @@ class Reducer:
         self.stats.compressed_steps += self.step >= self.algorithm.start_iter
         self.step += 1
         self.stats.steps += 1
+        self._keys_this_step.clear()
+
+    def _take_keys(self, keys: list) -> None:
+        """A key in two parts of one step had its state updated twice; a caller that never
+        calls ``finish_step`` stayed in warm-up (ACP-SGD: on one factor) for good."""
+        again = self._keys_this_step.intersection(keys)
+        if again:
+            raise ValueError(
+                f"gradients: keys {', '.join(sorted(map(repr, again)))} were already reduced "
+                f"this step (call finish_step after a step's last part)"
+            )
+        self._keys_this_step.update(keys)
 
     def _write_back(self, keys, gradients, stacked, factors, average, local) -> None:
         """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``) written
@@ -250,6 +264,7 @@ class Reducer:
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._error_stacks.clear()
+        self._keys_this_step.clear()
 
 
 def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
