@@ -442,6 +442,44 @@ def test_a_failing_thread_fails_the_operation():
         engine.close()
 
 
+def test_a_failed_thread_lets_go_of_the_buffers_and_the_stash():
+    """A channel whose thread failed stays in place (every later call fails at once): its
+    engine must not keep the failed operation's payload buffers (the C taker pinned them)
+    or the datagrams kept for later operations."""
+    import gc
+    import weakref
+
+    import torch
+
+    class AckFails(Endpoint):
+        def unicast(self, rank, head, payload):
+            raise OSError("network is unreachable")
+
+    hub = Hub(2)
+    engine = Engine(AckFails(hub, 0), CHANNEL, Options(**FAST))
+    peer = Engine(hub.endpoint(1), CHANNEL, Options(**FAST))
+    try:
+        later = Header(Kind.DATA, 1, 1, CHANNEL, 1, 0, 1)
+        hub.deliver(1, 0, datagrams.pack(later, b"x" * 100))
+        deadline = time.monotonic() + 10
+        while not engine.stats.stashed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        received = torch.zeros(5000, dtype=torch.uint8)
+        alive = weakref.ref(received)
+        operation = Operation(0, [0, 1], memoryview(bytes(5000)), {1: received.numpy().data})
+        engine.post(operation)
+        all_gather_one(peer, 1, [bytes(5000)] * 2, 0, wait=False)
+        with pytest.raises(BroadcastError, match="unreachable"):
+            operation.wait(1, 10)
+        engine._thread.join(10)
+        del operation, received
+        gc.collect()
+        assert alive() is None, "the failed operation's buffer is still held"
+        assert engine._stash == [] and engine._stash_bytes == 0
+    finally:
+        close_all([engine, peer])
+
+
 def test_bytes_sent_per_rank_are_one_shard_and_headers():
     hub = Hub(4)
     engines_ = engines(hub)

@@ -417,11 +417,12 @@ class Engine:
             self._failure.__cause__ = error
         finally:  # nothing waits for an operation this thread will not run
             self._fail_all(self._failure or self._stopped())
+            self._stash, self._stash_bytes = [], 0
 
     def _fail_all(self, failure: BaseException) -> None:
         for operation in self._operations():
             operation._fail(failure)
-        self._running = None
+        self._running = self._take = None  # the taker pins the running operation's buffers
         self._waiting.clear()
 
     def _operations(self) -> list[Operation]:
