@@ -526,6 +526,8 @@ def test_without_repairs_loss_is_caught():
         (dict(ttl=0), "ttl"),
         (dict(ttl=256), "ttl must be at most 255"),
         (dict(uplink_bits=0), "uplink_bits"),
+        (dict(seed="7"), "seed must be an int"),
+        (dict(seed=None), "seed must be an int"),
     ],
 )
 def test_bad_options_name_the_argument(options, message):

@@ -152,6 +152,8 @@ class Options:
             raise ValueError(f"ttl must be at most {MAX_TTL} (an 8-bit field), got {self.ttl}")
         if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
         for name in ("retry_s", "burst_s"):
             check_seconds(getattr(self, name), name)
 
