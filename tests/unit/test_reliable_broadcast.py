@@ -761,6 +761,40 @@ def test_a_channel_refuses_operation_ids_that_do_not_increase():
         channel.operation_id(6)
 
 
+def test_a_channel_whose_peers_fail_during_setup_closes_its_sockets(monkeypatch):
+    """Rank 0 has bound its sockets when the exchange of addresses fails (a peer died):
+    the error reaches the caller and the sockets, bound to the group's port, are closed."""
+    import torch.distributed as dist
+
+    opened = []
+
+    class Recorded:
+        def __init__(self, rank, world_size, local, group, **kw):
+            self.mtu, self.unicast_address, self.closed = 1500, (local, 1), False
+            opened.append(self)
+
+        def close(self):
+            self.closed = True
+
+    exchanges = iter([None, RuntimeError("Connection closed by peer")])
+
+    def all_gather_object(into, value, group=None):
+        failure = next(exchanges)
+        if failure is not None:
+            raise failure
+        into[:] = [value, (value[0], None, None)]
+
+    monkeypatch.setenv("COMMPRESS_MULTICAST_ADDRESS", "10.1.2.3")
+    monkeypatch.setattr(multicast, "UdpNetwork", Recorded)
+    monkeypatch.setattr(multicast, "_created", multicast._created)
+    monkeypatch.setattr(dist, "get_rank", lambda group: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        multicast.Channel(object(), Options())
+    assert [network.closed for network in opened] == [True]
+
+
 @pytest.mark.parametrize(
     "group, message",
     [

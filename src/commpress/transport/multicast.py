@@ -155,17 +155,17 @@ class Channel:
         reports = [None] * self.world_size
         report = (failure, None) if network is None else (None, network.unicast_address)
         mtu = None if network is None else network.mtu
-        dist.all_gather_object(reports, (*report, mtu), group=group)
         try:
+            dist.all_gather_object(reports, (*report, mtu), group=group)
             _raise_failures([f for f, _, _ in reports])
-        except MulticastSetupError:
+            network.connect([address for _, address, _ in reports])
+            network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
+            self.engine = Engine(network, channel_number, options)
+        except BaseException:  # a peer gone, or setup failed elsewhere: no sockets left bound
             if network is not None:
                 network.close()
             raise
-        network.connect([address for _, address, _ in reports])
-        network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
         self.network = network
-        self.engine = Engine(network, channel_number, options)
         self._close = weakref.finalize(self, Engine.close, self.engine)  # also at exit
 
     def operation_id(self, call: int) -> int:
