@@ -413,6 +413,35 @@ def test_a_stopped_or_closed_engine_fails_at_once():
         all_gather_one(engine, 0, shards, 1, wait=False)
 
 
+def test_an_operation_posted_as_the_thread_stops_fails_at_once():
+    """Another thread posts after the closing engine took its last requests, while its
+    thread stops: the post was queued, never taken, and the operation waited for its
+    whole timeout (the group's: 30 minutes by default) instead of failing."""
+    late = []
+
+    class Racing(Engine):
+        def _fail_all(self, failure):
+            if self._closing and time.monotonic() >= self._linger_until and not late:
+                poster = threading.Thread(target=lambda: late.append(post_late(self)))
+                poster.start()
+                poster.join()
+            super()._fail_all(failure)
+
+    def post_late(engine):
+        operation = Operation(1, [0, 1], memoryview(b"x"), {1: memoryview(bytearray(1))})
+        try:
+            engine.post(operation)
+        except BroadcastError as refused:
+            operation._fail(refused)  # refused at once: as good as failing
+        return operation
+
+    engine = Racing(Hub(2).endpoint(0), CHANNEL, Options(**FAST))
+    engine.close()
+    assert late, "the close did not reach the point of the race"
+    with pytest.raises(BroadcastError, match="closed"):
+        late[0].wait(0, 2)
+
+
 def test_operation_ids_wrap_around():
     assert newer(0, 2**32 - 1) and newer(5, 2**32 - 3) and not newer(2**32 - 1, 0)
     hub = Hub(2)

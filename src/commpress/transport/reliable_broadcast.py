@@ -341,6 +341,9 @@ class Engine:
         self._closing = False
         self._linger_until = math.inf
         self._failure: BaseException | None = None
+        # held while a request is queued, and while the thread stops taking them
+        self._accepting = threading.Lock()
+        self._ended = False  # the thread takes no more requests
         self._thread = threading.Thread(target=self._loop, name="commpress-multicast", daemon=True)
         self._thread.start()
 
@@ -378,12 +381,13 @@ class Engine:
     def _request(self, request, wait: bool = False) -> None:
         """Hand ``request`` to the thread; with ``wait``, until it has been taken. Raises
         the thread's failure if it has stopped."""
-        if not self._thread.is_alive():
-            if request[0] == "close" or (request[0] == "abandon"):
-                return  # nothing runs that could still write
-            raise self._stopped()
         handled = threading.Event() if wait else None
-        self._posted.put((*request, handled))
+        with self._accepting:
+            if self._ended:
+                if request[0] == "close" or (request[0] == "abandon"):
+                    return  # nothing runs that could still write
+                raise self._stopped()
+            self._posted.put((*request, handled))
         self.network.wake()
         if handled is not None:
             while not handled.wait(0.1):
@@ -418,8 +422,24 @@ class Engine:
             )
             self._failure.__cause__ = error
         finally:  # nothing waits for an operation this thread will not run
+            with self._accepting:
+                self._ended = True
+            self._drop_requests()
             self._fail_all(self._failure or self._stopped())
             self._stash, self._stash_bytes = [], 0
+
+    def _drop_requests(self) -> None:
+        """The requests queued before the thread stopped taking them: posts fail with the
+        rest, the callers waiting for the others return."""
+        while True:
+            try:
+                kind, operation, handled = self._posted.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "post":
+                self._waiting.append(operation)
+            if handled is not None:
+                handled.set()
 
     def _fail_all(self, failure: BaseException) -> None:
         for operation in self._operations():
