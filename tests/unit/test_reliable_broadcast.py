@@ -660,6 +660,33 @@ def test_a_full_queue_loses_the_batch_and_a_real_error_is_raised():
         network.multicast_many(DATAGRAMS)
 
 
+def test_capped_receive_buffers_under_warnings_as_errors_leave_no_socket_open(monkeypatch):
+    """Not root and a low net.core.rmem_max: a warning, which ``-W error`` (or a test
+    suite's filter) makes an exception. It was raised after the sockets had been set up,
+    outside the cleanup: both sockets (one bound to the group's port) and the wake-up
+    pipe stayed open. On the loopback interface (joined, nothing sent)."""
+    import warnings
+
+    from commpress.transport import udp
+
+    closed = []
+    original_close = UdpNetwork.close
+
+    def recorded_close(self):
+        original_close(self)
+        closed.append(self)
+
+    monkeypatch.setattr(udp, "interface_of", lambda address: ("lo", 65536))
+    monkeypatch.setattr(UdpNetwork, "receive_buffer_bytes", property(lambda self: 0))
+    monkeypatch.setattr(UdpNetwork, "close", recorded_close)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="receive buffers are 0 bytes"):
+            UdpNetwork(0, 2, "127.0.0.1", ("239.255.77.1", 0))
+    (network,) = closed
+    assert network._sockets == [] and network._wake_read is None
+
+
 def test_a_coalesced_read_is_cut_at_the_size_its_control_message_gives():
     assert _segment_size([(17, 104, struct.pack("i", 1472))]) == 1472
     assert _segment_size([]) is None

@@ -145,17 +145,17 @@ class UdpNetwork:
             self._wake_read, self._wake_write = os.pipe()
             os.set_blocking(self._wake_read, False)
             os.set_blocking(self._wake_write, False)
+            if self.receive_buffer_bytes < RECEIVE_BUFFER_BYTES:  # Linux reports twice the grant
+                warnings.warn(  # raises where warnings are errors: the sockets close below
+                    f"commpress multicast: receive buffers are {self.receive_buffer_bytes} "
+                    f"bytes, not {RECEIVE_BUFFER_BYTES} (not root, and net.core.rmem_max is "
+                    "lower): bursts will be dropped and repaired; raise net.core.rmem_max",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         except BaseException:
             self.close()
             raise
-        if self.receive_buffer_bytes < RECEIVE_BUFFER_BYTES:  # Linux reports twice the grant
-            warnings.warn(
-                f"commpress multicast: receive buffers are {self.receive_buffer_bytes} bytes, "
-                f"not {RECEIVE_BUFFER_BYTES} (not root, and net.core.rmem_max is lower): "
-                "bursts will be dropped and repaired; raise net.core.rmem_max",
-                RuntimeWarning,
-                stacklevel=2,
-            )
         self._selector = selectors.DefaultSelector()
         for sock in self._sockets:
             self._selector.register(sock, selectors.EVENT_READ)
