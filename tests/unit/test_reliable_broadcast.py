@@ -817,11 +817,37 @@ def test_a_channel_refuses_operation_ids_that_do_not_increase():
         channel.operation_id(6)
 
 
+PEER_ADDRESSES = ("10.1.2.4", None, None)  # rank 1's part of a channel's first exchange
+PEER_SOCKETS = (None, ("10.1.2.4", 1), 1500)  # and of its second: no failure, its port, MTU
+
+
+def _set_up_as_rank_0_of_2(monkeypatch, network, peer_reports) -> list:
+    """Channel setup on rank 0 of 2, in-process: ``network`` stands in for UdpNetwork, and
+    each exchange answers with the next of ``peer_reports`` for rank 1 (or raises it).
+    Returns what rank 0 sent, exchange by exchange."""
+    import torch.distributed as dist
+
+    peer_reports, sent = iter(peer_reports), []
+
+    def all_gather_object(into, value, group=None):
+        sent.append(value)
+        peer = next(peer_reports)
+        if isinstance(peer, BaseException):
+            raise peer
+        into[:] = [value, peer]
+
+    monkeypatch.setenv("COMMPRESS_MULTICAST_ADDRESS", "10.1.2.3")
+    monkeypatch.setattr(multicast, "UdpNetwork", network)
+    monkeypatch.setattr(multicast, "_created", multicast._created)
+    monkeypatch.setattr(dist, "get_rank", lambda group: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    return sent
+
+
 def test_a_channel_whose_peers_fail_during_setup_closes_its_sockets(monkeypatch):
     """Rank 0 has bound its sockets when the exchange of addresses fails (a peer died):
     the error reaches the caller and the sockets, bound to the group's port, are closed."""
-    import torch.distributed as dist
-
     opened = []
 
     class Recorded:
@@ -832,23 +858,26 @@ def test_a_channel_whose_peers_fail_during_setup_closes_its_sockets(monkeypatch)
         def close(self):
             self.closed = True
 
-    exchanges = iter([None, RuntimeError("Connection closed by peer")])
-
-    def all_gather_object(into, value, group=None):
-        failure = next(exchanges)
-        if failure is not None:
-            raise failure
-        into[:] = [value, (value[0], None, None)]
-
-    monkeypatch.setenv("COMMPRESS_MULTICAST_ADDRESS", "10.1.2.3")
-    monkeypatch.setattr(multicast, "UdpNetwork", Recorded)
-    monkeypatch.setattr(multicast, "_created", multicast._created)
-    monkeypatch.setattr(dist, "get_rank", lambda group: 0)
-    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
-    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    died = RuntimeError("Connection closed by peer")
+    _set_up_as_rank_0_of_2(monkeypatch, Recorded, [PEER_ADDRESSES, died])
     with pytest.raises(RuntimeError, match="closed by peer"):
         multicast.Channel(object(), Options())
     assert [network.closed for network in opened] == [True]
+
+
+def test_a_rank_whose_socket_setup_raises_otherwise_tells_its_peers(monkeypatch):
+    """Setting up the sockets raised something other than MulticastSetupError or OSError
+    (the capped-buffer warning, where warnings are errors): it left this rank before the
+    second exchange, and its peers waited in that exchange for the group's timeout."""
+
+    class Warns:
+        def __init__(self, *args, **kw):
+            raise RuntimeWarning("commpress multicast: receive buffers are 0 bytes")
+
+    sent = _set_up_as_rank_0_of_2(monkeypatch, Warns, [PEER_ADDRESSES, PEER_SOCKETS])
+    with pytest.raises(multicast.MulticastSetupError, match="rank 0: .* buffers are 0 bytes"):
+        multicast.Channel(object(), Options())
+    assert len(sent) == 2 and "buffers are 0 bytes" in sent[1][0]
 
 
 @pytest.mark.parametrize(
