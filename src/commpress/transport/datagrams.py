@@ -1,4 +1,4 @@
-"""The datagrams of the reliable multicast: one header, five kinds, a checksum over both.
+"""The datagrams of the reliable multicast: one header, four kinds, a checksum over both.
 
 Every datagram starts with a 26-byte header (little-endian)::
 
