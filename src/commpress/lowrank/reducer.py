@@ -54,10 +54,17 @@ class LowRankStats:
         self.sent_bytes += numel * 4
         self.wire_bytes += wire_bytes("all_reduce", "native", "none", numel, world_size, FP32)
 
-    def count_raw(self, numel: int, world_size: int) -> None:
-        """What the same gradients would cost uncompressed, as one fp32 all-reduce."""
-        self.raw_bytes += numel * 4
-        self.raw_wire_bytes += wire_bytes("all_reduce", "native", "none", numel, world_size, FP32)
+    def count_raw(self, gradients: list[torch.Tensor], world_size: int) -> None:
+        """What ``gradients`` would cost uncompressed: one all-reduce per dtype, each in its
+        own dtype (as DDP's buckets go), not in the fp32 this reducer sums in."""
+        numels: dict[torch.dtype, int] = {}
+        for gradient in gradients:
+            numels[gradient.dtype] = numels.get(gradient.dtype, 0) + gradient.numel()
+        for dtype, numel in numels.items():
+            self.raw_bytes += numel * dtype.itemsize
+            self.raw_wire_bytes += wire_bytes(
+                "all_reduce", "native", "none", numel, world_size, dtype
+            )
 
     def snapshot(self) -> dict:
         """The counters ``commpress train`` reads from every integration (bytes each rank
@@ -334,7 +341,7 @@ class Part:
 
 
 class UncompressedPart(Part):
-    """A warm-up step: every gradient, fused, averaged exactly."""
+    """A warm-up step: every gradient, fused, averaged in fp32 (float64 ones too)."""
 
     def __init__(self, reducer: Reducer, tensors: list[torch.Tensor], world_size: int):
         self.reducer, self.tensors, self.world_size = reducer, tensors, world_size
@@ -344,7 +351,7 @@ class UncompressedPart(Part):
             return None
         flat = torch.cat([t.reshape(-1).float() for t in self.tensors])
         self.reducer.stats.count_sent(flat.numel(), self.world_size)
-        self.reducer.stats.count_raw(flat.numel(), self.world_size)
+        self.reducer.stats.count_raw(self.tensors, self.world_size)
         return flat
 
     def take(self, round_, total):
@@ -378,8 +385,7 @@ class CompressedPart(Part):
             factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
             self.batches.append((indices, keys, stacked, factors))
         self.plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
-        plain_numel = 0 if self.plain_flat is None else self.plain_flat.numel()
-        reducer.stats.count_raw(sum(g.numel() for g in self.gradients) + plain_numel, world_size)
+        reducer.stats.count_raw(self.gradients + self.plain, world_size)
         self.parts: list[torch.Tensor] = []
         self.extra: list[torch.Tensor] = []
         reducer._lap("compress", clock)
