@@ -334,3 +334,17 @@ def test_uncompressed_bytes_are_counted_in_each_gradients_own_dtype():
     assert stats.raw_bytes == 100 * 2 + 50 * 4
     # a ring all-reduce sends 2(n - 1) chunks of ceil(numel / n) elements
     assert stats.raw_wire_bytes == 2 * 3 * 25 * 2 + 2 * 3 * 13 * 4
+
+
+@pytest.mark.parametrize("apart", [1e-4, 1e-5])
+def test_a_small_independent_part_is_kept_as_a_direction(apart):
+    """Gram-Schmidt zeroed a column whose part outside the columns before it was under
+    1e-4 of its norm: a thousand times fp32 rounding, so real signal was dropped where the
+    other methods keep it."""
+    generator = torch.Generator().manual_seed(7)
+    a, b = torch.linalg.qr(torch.randn(200, 2, generator=generator))[0].T
+    matrices = torch.stack([a, a + apart * b], dim=1).unsqueeze(0)
+    for method in ORTHOGONALIZATIONS:
+        q = orthogonalize(matrices, method)
+        assert q[0, :, 1].norm() == pytest.approx(1.0, abs=1e-3), method
+        assert abs(float(q[0, :, 1] @ b)) == pytest.approx(1.0, abs=1e-2), method

@@ -9,16 +9,21 @@ from __future__ import annotations
 import torch
 
 ORTHOGONALIZATIONS = ("gram-schmidt", "householder", "cholesky")
-#: Cholesky-QR squares the condition number; beyond this it loses fp32 orthogonality.
+#: Cholesky-QR squares the condition number: a first screen, by the ratio of the
+#: Cholesky factor's diagonal, which underestimates it.
 CHOLESKY_MAX_CONDITION = 1e3
-#: The ratio of the Cholesky factor's diagonal underestimates the condition number, so
-#: Cholesky-QR's columns are also checked: off from orthonormal by more than this, the
-#: matrix goes to Householder.
+#: Then Cholesky-QR's columns are checked: off from orthonormal by more than this (or by
+#: what computing the check costs in fp32 on very tall matrices), the matrix goes to
+#: Householder.
 CHOLESKY_MAX_ERROR = 1e-4
 _TINY = 1e-30
+_EPS = torch.finfo(torch.float32).eps
 #: Gram-Schmidt zeroes a column left with less than this share of its norm once the
-#: columns before it are projected out: fp32 rounding is all that remains of it.
-DEPENDENT = 1e-4
+#: columns before it are projected out twice: the projections' own rounding (about half
+#: an ulp of it for a column that is exactly a combination of the others), which no
+#: further projection makes orthogonal. A larger remainder, rounding noise of the matrix
+#: itself included, is kept as a direction of its own.
+DEPENDENT = 8 * _EPS
 
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -96,7 +101,8 @@ def _cholesky_qr(matrices: torch.Tensor) -> torch.Tensor:
             lower[fine], matrices[fine].transpose(1, 2), upper=False
         ).transpose(1, 2)
         result[fine] = solved
-        fine[fine.clone()] = _orthonormal(solved, CHOLESKY_MAX_ERROR)
+        tolerance = max(CHOLESKY_MAX_ERROR, 4 * matrices.shape[1] ** 0.5 * _EPS)
+        fine[fine.clone()] = _orthonormal(solved, tolerance)
     if (~fine).any():
         result[~fine] = _householder(matrices[~fine])
     return result
