@@ -132,16 +132,19 @@ class Reducer:
         if len(set(keys)) != len(keys):
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
             raise ValueError(f"gradients: keys {', '.join(repeated)} given twice (one state each)")
-        self._take_keys(keys)
+        self._check_keys_are_new(keys)
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
-            return UncompressedPart(self, [g for _, g in gradients], world_size)
-        compressed, plain = [], []
-        for key, gradient in gradients:
-            matrix = as_matrix(gradient)
-            worth = matrix is not None and self.algorithm.compresses(*matrix.shape)
-            (compressed if worth else plain).append((key, gradient))
-        return CompressedPart(self, compressed, [g for _, g in plain], world_size, slot)
+            part = UncompressedPart(self, [g for _, g in gradients], world_size)
+        else:
+            compressed, plain = [], []
+            for key, gradient in gradients:
+                matrix = as_matrix(gradient)
+                worth = matrix is not None and self.algorithm.compresses(*matrix.shape)
+                (compressed if worth else plain).append((key, gradient))
+            part = CompressedPart(self, compressed, [g for _, g in plain], world_size, slot)
+        self._keys_this_step.update(keys)  # only once planned: a refused part takes none
+        return part
 
     def wait(self, work) -> None:
         """Wait for one of this reducer's all-reduces; a peer that died, or stalled past
@@ -160,7 +163,7 @@ class Reducer:
         self.stats.steps += 1
         self._keys_this_step.clear()
 
-    def _take_keys(self, keys: list) -> None:
+    def _check_keys_are_new(self, keys: list) -> None:
         """A key in two parts of one step had its state updated twice; a caller that never
         calls ``finish_step`` stayed in warm-up (ACP-SGD: on one factor) for good."""
         again = self._keys_this_step.intersection(keys)
@@ -169,7 +172,6 @@ class Reducer:
                 f"gradients: keys {', '.join(sorted(map(repr, again)))} were already reduced "
                 f"this step (call finish_step after a step's last part)"
             )
-        self._keys_this_step.update(keys)
 
     def _write_back(self, keys, gradients, stacked, factors, average, local) -> None:
         """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``) written
