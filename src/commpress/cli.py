@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C even where the shell started us with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        if status and _stdout_reader_gone():  # a failed job whose output's reader left
+            _discard_stdout()
+        return status
     except (ValueError, TypeError, ImportError) as error:
         print(f"commpress {args.command}: error: {error}", file=sys.stderr)
         return 2
@@ -109,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         if not _stdout_reader_gone():
             raise  # another pipe: a defect or a dead peer, with its traceback
         # the reader stopped reading (`commpress schedule ... | head`): end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        _discard_stdout()
         return 128 + signal.SIGPIPE
+
+
+def _discard_stdout() -> None:
+    """Standard output to /dev/null: no BrokenPipeError when Python flushes it at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stdout_reader_gone() -> bool:

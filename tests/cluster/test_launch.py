@@ -136,6 +136,26 @@ def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
     assert present(Layout(prefix)) == []
 
 
+def test_a_job_that_fails_after_its_reader_went_away_keeps_its_status(prefix):
+    """It was reported as 141 (SIGPIPE), whatever the ranks' status: a failed job looked
+    like a pipeline cut short, and the launcher's word on it was discarded."""
+    launcher = subprocess.Popen(
+        [*LAUNCH, "--hosts", "2", "--link", "100mbit", "--prefix", prefix, "--timeout", "20",
+         "--", "sh", "-c", "seq 1 100000; exit 3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        launcher.stdout.readline()
+        launcher.stdout.close()
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 3, stderr
+    assert "exited with 3; stopping the others" in stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert present(Layout(prefix)) == []
+
+
 def test_a_timeout_stops_every_rank(prefix, tmp_path):
     done = run_launch(
         "--hosts",

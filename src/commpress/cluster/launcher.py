@@ -90,7 +90,9 @@ def launch(
     """Run ``command`` on every host, ``nproc_per_host`` ranks each; the worst exit status.
 
     ``timeout`` (seconds) stops every rank and returns 124. ``env`` adds variables.
-    Raises BrokenPipeError once the job has ended where ``output``'s reader went away.
+    Where ``output``'s reader went away, a job that succeeded raises BrokenPipeError once
+    it has ended; one that failed returns its status (the launcher's word on it then goes
+    to standard error).
     """
     command = list(command)
     if not command or not all(isinstance(part, str) for part in command):
@@ -116,7 +118,7 @@ def launch(
         drained = time.monotonic() + STREAM_DRAIN_SECONDS
         for stream in streams:  # a detached grandchild may hold a pipe open: do not wait on it
             stream.join(timeout=max(0.0, drained - time.monotonic()))
-    if lines.reader_gone:
+    if lines.reader_gone and status == 0:
         raise BrokenPipeError(errno.EPIPE, "the reader of the job's output has gone")
     return status
 
@@ -138,6 +140,13 @@ class _Lines:
                 self.output.flush()
             except BrokenPipeError:
                 self.reader_gone = True
+
+    def note(self, text: str) -> None:
+        """The launcher's own word: to ``output``, or to standard error once its reader has
+        gone (a failure must still be told)."""
+        self.write(text)
+        if self.reader_gone:
+            sys.stderr.write(text)
 
 
 def _start(cluster, command, host, local_rank, nproc_per_host, port, env) -> Rank:
@@ -171,19 +180,19 @@ def _supervise(ranks: list[Rank], timeout: float | None, lines: _Lines, received
     while True:
         if received:
             name = signal.Signals(received[0]).name
-            lines.write(f"commpress launch: {name}; stopping every rank\n")
+            lines.note(f"commpress launch: {name}; stopping every rank\n")
             return 128 + received[0]
         codes = [rank.process.poll() for rank in ranks]
         failed = [r for r, code in zip(ranks, codes, strict=True) if code not in (None, 0)]
         if failed:
             worst = max(exit_status(rank.process.returncode) for rank in failed)
             labels = ", ".join(rank.label for rank in failed)
-            lines.write(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
+            lines.note(f"commpress launch: {labels} exited with {worst}; stopping the others\n")
             return worst
         if all(code == 0 for code in codes):
             return 0
         if deadline is not None and time.monotonic() > deadline:
-            lines.write(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
+            lines.note(f"commpress launch: timed out after {timeout:g} s; stopping every rank\n")
             return TIMEOUT_EXIT_CODE
         time.sleep(POLL_SECONDS)
 
