@@ -84,6 +84,10 @@ def test_bench_rejects_a_first_size_above_the_last(capsys):
         (["--algorithm", "rign"], "--algorithm 'rign': all_gather runs one of native, ring"),
         (["--op", "reduce_scatter", "--algorithm", "multicast"], "reduce_scatter runs one of"),
         (["--algorithm", "native,multicast"], "multicast sends IP multicast between the hosts"),
+        (["--op", "all_reduce", "--algorithm", "auto"], "all_reduce runs one of native, ring,"),
+        (["--op", "all_reduce", "--codec", "auto"], "the tuner chooses for all_gather and"),
+        (["--codec", "int8:stochastic=1"], "--algorithm ring-hop with --codec int8:stochastic=1"),
+        (["--op", "all_reduce", "--codec", "int8:stochastic=1"], "ring-hop re-encodes"),
     ],
 )
 def test_bench_checks_its_algorithms_before_any_process_starts(argv, message, capsys, monkeypatch):

@@ -73,10 +73,13 @@ from commpress.cluster.commands import (
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
 from commpress.collectives import inband
+from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules import (
+    NATIVE,
     algorithms,
     busbw_factor,
     busiest_link_bytes,
+    get_algorithm,
     input_numel,
     moved_bytes,
 )
@@ -84,6 +87,8 @@ from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
+#: The ops whose ``--algorithm auto`` and ``--codec auto:...`` the tuner chooses.
+TUNED_OPS = ("all_gather", "reduce_scatter")
 COLUMNS = (
     ("size_bytes", "size(B)", "d"),
     ("count", "count", "d"),
@@ -391,12 +396,37 @@ def title(
 
 
 def check_algorithms(names: list[str], op: str, on_cluster: bool) -> None:
-    """Every ``--algorithm`` runs ``op`` (or is ``auto``); multicast needs the cluster."""
-    known = (*algorithms(op), tuner.AUTO)
+    """Every ``--algorithm`` runs ``op`` (or is ``auto``, where the tuner chooses for
+    ``op``); multicast needs the cluster."""
+    known = algorithms(op) + ((tuner.AUTO,) if op in TUNED_OPS else ())
     for name in names:
         if name not in known:
             raise ValueError(f"--algorithm {name!r}: {op} runs one of {', '.join(known)}")
     check_multicast_on_cluster("multicast" in names, on_cluster, "--algorithm multicast")
+
+
+def check_variants(op: str, pairs: list[tuple[str, str]]) -> None:
+    """Every (algorithm, codec) pair is one the collective runs: the tuner's ``auto`` codec
+    only where it chooses for ``op``, a codec re-encoded at every hop only where its
+    decoded values encode to themselves."""
+    for algorithm, codec in pairs:
+        if algorithm == NATIVE or algorithm == tuner.AUTO:
+            continue
+        if tuner.is_auto(codec):
+            if op not in TUNED_OPS:
+                raise ValueError(
+                    f"--codec {codec!r}: the tuner chooses for {' and '.join(TUNED_OPS)} only"
+                )
+            continue
+        if op == "reduce_scatter":
+            continue
+        gathers = (
+            algorithm if op == "all_gather" else get_algorithm(algorithm, op).all_reduce_gather
+        )
+        try:
+            check_same_result_on_every_rank(cp.get_codec(codec), gathers)
+        except ValueError as error:
+            raise ValueError(f"--algorithm {algorithm} with --codec {codec}: {error}") from None
 
 
 def main(args) -> int:
@@ -414,6 +444,7 @@ def main(args) -> int:
             continue
         for dtype in args.dtype:
             cp.get_codec(codec).check_dtype(torch_dtype(dtype), "--dtype")
+    check_variants(args.op, variants(args.algorithm, args.codec))
     config = {
         "op": args.op,
         "algorithms": args.algorithm,
