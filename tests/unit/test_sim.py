@@ -392,6 +392,20 @@ def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
     assert "unknown topology 'mesh'" in capsys.readouterr().err
 
 
+def test_the_plot_draws_one_line_per_size_asked_and_names_it(tmp_path):
+    """On 3 nodes 1 MiB moves 1048572 B: that row was a line of its own, and both sizes
+    were labelled "0 MiB" (64 KiB as well)."""
+    from commpress.bench import sim_command
+
+    out = tmp_path / "rows.json"
+    argv = ["sim", "--nodes", "2,3,4", "--size", "64K,1M", "--json", str(out)]
+    assert main(argv) == 0
+    lines = sim_command.series(json.loads(out.read_text())["rows"])
+    assert sorted(lines) == [f"all_gather ring none {size} 100gbit" for size in ("1 MiB", "64 KiB")]
+    assert all([nodes for nodes, _ in points] == [2, 3, 4] for points in lines.values())
+    assert sim_command.size_label(1000) == "1000 B"
+
+
 def test_an_uplink_efficiency_slows_only_the_links_above_the_hosts_and_names_the_bottleneck(
     tmp_path,
 ):

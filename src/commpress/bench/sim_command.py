@@ -131,7 +131,7 @@ def main(args) -> int:
             continue  # native ignores the codec: one row
         topology = parse_topology(args.topology, nodes, parse_rate_bits(link, "--link"))
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
-        row["link"] = link
+        row.update(link=link, asked_bytes=size)  # size_bytes moved: it varies with nodes
         rows.append(row)
     for reason in sorted(skipped):
         print(f"skipped: {reason}", file=sys.stderr)
@@ -179,12 +179,9 @@ def _params(args) -> Params:
 def plot(rows: list[dict], path: str) -> None:
     plt = report.pyplot()
     figure, axis = plt.subplots(figsize=(8, 5))
-    key = lambda r: (r["op"], r["algorithm"], r["codec"], r["size_bytes"], r["link"])  # noqa: E731
-    for (op, algorithm, codec, size, link), group in itertools.groupby(sorted(rows, key=key), key):
-        group = sorted(group, key=lambda r: r["nodes"])
-        label = f"{op} {algorithm} {codec} {size >> 20} MiB {link}"
-        axis.plot([r["nodes"] for r in group], [r["time_us"] / 1e3 for r in group], "o-",
-                  label=label)  # fmt: skip
+    for label, points in series(rows).items():
+        nodes, times = zip(*points, strict=True)
+        axis.plot(nodes, times, "o-", label=label)
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("nodes")
@@ -193,6 +190,26 @@ def plot(rows: list[dict], path: str) -> None:
     axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(Path(path))
+
+
+def series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """The plot's lines: ``(nodes, ms)`` by node count for each op, algorithm, codec, size
+    asked and link (the size that moves rounds down differently for each node count)."""
+    key = lambda r: (r["op"], r["algorithm"], r["codec"], r["asked_bytes"], r["link"])  # noqa: E731
+    lines = {}
+    for (op, algorithm, codec, size, link), group in itertools.groupby(sorted(rows, key=key), key):
+        label = f"{op} {algorithm} {codec} {size_label(size)} {link}"
+        group = sorted(group, key=lambda r: r["nodes"])
+        lines[label] = [(r["nodes"], r["time_us"] / 1e3) for r in group]
+    return lines
+
+
+def size_label(size: int) -> str:
+    """``size`` bytes in the largest binary unit that holds it whole: 64 KiB, 1 MiB, 1000 B."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
 
 
 def _int_list(text: str) -> list[int]:
