@@ -63,6 +63,13 @@ def test_bad_run_specs_fail_before_anything_starts(capsys):
     assert "DDP all-reduces" in capsys.readouterr().err
 
 
+def test_bf16_is_refused_where_it_would_be_ignored(tmp_path, capsys):
+    """DDP has no parameter dtype to set: --bf16 was dropped and the run trained in fp32."""
+    argv = ["train", *TINY, "--strategy", "ddp", "--bf16", "--compare", "plain"]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert "--bf16 sets FSDP2's parameter dtype" in capsys.readouterr().err
+
+
 def test_corpus_is_real_python_source_and_batches_are_next_token_pairs():
     import torch
 

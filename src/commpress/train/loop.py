@@ -91,6 +91,11 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {known}, got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.bf16 and self.strategy != "fsdp":
+            raise ValueError(
+                "--bf16 sets FSDP2's parameter dtype: it is for --strategy fsdp "
+                f"(a {self.strategy} run trains in fp32)"
+            )
         if self.learning_rate is not None and not 0 < self.learning_rate < math.inf:
             raise ValueError(f"learning rate must be positive and finite, got {self.learning_rate}")
         repeated = named_twice([run.label for run in self.runs])
