@@ -93,3 +93,7 @@ def test_paired_arguments_parse_lists_of_sizes_and_codecs(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--sizes", "0"])
     assert "--sizes" in capsys.readouterr().err
+    for rounds in ("0", "1"):  # the run ended in difference_deciles' ValueError
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--rounds", rounds])
+        assert "needs 2 rounds or more" in capsys.readouterr().err

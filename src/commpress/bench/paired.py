@@ -96,9 +96,17 @@ def paired_arguments(
     parser.set_defaults(hosts=8, link="1gbit", mtu=DEFAULT_MTU, prefix=prefix)
     parser.add_argument("--sizes", type=_byte_sizes, default=_byte_sizes(sizes))
     parser.add_argument("--codecs", type=comma_list, default=comma_list(codecs))
-    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--rounds", type=round_count, default=rounds)
     parser.add_argument("--json", type=output_path)
     return parser
+
+
+def round_count(text: str) -> int:
+    """``--rounds``: 2 or more, as :func:`difference_deciles` needs."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: a paired comparison needs 2 rounds or more")
+    return value
 
 
 def _byte_sizes(text: str) -> list[int]:
