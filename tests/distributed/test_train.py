@@ -24,6 +24,7 @@ def test_train_compares_runs_and_writes_curves_summary_and_plot(strategy, tmp_pa
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "plain" in printed and "int8" in printed and "speedup" in printed
+    assert "wire MB/rank/step" in printed  # it said MB/rank: the whole run's, read that way
     with open(out / "losses.csv") as table:
         rows = list(csv.DictReader(table))
     assert [r["run"] for r in rows] == ["plain"] * 4 + ["int8"] * 4
@@ -34,6 +35,7 @@ def test_train_compares_runs_and_writes_curves_summary_and_plot(strategy, tmp_pa
     assert [run["run"] for run in summary] == ["plain", "int8"]
     plain, compressed = summary
     assert 0 < compressed["wire_bytes"] < plain["wire_bytes"] / 3
+    assert plain["wire_mb"] == plain["wire_bytes"] / 4 / 1e6  # 4 steps
     # Same seed, same batches: the first step's losses agree closely (int8 parameters).
     first = [float(r["loss"]) for r in rows if r["step"] == "0"]
     assert abs(first[1] / first[0] - 1) < 0.01

@@ -3,7 +3,8 @@
 Reports per configuration the median step time, tokens/s, the speedup over the
 first configuration, the share of step time spent in collectives (time from a
 collective's call to its completion, summed, over the step time; overlapped
-collectives count too) and the training and held-out losses; for low-rank hooks
+collectives count too), the training and held-out losses and the megabytes (1e6
+bytes) a rank sends per step; for low-rank hooks
 also the time the training thread waited for the hook per step, and the share of
 it the scheduler hides compared with the same spec ``@serial``. Writes a CSV of
 the loss curves, a JSON summary and a PNG plot.
@@ -46,7 +47,7 @@ COLUMNS = (
     ("final_loss", "train loss", ".4f"),
     ("eval_loss", "eval loss", ".4f"),
     ("eval_delta", "eval vs first", "+.2%"),
-    ("wire_mb", "wire MB/rank", ".1f"),
+    ("wire_mb", "wire MB/rank/step", ".1f"),
 )
 LOWRANK_COLUMNS = (
     ("exposed_ms", "waited(ms)", ".1f"),
