@@ -426,6 +426,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
             ["bench", "--algorithm", "ring", "--loss", "0.5"],
             "--loss 0.5: for --algorithm multicast",
         ),
+        (["bench", "--seed", "3"], "--seed 3: for --algorithm multicast"),
         (["bench", "--algorithm", "ring", "--roots", "3"], "--roots 3: for --algorithm multicast"),
     ],
 )

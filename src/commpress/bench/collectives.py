@@ -435,7 +435,8 @@ def main(args) -> int:
     check_algorithms(args.algorithm, args.op, wants_cluster(args))
     multicasts = {"multicast", "auto"} & set(args.algorithm)
     given = [f"--{name} {value}" for name, value, default in
-             (("roots", args.roots, 2), ("loss", args.loss, 0.0)) if value != default]  # fmt: skip
+             (("roots", args.roots, 2), ("loss", args.loss, 0.0), ("seed", args.seed, 0))
+             if value != default]  # fmt: skip
     if given and not multicasts:
         raise ValueError(f"{' and '.join(given)}: for --algorithm multicast, which is not run")
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
