@@ -72,6 +72,19 @@ def test_bf16_is_refused_where_it_would_be_ignored(tmp_path, capsys):
     assert "--bf16 sets FSDP2's parameter dtype" in capsys.readouterr().err
 
 
+def test_the_heading_says_bf16_parameters():
+    """A --bf16 run's table, summary and plot read as an fp32 run's."""
+    from commpress.train.command import heading
+
+    plain = TrainConfig(runs=(), model=GPTConfig(), steps=3)
+    assert heading(plain, "2 local gloo processes") == (
+        "FSDP GPT (4 layers, dim 128, context 64, batch 8/rank), 3 steps, adamw lr 0.003 "
+        "constant, 2 local gloo processes"
+    )
+    bf16 = TrainConfig(runs=(), model=GPTConfig(), steps=3, bf16=True)
+    assert "batch 8/rank, bf16 parameters), 3 steps" in heading(bf16, "here")
+
+
 def test_corpus_is_real_python_source_and_batches_are_next_token_pairs():
     import torch
 

@@ -100,11 +100,7 @@ def main(args) -> int:
     if any(run.lowrank is not None for run in config.runs):
         _add_hidden_share(results)
         columns = COLUMNS + LOWRANK_COLUMNS
-    title = (
-        f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
-        f"context {config.model.context}, batch {config.batch_size}/rank), {config.steps} steps, "
-        f"{config.optimizer} lr {config.lr:g} {config.schedule}, {where}"
-    )
+    title = heading(config, where)
     print(f"# {title}")
     print(report.format_table(results, columns))
     write_outputs(Path(args.out), title, results)
@@ -112,6 +108,16 @@ def main(args) -> int:
         report.write_markdown(args.markdown, title, results, columns)
     print(f"loss curves, summary and plot in {args.out}/")
     return 0
+
+
+def heading(config: TrainConfig, where: str) -> str:
+    """What the table, the summary and the plot are of."""
+    parameters = ", bf16 parameters" if config.bf16 else ""
+    return (
+        f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
+        f"context {config.model.context}, batch {config.batch_size}/rank{parameters}), "
+        f"{config.steps} steps, {config.optimizer} lr {config.lr:g} {config.schedule}, {where}"
+    )
 
 
 def _add_hidden_share(results: list[dict]) -> None:
