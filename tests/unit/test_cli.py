@@ -179,9 +179,11 @@ def test_bench_reports_the_size_it_moved_and_refuses_one_too_small(tmp_path, cap
     path = tmp_path / "rows.json"
     argv = ["bench", "--nprocs", "3", "-b", "1000", "-e", "1000", "-n", "1", "-w", "0",
             "--algorithm", "native", "--json", str(path)]  # fmt: skip
-    assert main(argv) == 0
+    assert main([*argv, "--markdown", str(tmp_path / "rows.md")]) == 0
     (row,) = json.loads(path.read_text())["rows"]
     assert (row["size_bytes"], row["count"]) == (996, 249)
+    title = "# all_gather, 3 local gloo processes, median of 1: compressed vs native\n"
+    assert (tmp_path / "rows.md").read_text().startswith(title)  # it did not say of how many
     assert row["algbw_gbps"] == pytest.approx(996 / row["time_us"] / 1e3)
     assert main(["bench", "--nprocs", "3", "-b", "3", "-e", "3"]) == 2
     assert "needs at least 12 bytes (one element per rank)" in capsys.readouterr().err

@@ -488,8 +488,8 @@ def main(args) -> int:
         columns += (("chosen", "chosen", ""),)
         for row in rows:
             row.setdefault("chosen", "")
-    heading = title(args.op, rows[0]["nprocs"], link, racks, uplink)
-    print(f"# {heading}, median of {args.iters}")
+    heading = f"{title(args.op, rows[0]['nprocs'], link, racks, uplink)}, median of {args.iters}"
+    print(f"# {heading}")
     report.publish(rows, columns, f"{heading}: compressed vs native", args, plot)
     return 0
 
