@@ -280,7 +280,7 @@ def test_schedule_rejects_bad_input_in_one_line(argv, message, capsys):
     [
         (["--world", "0"], "argument --world: invalid positive_int value: '0'"),
         (["--dtype", "double"], "argument --dtype: invalid choice: 'double'"),
-        (["--chunk-bytes", "0"], "argument --chunk-bytes: invalid positive_int value: '0'"),
+        (["--chunk-bytes", "3"], "argument --chunk-bytes: '3': a collective's chunk_bytes is"),
         (["--numel", "-1"], "argument --numel: invalid non_negative_int value: '-1'"),
     ],
 )

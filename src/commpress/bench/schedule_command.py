@@ -7,8 +7,10 @@ made: the schedules are pure data.
 
 from __future__ import annotations
 
+import argparse
+
 from commpress.bench.arguments import DTYPES, non_negative_int, positive_int, torch_dtype
-from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan
 from commpress.schedules.wire import wire_bytes
 
@@ -32,10 +34,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--codec", default="none", help="codec spec, e.g. int8:block=128 (none)")
     parser.add_argument(
         "--chunk-bytes",
-        type=positive_int,
+        type=chunk_bytes,
         default=DEFAULT_CHUNK_BYTES,
         help=f"piece size of the ring reduce-scatter's pipeline ({DEFAULT_CHUNK_BYTES})",
     )
+
+
+def chunk_bytes(text: str) -> int:
+    """``--chunk-bytes``: at least 4, as the collectives take it."""
+    value = int(text)
+    if value < MIN_CHUNK_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a collective's chunk_bytes is at least {MIN_CHUNK_BYTES}"
+        )
+    return value
 
 
 def run(args) -> int:

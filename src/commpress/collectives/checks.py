@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
+from commpress.schedules.payloads import MIN_CHUNK_BYTES
 from commpress.schedules.registry import (
     ERROR_FEEDBACK_ALGORITHMS,
     every_algorithm,
@@ -163,8 +164,14 @@ def check_same_result_on_every_rank(codec, algorithm: str) -> None:
 
 
 def check_chunk_bytes(chunk_bytes) -> None:
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
-        raise ValueError(f"chunk_bytes must be an int of at least 4, got {chunk_bytes!r}")
+    if (
+        isinstance(chunk_bytes, bool)
+        or not isinstance(chunk_bytes, int)
+        or chunk_bytes < MIN_CHUNK_BYTES
+    ):
+        raise ValueError(
+            f"chunk_bytes must be an int of at least {MIN_CHUNK_BYTES}, got {chunk_bytes!r}"
+        )
 
 
 def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:

@@ -12,6 +12,8 @@ REDUCTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Piece size of the pipelined ring reduce-scatter, in bytes of fp32 (MVAPICH's choice for
 #: its compressed reduce-scatter).
 DEFAULT_CHUNK_BYTES = 2 << 20
+#: The smallest ``chunk_bytes`` a collective takes.
+MIN_CHUNK_BYTES = 4
 
 
 def partial_sum_dtype(codec, dtype: torch.dtype) -> torch.dtype:
