@@ -261,6 +261,10 @@ def test_schedule_of_one_rank_is_its_plan_printed():
         (["--op", "all_gather", "--algorithm", "ring", "--rank", "4"], "--rank must be in [0, 4)"),
         (["--op", "all_gather", "--algorithm", "ring", "--rank", "-1"], "got -1"),
         (["--op", "all_gather", "--algorithm", "ring", "--codec", "int9"], "unknown codec"),
+        (  # before: printed, as if a call could run it
+            ["--op", "all_reduce", "--algorithm", "ring-hop", "--codec", "int8:stochastic=1"],
+            "ring-hop re-encodes at every hop and int8:stochastic=true is not idempotent",
+        ),
         (  # before: chunks of 3 elements, 12 in all, and no word
             ["--op", "reduce_scatter", "--algorithm", "ring", "--numel", "10"],
             "--numel 10 does not split into 4 equal chunks",

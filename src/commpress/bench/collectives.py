@@ -79,10 +79,10 @@ from commpress.schedules import (
     algorithms,
     busbw_factor,
     busiest_link_bytes,
-    get_algorithm,
     input_numel,
     moved_bytes,
 )
+from commpress.schedules.registry import result_gather
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
 
@@ -418,11 +418,9 @@ def check_variants(op: str, pairs: list[tuple[str, str]]) -> None:
                     f"--codec {codec!r}: the tuner chooses for {' and '.join(TUNED_OPS)} only"
                 )
             continue
-        if op == "reduce_scatter":
+        gathers = result_gather(op, algorithm)
+        if gathers is None:  # each rank keeps its own sum
             continue
-        gathers = (
-            algorithm if op == "all_gather" else get_algorithm(algorithm, op).all_reduce_gather
-        )
         try:
             check_same_result_on_every_rank(cp.get_codec(codec), gathers)
         except ValueError as error:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 
 from commpress.bench.arguments import DTYPES, non_negative_int, positive_int, torch_dtype
+from commpress.codecs import get_codec
+from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
-from commpress.schedules.registry import NATIVE, OPS, algorithms, plan
+from commpress.schedules.registry import NATIVE, OPS, algorithms, plan, result_gather
 from commpress.schedules.wire import wire_bytes
 
 
@@ -67,6 +69,9 @@ def run(args) -> int:
         )
     if args.rank is not None and not 0 <= args.rank < args.world:
         raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
+    gathers = result_gather(args.op, args.algorithm)
+    if gathers is not None:  # as the collective refuses it
+        check_same_result_on_every_rank(get_codec(args.codec), gathers)
     dtype = torch_dtype(args.dtype)
     ranks = range(args.world) if args.rank is None else (args.rank,)
     call = (args.world, args.numel, dtype, args.codec, args.chunk_bytes)

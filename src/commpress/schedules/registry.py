@@ -67,6 +67,16 @@ def every_algorithm() -> tuple[str, ...]:
 ERROR_FEEDBACK_ALGORITHMS = ("alltoall", "backend")
 
 
+def result_gather(op: str, algorithm: str) -> str | None:
+    """The algorithm whose all-gather leaves ``op``'s result on every rank: ``algorithm``
+    for an all-gather, the one that finishes an all-reduce; None for a reduce-scatter."""
+    if op == "all_gather":
+        return algorithm
+    if op == "all_reduce":
+        return get_algorithm(algorithm, op).all_reduce_gather
+    return None
+
+
 def same_result_on_every_rank(codec, algorithm: str) -> bool:
     """Whether an all-gather by ``algorithm`` leaves every rank with the same bits:
     ``ring-hop`` re-encodes at every hop, which only an idempotent codec survives."""
