@@ -392,6 +392,20 @@ def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
     assert "unknown topology 'mesh'" in capsys.readouterr().err
 
 
+def test_pairs_the_collective_refuses_are_skipped_and_named(tmp_path, capsys):
+    """ring-hop re-encodes a gathered shard at every hop: a codec that is not idempotent
+    would leave ranks with different values, and the collective refuses it (it was timed)."""
+    out = tmp_path / "rows.json"
+    argv = ["sim", "--nodes", "4", "--op", "all_gather,reduce_scatter", "--algorithm",
+            "ring,ring-hop", "--codec", "int8:stochastic=1", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["op"], r["algorithm"]) for r in rows] == [
+        ("all_gather", "ring"), ("reduce_scatter", "ring"), ("reduce_scatter", "ring-hop")
+    ]  # fmt: skip
+    assert "skipped: ring-hop re-encodes at every hop" in capsys.readouterr().err
+
+
 def test_the_plot_draws_one_line_per_size_asked_and_names_it(tmp_path):
     """On 3 nodes 1 MiB moves 1048572 B: that row was a line of its own, and both sizes
     were labelled "0 MiB" (64 KiB as well)."""

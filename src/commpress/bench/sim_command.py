@@ -2,7 +2,7 @@
 
 Sweeps nodes x ops x algorithms x codecs x sizes x link rates through the cost model
 (:mod:`commpress.sim`), which reads the runtime's own schedules, and prints a table
-(``native`` once per size, whatever the codecs; pairs an algorithm does not run are
+(``native`` once per size, whatever the codecs; pairs the collectives do not run are
 skipped and named; sizes round down to whole elements split evenly over the nodes, and
 each row gives the size that moves);
 ``--json`` and ``--markdown`` keep the rows, ``--plot`` draws time against nodes.
@@ -20,7 +20,15 @@ from pathlib import Path
 
 from commpress.bench import report
 from commpress.bench.arguments import byte_size, comma_list, output_path, positive_int
-from commpress.schedules.registry import NATIVE, OPS, every_algorithm, get_algorithm
+from commpress.codecs import get_codec
+from commpress.schedules.registry import (
+    NATIVE,
+    OPS,
+    every_algorithm,
+    get_algorithm,
+    result_gather,
+    same_result_on_every_rank,
+)
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import parse_topology
@@ -126,6 +134,10 @@ def main(args) -> int:
     ):
         if algorithm != NATIVE and not get_algorithm_or_none(algorithm, op):
             skipped.add(f"{algorithm} has no {op}")
+            continue
+        gathers = result_gather(op, algorithm)
+        if gathers is not None and not same_result_on_every_rank(get_codec(codec), gathers):
+            skipped.add(f"{algorithm} re-encodes at every hop, and {codec} is not idempotent")
             continue
         if algorithm == NATIVE and codec != args.codec[0]:
             continue  # native ignores the codec: one row
