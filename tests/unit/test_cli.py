@@ -73,6 +73,26 @@ def test_a_bad_timeout_is_a_usage_error_before_anything_runs(command, timeout, c
     assert "positive, finite number of seconds" in last or "convert" in last
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1048576", 1 << 20), ("64K", 64 << 10), ("64KB", 64 << 10), ("64KiB", 64 << 10),
+     ("1MiB", 1 << 20), ("1.5mib", 3 << 19), ("2GiB", 2 << 30), ("2g", 2 << 30)],
+)  # fmt: skip
+def test_sizes_take_binary_units_spelled_either_way(text, size):
+    """1MiB, what the reports print, was refused as an invalid byte_size value."""
+    from commpress.bench.arguments import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["1iB", "1I", "MiB", "1KIIB", "1TiB"])
+def test_sizes_refuse_what_is_not_a_unit(text):
+    from commpress.bench.arguments import byte_size
+
+    with pytest.raises(ValueError):
+        byte_size(text)
+
+
 def test_bench_rejects_a_first_size_above_the_last(capsys):
     assert main(["bench", "-b", "2M", "-e", "1M"]) == 2
     assert "must not exceed" in capsys.readouterr().err

@@ -61,8 +61,11 @@ def size_factor(text: str) -> int:
 
 
 def byte_size(text: str) -> int:
-    """``1048576``, ``64K``, ``1M``, ``2G`` (an optional trailing B), at least 1."""
+    """``1048576``, ``64K``, ``1M``, ``2G`` (an optional trailing B or iB: every unit is
+    binary), at least 1."""
     cleaned = text.strip().upper().removesuffix("B")
+    if cleaned[-2:] in {unit + "I" for unit in UNITS}:  # 1MiB as 1M
+        cleaned = cleaned[:-1]
     if cleaned and cleaned[-1] in UNITS:
         number = float(cleaned[:-1]) * UNITS[cleaned[-1]]
         if not math.isfinite(number):  # int() of it raises OverflowError, which argparse misses
