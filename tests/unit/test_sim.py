@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -187,6 +188,22 @@ def test_bad_topologies_and_sizes_are_named():
 def _bench_file(path, rows):
     path.write_text(json.dumps({"provenance": {}, "rows": rows}))
     return str(path)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("bfloat16", torch.bfloat16), ("half", torch.float16)])
+def test_calibration_models_each_row_in_its_dtype(name, dtype, tmp_path):
+    """1 MiB of bf16 is twice the elements of 1 MiB of fp32, and int8 sends a byte each: the
+    rows were modelled as fp32 (half their payload), and the fit found another efficiency."""
+    params = Params(latency_s=0.0, message_s=200e-6, efficiency=0.8)
+    rows = []
+    for n, size in itertools.product((4, 8), (1 << 20, 4 << 20, 16 << 20)):
+        row = simulate("all_gather", "ring", "int8", size, Switch(n, GBIT), params, dtype)
+        rows.append({"op": "all_gather", "algorithm": "ring", "codec": "int8", "type": name,
+                     "size_bytes": size, "time_us": row.time_us, "nprocs": n,
+                     "link": "1gbit, mtu 1500"})  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "bench.json", rows)])
+    assert fit["message_s"]["all_gather/ring"] == pytest.approx(200e-6, rel=1e-6)
+    assert fit["efficiency"]["all_gather/ring"] == pytest.approx(0.8, rel=1e-6)
 
 
 def test_calibration_recovers_the_parameters_it_was_given(tmp_path):

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commpress.bench.arguments import torch_dtype
 from commpress.codecs import get_codec
 from commpress.schedules import input_numel
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
@@ -71,6 +72,7 @@ class Measured:
     roots: int = 2  # multicast K, from the command that measured the row
     shared_cores: int | None = None  # the emulated cluster's: every host on one machine
     machine: str = ""  # as the file's provenance names it: fit one machine at a time
+    dtype: torch.dtype = torch.float32  # the row's ``type``: its element count, its payloads
 
     @classmethod
     def of(cls, row: dict, source: str, roots=2, shared_cores=None, machine="") -> Measured:
@@ -98,10 +100,14 @@ class Measured:
             topology: Topology = Racks(nodes, link_bits, racks, uplink_bits)
         else:
             topology = Switch(nodes, link_bits)
-        if input_numel(row["op"], size_bytes, nodes, torch.float32) < 1:
-            raise ValueError(f"size_bytes {size_bytes} holds no float32 element per rank")
+        dtype = torch_dtype(row.get("type", "float"))
+        if input_numel(row["op"], size_bytes, nodes, dtype) < 1:
+            raise ValueError(
+                f"size_bytes {size_bytes} holds no {str(dtype).removeprefix('torch.')} element "
+                "per rank"
+            )
         return cls(row["op"], row["algorithm"], row["codec"], size_bytes, time_us * 1e-6,
-                   topology, source, roots, shared_cores, machine)  # fmt: skip
+                   topology, source, roots, shared_cores, machine, dtype)  # fmt: skip
 
 
 def _whole(row: dict, key: str) -> int:
@@ -199,7 +205,9 @@ def _unit(row: Measured, params: Params) -> Params:
 
 def _time(row: Measured, params: Params) -> float:
     return (
-        simulate(row.op, row.algorithm, row.codec, row.size_bytes, row.topology, params).time_us
+        simulate(
+            row.op, row.algorithm, row.codec, row.size_bytes, row.topology, params, row.dtype
+        ).time_us
         * 1e-6
     )
 
