@@ -144,6 +144,25 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(argv, tmp_pa
     assert "does not exist" in error or "is a folder" in error
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--json", ""], ["codecs", "--markdown", " "], ["sim", "--plot", ""],
+     ["train", "--out", ""]],
+)  # fmt: skip
+def test_an_empty_output_path_is_refused(argv, capsys, monkeypatch):
+    """An empty --json (an unset shell variable) wrote nothing without a word; an empty
+    --out wrote into the current folder and said the results were in /."""
+    import importlib
+
+    for module in ("bench.codecs", "bench.collectives", "bench.sim_command", "train.command"):
+        ran = lambda args: pytest.fail("the command ran")  # noqa: E731
+        monkeypatch.setattr(importlib.import_module(f"commpress.{module}"), "main", ran)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {argv[1]}: an empty path" in capsys.readouterr().err
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

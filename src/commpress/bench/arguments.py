@@ -119,6 +119,7 @@ def output_folder(text: str) -> str:
     """A folder the command will write into once it has run: one that exists, or one it
     can make (its nearest existing parent a writable folder), checked now so that a long
     run does not end in an error that loses its results."""
+    _check_named(text)
     path = os.path.abspath(text)
     if os.path.exists(path) and not os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
@@ -133,6 +134,7 @@ def output_folder(text: str) -> str:
 def output_path(text: str) -> str:
     """A file the command will write once it has run: its folder must exist now, so that a
     long sweep does not end in a ``FileNotFoundError`` that loses its results."""
+    _check_named(text)
     folder = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} does not exist")
@@ -141,3 +143,10 @@ def output_path(text: str) -> str:
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} is not writable")
     return text
+
+
+def _check_named(text: str) -> None:
+    """An empty path (an unset shell variable) would write nothing, or into the current
+    folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file or folder")
