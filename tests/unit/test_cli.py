@@ -472,6 +472,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
             "--loss 0.5: for --algorithm multicast",
         ),
         (["bench", "--seed", "3"], "--seed 3: for --algorithm multicast"),
+        (["bench", "--tune-fit", "fit.json"], "--tune-fit fit.json: for --algorithm auto"),
         (["bench", "--algorithm", "ring", "--roots", "3"], "--roots 3: for --algorithm multicast"),
     ],
 )

@@ -457,6 +457,11 @@ def main(args) -> int:
         "multicast": {"concurrent_roots": args.roots, "loss": args.loss, "seed": args.seed},
     }
     tuned = "auto" in args.algorithm or any(map(tuner.is_auto, args.codec))
+    if args.tune_fit and not tuned:
+        raise ValueError(
+            f"--tune-fit {args.tune_fit}: for --algorithm auto or --codec auto:..., "
+            "which is not run"
+        )
     if args.tune_fit:
         calibrate.load(args.tune_fit)  # a bad file is named before any process starts
     columns, link, racks, uplink = COLUMNS, None, 1, None
