@@ -1,5 +1,5 @@
-"""Link rates and delays as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's; and
-durations given as seconds."""
+"""Link rates and delays as people write them (``"1gbit"``, ``"100mbit"``): SI units, as tc's;
+durations given as seconds; element types as nccl-tests names them (``"float"``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from decimal import Decimal
 #: The longest wait ``threading`` takes (about 292 years); a ``timedelta`` holds it too.
 MAX_SECONDS = threading.TIMEOUT_MAX
 
+#: nccl-tests' names of the element types ``commpress bench`` measures (its ``type`` column).
+DTYPES = {"float": "float32", "bfloat16": "bfloat16", "half": "float16"}
 RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _QUANTITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
 
@@ -51,3 +53,12 @@ def check_seconds(value, what: str = "timeout") -> None:
         raise TypeError(f"{what} must be a number of seconds, got {value!r}")
     if not 0 < value <= MAX_SECONDS:  # also NaN and infinity
         raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+
+
+def torch_dtype(name: str):
+    """The torch dtype that the element type ``name`` (one of :data:`DTYPES`) stands for."""
+    import torch  # here: the cluster commands use this module and must not wait for torch
+
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {name!r}")
+    return getattr(torch, DTYPES[name])

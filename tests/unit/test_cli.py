@@ -444,7 +444,7 @@ def test_a_command_whose_dependency_is_missing_is_a_one_line_error(monkeypatch, 
 def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
     import torch
 
-    from commpress.bench.arguments import torch_dtype
+    from commpress.units import torch_dtype
 
     assert torch_dtype("bfloat16") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype must be one of.*'float'.*got 'double'"):

@@ -6,20 +6,10 @@ import argparse
 import math
 import os
 
-from commpress.units import check_seconds
+from commpress.units import DTYPES, check_seconds
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: ``--dtype`` values, named as nccl-tests names them -> the name of the torch dtype.
-DTYPES = {"float": "float32", "bfloat16": "bfloat16", "half": "float16"}
-
-
-def torch_dtype(name: str):
-    """The torch dtype that the ``--dtype`` value ``name`` stands for."""
-    import torch  # here: the cluster commands use this module and must not wait for torch
-
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {name!r}")
-    return getattr(torch, DTYPES[name])
 
 
 def positive_int(text: str) -> int:

@@ -50,7 +50,6 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench import correctness, report
 from commpress.bench.arguments import (
-    DTYPES,
     byte_size,
     comma_list,
     dtype_list,
@@ -60,7 +59,6 @@ from commpress.bench.arguments import (
     probability,
     seconds,
     size_factor,
-    torch_dtype,
 )
 from commpress.cluster import Link, read_local, read_retransmitted
 from commpress.cluster.commands import (
@@ -85,6 +83,7 @@ from commpress.schedules import (
 from commpress.schedules.registry import result_gather
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
+from commpress.units import DTYPES, torch_dtype
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 #: The ops whose ``--algorithm auto`` and ``--codec auto:...`` the tuner chooses.

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from commpress.bench.arguments import DTYPES, non_negative_int, positive_int, torch_dtype
+from commpress.bench.arguments import non_negative_int, positive_int
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan, result_gather
 from commpress.schedules.wire import wire_bytes
+from commpress.units import DTYPES, torch_dtype
 
 
 def add_arguments(parser) -> None:

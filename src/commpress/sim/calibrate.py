@@ -38,13 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commpress.bench.arguments import torch_dtype
 from commpress.codecs import get_codec
 from commpress.schedules import input_numel
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
-from commpress.units import parse_rate_bits
+from commpress.units import parse_rate_bits, torch_dtype
 
 FORMAT, VERSION = "commpress-sim-fit", 2
 #: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
