@@ -875,9 +875,12 @@ def test_a_rank_whose_socket_setup_raises_otherwise_tells_its_peers(monkeypatch)
             raise RuntimeWarning("commpress multicast: receive buffers are 0 bytes")
 
     sent = _set_up_as_rank_0_of_2(monkeypatch, Warns, [PEER_ADDRESSES, PEER_SOCKETS])
-    with pytest.raises(multicast.MulticastSetupError, match="rank 0: .* buffers are 0 bytes"):
+    with pytest.raises(
+        multicast.MulticastSetupError, match="rank 0: RuntimeWarning.* buffers are 0 bytes"
+    ) as raised:
         multicast.Channel(object(), Options())
     assert len(sent) == 2 and "buffers are 0 bytes" in sent[1][0]
+    assert isinstance(raised.value.__cause__, RuntimeWarning)  # its traceback is kept
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,7 @@ class Channel:
         _raise_failures([f for _, _, f in addresses])
         self.group_address, channel_number = addresses[0][1]
         shared = [a for a, _, _ in addresses].count(local) > 1
-        network, failure = None, None
+        network, failure, cause = None, None, None
         try:
             network = UdpNetwork(
                 self.rank,
@@ -151,13 +151,15 @@ class Channel:
                 ttl=options.ttl,
             )
         except Exception as error:  # noqa: BLE001 - every rank must hear of it, not wait
-            failure = f"rank {self.rank}: {error}"
+            known = isinstance(error, (MulticastSetupError, OSError))
+            failure = f"rank {self.rank}: {error if known else repr(error)}"
+            cause = error
         reports = [None] * self.world_size
         report = (failure, None) if network is None else (None, network.unicast_address)
         mtu = None if network is None else network.mtu
         try:
             dist.all_gather_object(reports, (*report, mtu), group=group)
-            _raise_failures([f for f, _, _ in reports])
+            _raise_failures([f for f, _, _ in reports], cause)
             network.connect([address for _, address, _ in reports])
             network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
             self.engine = Engine(network, channel_number, options)
@@ -189,11 +191,12 @@ class Channel:
 _created = 0
 
 
-def _raise_failures(failures: list[str | None]) -> None:
-    """Every rank raises the same error when any rank could not set up."""
+def _raise_failures(failures: list[str | None], cause: BaseException | None = None) -> None:
+    """Every rank raises the same error when any rank could not set up; ``cause``: this
+    rank's own, whose traceback it keeps."""
     failures = [f for f in failures if f]
     if failures:
-        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(failures))
+        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(failures)) from cause
 
 
 #: torch's own default for a process group whose timeout cannot be read.
