@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import warnings
 
 import pytest
@@ -309,3 +310,14 @@ def test_cuda_matches_cpu_reference(spec):
     reference = codec.decode(on_cpu, x.numel(), torch.float32)
     ulps = (decoded_from_cpu.view(torch.int32).long() - reference.view(torch.int32).long()).abs()
     assert int(ulps.max()) <= (0 if codec.lossless else CUDA_DECODE_ULPS_AT_MOST), seed
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_a_cxx_compiler_named_as_cc_builds_the_kernels_as_c(monkeypatch, tmp_path):
+    """g++ compiled blockquant.c as C++: names mangled, every encode an AttributeError."""
+    monkeypatch.setenv("CC", shutil.which("g++"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    encode = native.wrap(native.build(), "encode_int8")
+    x, scales, codes = torch.tensor([1.0, -0.5]), torch.empty(1), torch.empty(2, dtype=torch.int8)
+    assert encode(x, None, 1, 2, 127.0, scales, codes)
+    assert codes.tolist() == [127, -64] and scales.tolist() == [1.0]

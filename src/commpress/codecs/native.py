@@ -30,8 +30,11 @@ import torch
 from commpress.codecs.kernels import warn_once
 
 SOURCE = Path(__file__).with_name("blockquant.c")
-# No -ffast-math: the kernels must match the torch reference bit for bit.
+# No -ffast-math: the kernels must match the torch reference bit for bit. -x c: a C++
+# driver named as CC (g++, c++) would otherwise mangle the names that ctypes looks up.
 FLAGS = (
+    "-x",
+    "c",
     "-O3",
     "-march=native",
     "-ffp-contract=off",
