@@ -321,3 +321,12 @@ def test_a_cxx_compiler_named_as_cc_builds_the_kernels_as_c(monkeypatch, tmp_pat
     x, scales, codes = torch.tensor([1.0, -0.5]), torch.empty(1), torch.empty(2, dtype=torch.int8)
     assert encode(x, None, 1, 2, 127.0, scales, codes)
     assert codes.tolist() == [127, -64] and scales.tolist() == [1.0]
+
+
+def test_cc_may_be_a_command_with_arguments(monkeypatch, tmp_path):
+    """CC="ccache gcc" or "gcc -w", as make takes it, was run as one program name: no such
+    file, and the codecs fell back to torch.compile."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    monkeypatch.setenv("CC", f"{compiler} -DCOMMPRESS_UNUSED=1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert native.wrap(native.build(), "decode_int8") is not None

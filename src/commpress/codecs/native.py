@@ -18,6 +18,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -71,11 +72,21 @@ def _cache_dir() -> Path:
     return Path(base) / "commpress"
 
 
-def build(extra_flags: tuple[str, ...] = (), source: Path = SOURCE) -> ctypes.CDLL:
-    """Compile (or find in the cache) and load ``source``; ``extra_flags`` go after FLAGS."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _compiler_command() -> list[str]:
+    """CC (a program, or a command with arguments such as ``ccache gcc``, as make takes
+    it), else cc or gcc."""
+    named = os.environ.get("CC", "").strip()
+    if named:
+        return [named] if shutil.which(named) else shlex.split(named)
+    compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
+    return [compiler]
+
+
+def build(extra_flags: tuple[str, ...] = (), source: Path = SOURCE) -> ctypes.CDLL:
+    """Compile (or find in the cache) and load ``source``; ``extra_flags`` go after FLAGS."""
+    compiler = _compiler_command()
     flags = FLAGS + extra_flags
     text = source.read_bytes()
     key = hashlib.sha256(text + " ".join(flags).encode() + _cpu_identity().encode())
@@ -86,14 +97,14 @@ def build(extra_flags: tuple[str, ...] = (), source: Path = SOURCE) -> ctypes.CD
         os.close(handle)
         try:
             subprocess.run(
-                [compiler, *flags, "-o", partial, str(source), "-lm"],
+                [*compiler, *flags, "-o", partial, str(source), "-lm"],
                 check=True,
                 capture_output=True,
                 text=True,
             )
             os.replace(partial, target)  # atomic: concurrent ranks may build at once
         except subprocess.CalledProcessError as error:
-            raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[:500]}") from None
+            raise RuntimeError(f"{compiler[0]} failed: {error.stderr.strip()[:500]}") from None
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
