@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import shutil
 import warnings
 
@@ -330,3 +331,20 @@ def test_cc_may_be_a_command_with_arguments(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", f"{compiler} -DCOMMPRESS_UNUSED=1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert native.wrap(native.build(), "decode_int8") is not None
+
+
+ARM_CPUINFO = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd {}\nCPU part\t: {}\n"
+
+
+def test_arm_processors_of_other_features_get_builds_of_their_own(monkeypatch):
+    """Only x86's "flags" line keyed the cache: every ARM processor had the same key, so a
+    -march=native build of one (with SVE, say) was loaded on another that lacks it."""
+
+    def identity(cpuinfo: str) -> str:
+        monkeypatch.setattr(native, "open", lambda *_: io.StringIO(cpuinfo), raising=False)
+        return native._cpu_identity()
+
+    neoverse_v2 = identity(ARM_CPUINFO.format("sve sve2", "0xd4f"))
+    neoverse_n1 = identity(ARM_CPUINFO.format("atomics", "0xd0c"))
+    assert neoverse_v2 != neoverse_n1
+    assert identity("flags\t\t: fpu sse2 avx2\n") != identity("flags\t\t: fpu sse2 avx512f\n")

@@ -59,12 +59,19 @@ os.register_at_fork(after_in_child=_fresh_lock_in_child)
 _libraries: dict[Path, ctypes.CDLL | None] = {}  # by source; None where the build failed
 
 
+#: The /proc/cpuinfo fields that decide what ``-march=native`` enables: x86's "flags", ARM's
+#: "Features" and the implementer and part of its cores.
+_CPU_FIELDS = ("flags", "Features", "CPU implementer", "CPU part")
+
+
 def _cpu_identity() -> str:
+    machine = os.uname().machine
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line for line in info if line.startswith("flags")), "")
+            fields = {line.strip() for line in info if line.startswith(_CPU_FIELDS)}
     except OSError:
-        return os.uname().machine
+        return machine
+    return "\n".join([machine, *sorted(fields)])
 
 
 def _cache_dir() -> Path:
