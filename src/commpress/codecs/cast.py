@@ -62,7 +62,10 @@ class FloatCastCodec(CodecBase):
         values = view_as_dtype(payload, self.wire_dtype)
         if out is None:
             return values.to(dtype, copy=True)
-        return self.output(out, numel, dtype, payload.device).copy_(values)
+        result = self.output(out, numel, dtype, payload.device)
+        if result.is_neg():  # torch's copy_ of fp16 into a lazy negation drops the sign
+            values = values.to(dtype)
+        return result.copy_(values)
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         magnitude = self.check_input(x).float().abs()
