@@ -378,6 +378,10 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
     assert (measured.roots, measured.topology.nodes) == (3, 4)
     with pytest.raises(ValueError, match="row 0: unknown codec 'int3'"):
         calibrate.fit([_bench_file(tmp_path / "g.json", [{**row, "time_us": 5, "codec": "int3"}])])
+    for op, algorithm in (("all_gather", "ring2"), ("reduce_scatter", "multicast")):
+        bad = {**row, "time_us": 5, "op": op, "algorithm": algorithm}
+        with pytest.raises(ValueError, match=f"g2.json: row 0: unknown algorithm '{algorithm}'"):
+            calibrate.read_bench([_bench_file(tmp_path / "g2.json", [bad])])
     with pytest.warns(UserWarning, match="left out of the fit"):
         calibrate.fit([_bench_file(tmp_path / "h.json", [{**row, "time_us": 5}])])
     saved = tmp_path / "empty_fit.json"  # was saved, announced as saved, then refused

@@ -40,6 +40,7 @@ import torch
 
 from commpress.codecs import get_codec
 from commpress.schedules import input_numel
+from commpress.schedules.registry import NATIVE, get_algorithm
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
@@ -84,6 +85,8 @@ class Measured:
         if missing:
             raise ValueError(f"a row lacks {missing}: not a `commpress bench` row")
         get_codec(row["codec"])  # an unknown codec is named with its file and row
+        if row["algorithm"] != NATIVE:
+            get_algorithm(row["algorithm"], row["op"])  # so is an algorithm the op lacks
         nodes = _whole(row, "nprocs")
         size_bytes = _whole(row, "size_bytes")
         time_us = row["time_us"]
