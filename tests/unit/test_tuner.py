@@ -10,9 +10,14 @@ import pytest
 import torch
 
 from commpress.codecs import get_codec
+from commpress.collectives import auto
 from commpress.integrations.spec import CollectiveSpec
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.sim import calibrate, tuner
+from commpress.sim.model import simulate
+from commpress.sim.topology import Switch
+from commpress.transport import multicast
+from commpress.transport.reliable_broadcast import Options
 
 
 @pytest.fixture(autouse=True)
@@ -333,3 +338,38 @@ def test_the_tuner_is_reached_as_the_readme_writes_it():
 
     code = "import commpress as cp; cp.sim.tuner.configure(link='1gbit'); cp.sim.calibrate.load"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_multicast_is_timed_at_the_pace_its_transport_runs():
+    """The runtime paces each root at its own options' rate and K, not at the tuner's link:
+    a transport left at its default 1 Gbit/s on a 100 Gbit/s network loses to the ring."""
+    tuner.configure(link="100gbit", algorithms=("multicast", "ring"))
+    shard = 1024  # 4 KiB per rank on 4 ranks: per-message time decides at 100 Gbit/s
+    assert tuner.choose("all_gather", shard, torch.float32, 4, "none").algorithm == "multicast"
+    runtime = Options()  # 1 Gbit/s, K = 2
+    paced = tuner.choose("all_gather", shard, torch.float32, 4, "none", multicast=runtime)
+    assert paced.algorithm == "ring"
+    alone = simulate("all_gather", "multicast", "none", 4 * shard * 4, Switch(4, 100e9),
+                     multicast=Options(concurrent_roots=4))  # fmt: skip
+    # one round of 4 roots: a message, 2 links' latency, a shard at 1 Gbit/s over 3 streams
+    assert alone.time_us == pytest.approx(10 + 2 * 1 + 4 * shard * 3 * 8 / 0.95e9 * 1e6)
+
+
+def test_auto_reads_the_multicast_options_of_the_group_where_it_may_multicast(monkeypatch):
+    class Group:  # the transport keys its options by group
+        pass
+
+    group = Group()
+    monkeypatch.setenv(multicast.ENVIRONMENT, "rate=200mbit,roots=3")
+    assert multicast.options_of(group) == Options(rate_bits=200 * 10**6, concurrent_roots=3)
+    multicast.configure(group, concurrent_roots=5)
+    assert multicast.options_of(group) == Options(concurrent_roots=5)
+    monkeypatch.setenv(multicast.ENVIRONMENT, "roots=many")
+    with pytest.raises(ValueError, match=multicast.ENVIRONMENT):
+        multicast.options_of(Group())
+    assert auto.multicast_options(group, "ring") is None
+    assert auto.multicast_options(group, "auto") is None  # not among the tuner's algorithms
+    tuner.configure(algorithms=("ring", "multicast"))
+    assert auto.multicast_options(group, "auto") == Options(concurrent_roots=5)
+    assert auto.multicast_options(group, "multicast") == Options(concurrent_roots=5)
+    assert auto.multicast_options(Group(), "auto") is None  # the set-up names it on every rank

@@ -70,7 +70,7 @@ from commpress.cluster.commands import (
 )
 from commpress.cluster.link import format_rate
 from commpress.cluster.local import run_distributed
-from commpress.collectives import inband
+from commpress.collectives import auto, inband
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules import (
     NATIVE,
@@ -278,7 +278,7 @@ def _worker(rank, world_size, config):
             )
             out.fill_(float("nan"))  # what the checked call leaves unwritten counts as wrong
             run_collective(op, algorithm, codec, inp, out)
-            chosen = _chosen(op, algorithm, codec, inp, world_size)
+            chosen = _chosen(op, algorithm, codec, inp)
             requested = (algorithm, codec)
             algorithm, codec = chosen or requested
             calls = config["iters"] + config["warmup"] + 1
@@ -326,12 +326,11 @@ def _worker(rank, world_size, config):
     return rows if rank == 0 else None
 
 
-def _chosen(op, algorithm, codec, inp, world_size) -> tuple[str, str] | None:
+def _chosen(op, algorithm, codec, inp) -> tuple[str, str] | None:
     """What the tuner ran for an ``auto`` row (the same choice the collective made)."""
     if algorithm != tuner.AUTO and not tuner.is_auto(codec):
         return None
-    choice = tuner.choose(op, inp.numel(), inp.dtype, world_size, codec, algorithm)
-    return choice.algorithm, choice.codec
+    return auto.resolve(op, inp, None, codec, algorithm)
 
 
 def _link_columns(link_bits, busiest, seconds, tx) -> dict:

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.sim import tuner
-from commpress.transport import backends
+from commpress.transport import backends, multicast
 
 AUTO = tuner.AUTO
 
@@ -37,8 +37,24 @@ def resolve(
         error_feedback=error_feedback,
         chunk_bytes=chunk_bytes,
         placement=placement(group),
+        multicast=multicast_options(group, algorithm),
     )
     return choice.algorithm, choice.codec
+
+
+def multicast_options(group, algorithm: str) -> multicast.Options | None:
+    """The options ``group``'s multicast paces with, where the call may run a multicast;
+    else None, and None where this rank cannot read them: the channel's set-up names that
+    on every rank, where raising here would leave the other ranks waiting."""
+    may_multicast = algorithm == "multicast" or (
+        algorithm == AUTO and "multicast" in tuner.network().algorithms
+    )
+    if not may_multicast:
+        return None
+    try:
+        return multicast.options_of(group)
+    except ValueError:
+        return None
 
 
 def placement(group) -> tuner.Placement | None:

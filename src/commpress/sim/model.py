@@ -192,10 +192,13 @@ def simulate(
     params: Params | None = None,
     dtype: torch.dtype = torch.float32,
     chunk_bytes: int | None = None,
+    multicast: Options | None = None,
 ) -> Row:
     """One call of ``op`` on ``topology.ranks`` ranks; ``size_bytes`` as nccl-tests count
     it (an all-gather's output, a reduction's input); ``chunk_bytes`` the pieces a ring
-    reduce-scatter pipelines (default the collective's)."""
+    reduce-scatter pipelines (default the collective's); ``multicast`` the options the
+    runtime's multicast transport paces with (default: the topology's link rates and
+    ``params.concurrent_roots``, as a transport configured for that network would)."""
     n = topology.ranks
     params = (Params() if params is None else params).for_call(op, algorithm, n)
     if op not in ("all_gather", "reduce_scatter"):
@@ -209,7 +212,7 @@ def simulate(
         ran = algorithm
     codec = str(get_codec(codec))
     (schedule,) = plan(op, ran, 0, n, numel, dtype, codec, chunk_bytes)
-    timing = _Timing(topology, params, codec)
+    timing = _Timing(topology, params, codec, multicast)
     time_s = timing.run(schedule)
     bottleneck, busiest = timing.bottleneck()
     return Row(
@@ -231,8 +234,9 @@ def simulate(
 class _Timing:
     """Times a schedule step by step and adds up each level's bytes."""
 
-    def __init__(self, topology: Topology, params: Params, codec: str):
+    def __init__(self, topology: Topology, params: Params, codec: str, multicast=None):
         self.topology, self.params, self.codec = topology, params, codec
+        self.multicast: Options | None = multicast
         self.levels = {level.name: level for level in topology.levels()}
         self.totals: dict[str, np.ndarray] = {}  # bytes per link of each level
         #: seconds each link of a level is busy, each step's bytes at the efficiency of
@@ -287,24 +291,38 @@ class _Timing:
         wire = next(s.wire_bytes for step in schedule.steps for s in step.sends)
         loads = self.topology.broadcast_bytes(wire)
         self._add(loads)
-        racks = getattr(self.topology, "count", 1)
-        uplink = getattr(self.topology, "uplink_bits", None)
-        options = Options(
-            rate_bits=max(1, int(self.topology.link_bits * p.efficiency)),
-            concurrent_roots=p.concurrent_roots,
-            racks=racks,
-            uplink_bits=None
-            if uplink is None
-            else max(1, int(uplink * p.level_efficiency("uplink"))),
-        )
+        options = self._reached(self._multicast_options())
         pace = options.pace_bytes_per_s(n)
-        rounds = math.ceil(n / min(p.concurrent_roots, n))
+        rounds = math.ceil(n / min(options.concurrent_roots, n))
         per_round = p.message_s + p.latency_s * self.topology.longest_path() + wire / pace
         paced = rounds * per_round
         bound = self._busiest_s(loads)
         decode = p.codec_s(self.codec, schedule.chunk_numel, 0, 1)
         receiving = max(paced, bound, (n - 1) * decode)
         return p.codec_s(self.codec, schedule.chunk_numel, 1, 0) + receiving + decode
+
+    def _multicast_options(self) -> Options:
+        """The runtime's pacing options: as given, or those of a transport configured for
+        this topology's links."""
+        if self.multicast is not None:
+            return self.multicast
+        return Options(
+            rate_bits=max(1, int(self.topology.link_bits)),
+            concurrent_roots=self.params.concurrent_roots,
+            racks=getattr(self.topology, "count", 1),
+            uplink_bits=_whole_bits(getattr(self.topology, "uplink_bits", None)),
+        )
+
+    def _reached(self, options: Options) -> Options:
+        """``options`` with each rate scaled by the fraction a transfer reaches on its level."""
+        uplink = options.uplink_bits
+        return dataclasses.replace(
+            options,
+            rate_bits=_whole_bits(options.rate_bits * self.params.efficiency),
+            uplink_bits=None
+            if uplink is None
+            else _whole_bits(uplink * self.params.level_efficiency("uplink")),
+        )
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -361,6 +379,10 @@ class _Timing:
             else:
                 self.totals[name] = np.asarray(bytes_, dtype=float).copy()
                 self.busy_s[name] = seconds
+
+
+def _whole_bits(bits: float | None) -> int | None:
+    return None if bits is None else max(1, int(bits))
 
 
 def _single_peer_exchange(offsets: np.ndarray, n: int) -> bool:

@@ -22,7 +22,9 @@ The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TO
 ``COMMPRESS_TUNE_LINK`` (``100gbit``), ``COMMPRESS_TUNE_FIT`` (a fit saved by
 ``commpress sim --calibrate ... --save-fit``; default: the model's defaults),
 ``COMMPRESS_TUNE_SHARED_CORES`` (all hosts on one machine of that many cores: the emulated
-cluster) and ``COMMPRESS_TUNE_ALGORITHMS`` (candidates, comma-separated).
+cluster) and ``COMMPRESS_TUNE_ALGORITHMS`` (candidates, comma-separated). A multicast is
+timed at the pace of the group's own multicast options (rate, roots, racks, uplink:
+:func:`commpress.transport.multicast.options_of`), as its transport runs it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import check_topology, parse_topology
 from commpress.spec_options import parse_options
+from commpress.transport.reliable_broadcast import Options
 from commpress.units import parse_rate_bits
 
 AUTO = "auto"
@@ -173,6 +176,7 @@ def choose(
     error_feedback: bool = False,
     chunk_bytes: int | None = None,
     placement: Placement | None = None,
+    multicast: Options | None = None,
 ) -> Choice:
     """The fastest (algorithm, codec) for one call; ``numel`` is the rank's input (an
     all-gather's shard, a reduce-scatter's whole tensor). ``codec`` and ``algorithm`` may
@@ -180,7 +184,10 @@ def choose(
     contribution on its owner (``alltoall``, ``backend``) qualify. ``chunk_bytes``: the
     pieces a ring reduce-scatter pipelines, as the call will run it (default the
     collective's). ``placement``: where a subgroup's ranks sit in the network (default:
-    ranks 0 to ``world_size - 1`` of a network of ``world_size`` hosts)."""
+    ranks 0 to ``world_size - 1`` of a network of ``world_size`` hosts). ``multicast``: the
+    options the group's multicast transport paces with
+    (:func:`commpress.transport.multicast.options_of`; default: paced for the tuner's
+    network)."""
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
     request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
@@ -188,7 +195,7 @@ def choose(
     # thread is stored under the old network's key, never served under the new one
     setting = network()
     key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes,
-           placement, request, setting)  # fmt: skip
+           placement, multicast, request, setting)  # fmt: skip
     with _lock:
         found = _choices.get(key)
     if found is not None:
@@ -208,7 +215,7 @@ def choose(
     timed = []
     for name, spec in pairs:
         try:
-            row = simulate(op, name, spec, size, topology, params, dtype, chunk_bytes)
+            row = simulate(op, name, spec, size, topology, params, dtype, chunk_bytes, multicast)
             error = expected_rel_err(spec, op, name, world_size, dtype)
         except ValueError:  # a fit without this algorithm, a schedule it cannot read
             continue

@@ -96,17 +96,34 @@ def is_set_up(group: dist.ProcessGroup | None) -> bool:
     return _group(group) in _channels
 
 
+def options_of(group: dist.ProcessGroup | None) -> Options:
+    """The options ``group``'s channel runs with, or will run with once set up (this
+    rank's view; no communication): its own, else :func:`configure`'s, else
+    :func:`set_default_options`'s, else the environment's (ValueError naming it where it
+    cannot be read)."""
+    group = _group(group)
+    channel = _channels.get(group)
+    if channel is not None:
+        return channel.options
+    options = _configured.get(group, _default)
+    if options is not None:
+        return options
+    try:
+        return options_from_text(os.environ.get(ENVIRONMENT, ""))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{ENVIRONMENT}: {error}") from None
+
+
 def channel_for(group: dist.ProcessGroup | None) -> Channel:
     """The group's channel, set up on first use (collectively: call on every rank)."""
     group = _group(group)
     channel = _channels.get(group)
     if channel is None:
-        options, problem = _configured.get(group, _default), None
-        if options is None:
-            try:
-                options = options_from_text(os.environ.get(ENVIRONMENT, ""))
-            except (TypeError, ValueError) as error:  # every rank must hear of it, not wait
-                problem = f"{ENVIRONMENT}: {error}"
+        options, problem = None, None
+        try:
+            options = options_of(group)
+        except ValueError as error:  # every rank must hear of it, not wait
+            problem = str(error)
         channel = _channels[group] = Channel(group, options, problem)
     return channel
 
