@@ -192,6 +192,11 @@ def test_bad_requests_are_named():
 def test_error_feedback_and_cpu_tensors_on_nccl_narrow_the_candidates():
     choice = tuner.choose("reduce_scatter", 1 << 20, torch.float32, 4, "int8", error_feedback=True)
     assert choice.algorithm in ("alltoall", "backend")
+    with pytest.raises(ValueError, match=r"which are \['native'\] \(a compressed reduction sums"):
+        tuner.choose("reduce_scatter", 8, torch.float64, 4, "int8", error_feedback=True)
+    tuner.configure(link="1gbit", algorithms=("ring", "native"))
+    with pytest.raises(ValueError, match=r"which are \['ring', 'native'\]$"):
+        tuner.choose("reduce_scatter", 8, torch.float32, 4, "int8", error_feedback=True)
     tuner.configure(link="1gbit", algorithms=("multicast",))
     assert tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8").algorithm == "multicast"
     on_gpu = tuner.choose("all_gather", 1 << 20, torch.float32, 4, "int8", on_cpu=False)

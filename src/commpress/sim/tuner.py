@@ -297,13 +297,21 @@ def _eligible(
     feedback only the algorithms that round every contribution on its owner."""
     pairs = _candidates(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend)
     if error_feedback:
-        pairs = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
-        if not pairs:
+        kept = [(name, spec) for name, spec in pairs if name in ERROR_FEEDBACK_ALGORITHMS]
+        if not kept:
             raise ValueError(
                 f"error feedback needs one of {ERROR_FEEDBACK_ALGORITHMS} among the tuner's "
-                f"candidates, which are {list(setting.algorithms)}"
+                f"candidates for this call, which are {list(dict.fromkeys(n for n, _ in pairs))}"
+                + _why_native_only(op, dtype)
             )
+        pairs = kept
     return pairs
+
+
+def _why_native_only(op: str, dtype: torch.dtype) -> str:
+    if op == "reduce_scatter" and dtype not in REDUCTION_DTYPES:
+        return f" (a compressed reduction sums in float32, which cannot hold {dtype} exactly)"
+    return ""
 
 
 def measured_rel_err(codec, dtype: torch.dtype = torch.float32) -> float:
