@@ -371,6 +371,17 @@ def test_bad_timeout_is_rejected():
         Reducer(PowerSGD(), timeout=timedelta(0))
 
 
+def test_the_reducer_takes_a_spec_as_ddp_hook_does():
+    """The README's `algorithm = ... or "powersgd:rank=4"` feeds both ddp_hook and Reducer;
+    Reducer raised TypeError for the spec."""
+    algorithm = Reducer("acpsgd:rank=3,start_iter=0").algorithm
+    assert isinstance(algorithm, ACPSGD) and (algorithm.rank, algorithm.start_iter) == (3, 0)
+    with pytest.raises(ValueError, match="unknown low-rank algorithm 'foo'"):
+        Reducer("foo:rank=4")
+    with pytest.raises(TypeError, match="algorithm must be a LowRankAlgorithm"):
+        Reducer(4)
+
+
 def _on_cuda(rank, world_size):
     """One GPU: NCCL with one rank still runs every kernel, stream and future of the path."""
     import torch.distributed as dist

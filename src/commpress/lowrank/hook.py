@@ -31,7 +31,6 @@ import torch.distributed as dist
 from commpress.collectives.checks import check_flag, check_group
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer
-from commpress.lowrank.registry import get_algorithm
 from commpress.transport import collective
 
 
@@ -69,8 +68,6 @@ def ddp_hook(
     one for the hook's all-reduces. ``timeout``: a peer that dies or stalls makes the
     step raise on every other rank after at most this long (default: the group's).
     """
-    if isinstance(algorithm, str):
-        algorithm = get_algorithm(algorithm)
     check_group(group, member=True)
     check_flag(scheduler, "scheduler")
     if model is not None and not isinstance(model, torch.nn.Module):

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
+from commpress.lowrank.registry import get_algorithm
 from commpress.schedules import wire_bytes
 from commpress.transport import collective, p2p
 
@@ -81,12 +82,15 @@ class LowRankStats:
 class Reducer:
     def __init__(
         self,
-        algorithm: LowRankAlgorithm,
+        algorithm: LowRankAlgorithm | str,
         group: dist.ProcessGroup | None = None,
         timeout: timedelta | None = None,
     ):
-        """``timeout``: how long an all-reduce may wait for a dead or stalled peer before
-        it raises (default: the process group's)."""
+        """``algorithm``: a :class:`LowRankAlgorithm` or a spec (``"powersgd:rank=4"``), as
+        ``ddp_hook`` takes. ``timeout``: how long an all-reduce may wait for a dead or stalled
+        peer before it raises (default: the process group's)."""
+        if isinstance(algorithm, str):
+            algorithm = get_algorithm(algorithm)
         if not isinstance(algorithm, LowRankAlgorithm):
             raise TypeError(f"algorithm must be a LowRankAlgorithm, got {type(algorithm).__name__}")
         check_group(group, member=True)
