@@ -427,6 +427,15 @@ def test_pairs_the_collective_refuses_are_skipped_and_named(tmp_path, capsys):
     assert "skipped: ring-hop re-encodes at every hop" in capsys.readouterr().err
 
 
+def test_a_sweep_whose_every_pair_is_skipped_is_refused(tmp_path, capsys):
+    """It printed an empty table, wrote a JSON of no rows and exited 0."""
+    out = tmp_path / "rows.json"
+    argv = ["sim", "--op", "reduce_scatter", "--algorithm", "multicast", "--json", str(out)]
+    assert main(argv) == 2
+    assert "nothing to simulate: multicast has no reduce_scatter" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_the_plot_draws_one_line_per_size_asked_and_names_it(tmp_path):
     """On 3 nodes 1 MiB moves 1048572 B: that row was a line of its own, and both sizes
     were labelled "0 MiB" (64 KiB as well)."""

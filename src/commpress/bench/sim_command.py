@@ -145,6 +145,8 @@ def main(args) -> int:
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
         row.update(link=link, asked_bytes=size)  # size_bytes moved: it varies with nodes
         rows.append(row)
+    if not rows:
+        raise ValueError(f"nothing to simulate: {'; '.join(sorted(skipped))}")
     for reason in sorted(skipped):
         print(f"skipped: {reason}", file=sys.stderr)
     report.publish(rows, COLUMNS, f"commpress sim, {args.topology}", args, plot)
