@@ -279,6 +279,17 @@ def test_native_build_failure_warns_once_and_uses_compiled_kernels(monkeypatch, 
     assert torch.equal(payload, reference.encode(x))
 
 
+def test_a_native_build_failure_fails_the_suite(monkeypatch, tmp_path):
+    """pyproject's filterwarnings make a fallback from the C kernels an error in the tests;
+    its pattern named a message that commit 1934125 renamed, so the fallback passed."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "_libraries", {})
+    monkeypatch.setattr(kernels, "_warned", set())
+    with pytest.raises(RuntimeWarning, match="native blockquant unavailable"):
+        cp.get_codec("int8").encode(torch.randn(1000))
+
+
 #: Measured on an H200 (``benchmarks/gpu_2026-11-27/README.md``, 16 Mi elements): CUDA's
 #: encode gave 12 (int8), 8 (fp8) and 0 (int4) bytes other than the CPU's, and its decode
 #: of the same payload differed from the CPU's by up to 2 units in the last place (CUDA
