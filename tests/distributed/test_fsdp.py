@@ -495,6 +495,7 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert errors["float64 tuned sum"] is None and errors["float64 tuned step"] is None
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]
+    assert "asked for PREMUL_SUM(factor " in errors["premul"][1]  # was an object's address
     kind, message = errors["budget"]
     assert kind == "ValueError" and message.startswith("module ")
     assert "reduce-scatter: codec 'auto:max_rel_err=1e-3,codecs=int8': no codec" in message

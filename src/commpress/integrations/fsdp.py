@@ -350,7 +350,16 @@ def _sum_or_average(op, module_name: str):
     if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         return op
     raise ValueError(
-        f"module {module_name!r}: FSDP2 asked for {op} (set_gradient_divide_factor with a "
-        "factor other than the world size); commpress reduces with SUM or AVG: call "
+        f"module {module_name!r}: FSDP2 asked for {_op_name(op)} (set_gradient_divide_factor "
+        "with a factor other than the world size); commpress reduces with SUM or AVG: call "
         "module.set_force_sum_reduction_for_comms(True) so that FSDP divides before and after"
     )
+
+
+def _op_name(op) -> str:
+    """``PREMUL_SUM(factor 0.333)``: the op FSDP2 makes is a ``ReduceOp`` whose repr is an
+    address."""
+    kind = getattr(op, "op", op)
+    name = getattr(kind, "name", str(kind))
+    factor = getattr(op, "factor", None)
+    return name if factor is None else f"{name}(factor {factor:.3g})"
