@@ -116,12 +116,12 @@ def test_a_crashed_rank_stops_the_job_with_its_exit_code(prefix, tmp_path):
     assert_nothing_left(prefix, recorded_pids(tmp_path, 2, timeout=0))
 
 
-def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
-    # `commpress launch ... | head -1`: more output than a pipe holds, then a file at the end
-    talker = f"seq 1 100000; touch {tmp_path}/$RANK.done"
+def _launch_and_stop_reading(prefix: str, script: str) -> tuple[int, str]:
+    """`commpress launch ... | head -1` of ``script`` on 2 hosts: its exit status and
+    standard error."""
     launcher = subprocess.Popen(
         [*LAUNCH, "--hosts", "2", "--link", "100mbit", "--prefix", prefix, "--timeout", "20",
-         "--", "sh", "-c", talker],
+         "--", "sh", "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -130,7 +130,13 @@ def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
         _, stderr = launcher.communicate(timeout=60)
     finally:
         launcher.kill()
-    assert launcher.returncode == 141, stderr
+    return launcher.returncode, stderr
+
+
+def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
+    # more output than a pipe holds, then a file at the end
+    status, stderr = _launch_and_stop_reading(prefix, f"seq 1 100000; touch {tmp_path}/$RANK.done")
+    assert status == 141, stderr
     assert "Traceback" not in stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["0.done", "1.done"]
     assert present(Layout(prefix)) == []
@@ -139,18 +145,8 @@ def test_a_reader_that_goes_away_lets_the_job_run_to_its_end(prefix, tmp_path):
 def test_a_job_that_fails_after_its_reader_went_away_keeps_its_status(prefix):
     """It was reported as 141 (SIGPIPE), whatever the ranks' status: a failed job looked
     like a pipeline cut short, and the launcher's word on it was discarded."""
-    launcher = subprocess.Popen(
-        [*LAUNCH, "--hosts", "2", "--link", "100mbit", "--prefix", prefix, "--timeout", "20",
-         "--", "sh", "-c", "seq 1 100000; exit 3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        launcher.stdout.readline()
-        launcher.stdout.close()
-        _, stderr = launcher.communicate(timeout=60)
-    finally:
-        launcher.kill()
-    assert launcher.returncode == 3, stderr
+    status, stderr = _launch_and_stop_reading(prefix, "seq 1 100000; exit 3")
+    assert status == 3, stderr
     assert "exited with 3; stopping the others" in stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert present(Layout(prefix)) == []
