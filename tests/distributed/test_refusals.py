@@ -309,3 +309,35 @@ def test_an_algorithm_of_another_collective_is_not_called_unknown():
         checks.check_algorithm("tree", ("native", "ring"))
     with pytest.raises(ValueError, match="'auto' chooses for all_gather_into_tensor and"):
         checks.check_algorithm("auto", ("native", "ring"))  # all_reduce's (no tuner there)
+
+
+def _reduce_ops(rank, world_size):
+    average = torch.full((4,), float(rank))
+    cp.all_reduce(average, dist.ReduceOp(dist.ReduceOp.AVG), codec="none")
+    total = torch.zeros(2)
+    cp.reduce_scatter_tensor(total, torch.ones(4), dist.ReduceOp(dist.ReduceOp.SUM), codec="none")
+    refused = _errors_without_communication(
+        {
+            "True": lambda: cp.all_reduce(torch.ones(4), True, codec="none"),
+            "0": lambda: cp.reduce_scatter_tensor(torch.zeros(2), torch.ones(4), 0),
+            "premul sum": lambda: cp.all_reduce(
+                torch.ones(4), dist._make_nccl_premul_sum(2.0), codec="none"
+            ),
+        }
+    )
+    return average, total, refused
+
+
+def test_reduce_ops_are_taken_as_torch_takes_them():
+    """Before, ``ReduceOp(ReduceOp.AVG)``, which torch takes, was refused with the object's
+    repr, while ``op=True`` averaged and ``op=0`` summed where torch raises."""
+    for average, total, refused in run_distributed(_reduce_ops, 2):
+        assert torch.equal(average, torch.full((4,), 0.5))
+        assert torch.equal(total, torch.full((2,), 2.0))
+        for name in ("True", "0"):
+            kind, message = refused[name]
+            assert kind == "TypeError" and "op must be a torch.distributed.ReduceOp" in message
+        assert refused["premul sum"] == (
+            "ValueError",
+            "op must be ReduceOp.SUM or ReduceOp.AVG, got RedOpType.PREMUL_SUM",
+        )

@@ -51,7 +51,7 @@ def all_reduce(
         return None
     check_timeout(timeout)
     check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
-    check_op(op)
+    op = check_op(op)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():

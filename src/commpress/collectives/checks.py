@@ -115,9 +115,15 @@ def check_device(
         )
 
 
-def check_op(op) -> None:
-    if op not in SUPPORTED_OPS:
-        raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {op}")
+def check_op(op) -> dist.ReduceOp.RedOpType:
+    """``op`` as a ``ReduceOp.RedOpType``: torch takes ``ReduceOp.AVG`` and
+    ``ReduceOp(ReduceOp.AVG)`` alike, and refuses an int (``True`` would read as AVG)."""
+    if not isinstance(op, dist.ReduceOp):
+        raise TypeError(f"op must be a torch.distributed.ReduceOp, got {op!r}")
+    kind = op if isinstance(op, dist.ReduceOp.RedOpType) else op.op
+    if kind not in SUPPORTED_OPS:
+        raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {kind}")
+    return kind
 
 
 def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather: bool) -> None:

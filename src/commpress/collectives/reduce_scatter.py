@@ -82,7 +82,7 @@ def reduce_scatter_tensor(
         return None
     check_timeout(timeout)
     world_size = dist.get_world_size(group)
-    check_op(op)
+    op = check_op(op)
     check_pair(out, inp, world_size=world_size, gather=False)
     check_chunk_bytes(chunk_bytes)
     feedback = residual is not None
