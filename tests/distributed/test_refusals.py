@@ -164,6 +164,13 @@ def _bad_groups_and_flags(rank, world_size):
         "all_gather, group": lambda: cp.all_gather_into_tensor(
             torch.zeros(16), torch.zeros(8), group="oops"
         ),
+        "all_gather, async_op": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), async_op="no"
+        ),
+        "reduce_scatter, async_op": lambda: cp.reduce_scatter_tensor(
+            torch.zeros(8), torch.zeros(16), async_op="no"
+        ),
+        "all_reduce, async_op": lambda: cp.all_reduce(torch.zeros(8), async_op=1),
         "ddp hook, group": lambda: cp.ddp.hook("int8", group="oops"),
         "ddp hook, not a member": lambda: cp.ddp.hook(
             "int8", group=dist.GroupMember.NON_GROUP_MEMBER
@@ -187,7 +194,8 @@ def _bad_groups_and_flags(rank, world_size):
 
 
 def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
-    """A string group once passed, to fail in the first backward; ``"no"`` read as True."""
+    """A string group once passed, to fail in the first backward; ``"no"`` read as True
+    (a collective's ``async_op="no"`` returned at once, its output not yet written)."""
     errors = run_distributed(_bad_groups_and_flags, 2)[0]
     expected = {
         "all_gather, group": "group must be a torch.distributed.ProcessGroup or None, got str",
@@ -197,6 +205,9 @@ def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
         "low-rank hook, model": "model must be the torch.nn.Module DDP wraps, got str",
         "fsdp, error_feedback": "error_feedback must be True or False, got 'no'",
         "fsdp, unshard_async_op": "unshard_async_op must be True or False, got 'yes'",
+        "all_gather, async_op": "async_op must be True or False, got 'no'",
+        "reduce_scatter, async_op": "async_op must be True or False, got 'no'",
+        "all_reduce, async_op": "async_op must be True or False, got 1",
     }
     for name, message in expected.items():
         assert errors.get(name, (None, ""))[0] == "TypeError", (name, errors.get(name))

@@ -28,6 +28,7 @@ from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_device,
+    check_flag,
     check_pair,
     check_same_result_on_every_rank,
     check_timeout,
@@ -70,6 +71,7 @@ def all_gather_into_tensor(
     if outside_group(group, "all_gather_into_tensor"):
         return None
     check_timeout(timeout)
+    check_flag(async_op, "async_op")
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm)
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)

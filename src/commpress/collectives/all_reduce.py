@@ -17,6 +17,7 @@ from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
     check_device,
+    check_flag,
     check_op,
     check_reduction_dtype,
     check_same_result_on_every_rank,
@@ -50,6 +51,7 @@ def all_reduce(
     if outside_group(group, "all_reduce"):
         return None
     check_timeout(timeout)
+    check_flag(async_op, "async_op")
     check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
     op = check_op(op)
     if not isinstance(tensor, torch.Tensor):

@@ -34,6 +34,7 @@ from commpress.collectives.checks import (
     check_algorithm,
     check_chunk_bytes,
     check_device,
+    check_flag,
     check_op,
     check_pair,
     check_reduction_dtype,
@@ -81,6 +82,7 @@ def reduce_scatter_tensor(
     if outside_group(group, "reduce_scatter_tensor"):
         return None
     check_timeout(timeout)
+    check_flag(async_op, "async_op")
     world_size = dist.get_world_size(group)
     op = check_op(op)
     check_pair(out, inp, world_size=world_size, gather=False)
