@@ -52,6 +52,13 @@ def _refused(rank, world_size):
         "multicast off the CPU": lambda: cp.all_gather_into_tensor(
             torch.zeros(16, device="meta"), torch.zeros(8, device="meta"), algorithm="multicast"
         ),
+        "ring all_gather on meta": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16, device="meta"), torch.zeros(8, device="meta")
+        ),
+        "backend reduce_scatter on meta": lambda: cp.reduce_scatter_tensor(
+            torch.zeros(8, device="meta"), torch.zeros(16, device="meta"), algorithm="backend"
+        ),
+        "all_reduce on meta": lambda: cp.all_reduce(torch.zeros(8, device="meta")),
     }
     return _errors_without_communication(calls)
 
@@ -60,6 +67,20 @@ def test_multicast_refuses_tensors_off_the_cpu_and_cuda():
     errors = run_distributed(_refused, 2, timeout=60)[0]
     kind, message = errors["multicast off the CPU"]
     assert kind == "ValueError" and "CPU or CUDA tensors" in message and "meta" in message
+
+
+def test_tensors_on_a_device_no_backend_of_the_group_moves_are_refused_up_front():
+    """Before, meta tensors with any compressed algorithm ran the argument check's
+    all-reduce, then raised NotImplementedError ("Cannot copy out of meta tensor")."""
+    errors = run_distributed(_refused, 2, timeout=60)[0]
+    for name, argument in (
+        ("ring all_gather on meta", "inp"),
+        ("backend reduce_scatter on meta", "inp"),
+        ("all_reduce on meta", "tensor"),
+    ):
+        kind, message = errors[name]
+        assert kind == "ValueError", name
+        assert f"{argument} is on meta, and a gloo group moves no meta tensors" in message
 
 
 @pytest.mark.parametrize(
@@ -78,8 +99,10 @@ def test_multicast_takes_cuda_tensors_only_on_a_group_that_moves_cpu_tensors(
     monkeypatch.setattr(checks.dist, "get_backend_config", lambda group: config)
     monkeypatch.setattr(checks.dist, "get_world_size", lambda group: 2)
     tensor = types.SimpleNamespace(device=torch.device(device))
-    # CPU tensors on NCCL alone are refused before multicast's own check, for every algorithm
+    # CPU tensors on NCCL alone, and tensors no backend moves, are refused before
+    # multicast's own check, for every algorithm
     message = "inp is on the CPU" if (device, backend) == ("cpu", "nccl") else "multicast"
+    message = "moves no meta tensors" if device == "meta" else message
     if refused:
         with pytest.raises(ValueError, match=message):
             checks.check_device("multicast", "all_gather", tensor, None)

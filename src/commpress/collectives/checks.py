@@ -89,10 +89,17 @@ def check_device(
     """An algorithm whose transport moves host memory takes CPU tensors, and CUDA tensors
     (their payloads staged through host memory) on a group that moves CPU tensors (its
     set-up and argument check run there); anything else is refused up front, and so are
-    CPU tensors on a group of two ranks or more that moves none (NCCL alone)."""
+    CPU tensors on a group of two ranks or more that moves none (NCCL alone) and, for every
+    compressed algorithm, tensors on a device no backend of the group moves (meta)."""
     if algorithm == NATIVE:
         return
-    on_cpu = tensor.device.type == "cpu"
+    device_type = tensor.device.type
+    if device_type not in ("cpu", "cuda") and backends.moves(group, device_type) is None:
+        raise ValueError(
+            f"{argument} is on {tensor.device}, and a {backends.name(group)} group moves no "
+            f"{device_type} tensors: use CPU or CUDA tensors"
+        )
+    on_cpu = device_type == "cpu"
     if on_cpu and dist.get_world_size(group) > 1 and backends.moves(group, "cpu") is None:
         raise ValueError(
             f"{argument} is on the CPU, and a {backends.name(group)} group moves no CPU tensors: "
