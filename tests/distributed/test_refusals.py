@@ -153,6 +153,9 @@ def _bad_timeouts_and_shapes(rank, world_size):
             torch.zeros(8), torch.zeros(16), timeout=5.0
         ),
         "negative timeout, all_reduce": lambda: cp.all_reduce(torch.zeros(8), timeout=-five),
+        "endless timeout, all_gather": lambda: cp.all_gather_into_tensor(
+            torch.zeros(16), torch.zeros(8), timeout=timedelta.max
+        ),
         "int timeout, ddp hook": lambda: cp.ddp.hook("int8", group=object(), timeout=5),
         "0-dim inp": lambda: cp.all_gather_into_tensor(torch.zeros(2), torch.tensor(1.0)),
         "0-dim out": lambda: cp.reduce_scatter_tensor(torch.tensor(1.0), torch.zeros(2)),
@@ -162,8 +165,9 @@ def _bad_timeouts_and_shapes(rank, world_size):
 
 def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_front():
     """Before, an int timeout reached gloo's ``wait`` mid-call on the rank that gave it
-    (the others returned), and a 0-dim ``inp`` raised an IndexError on the communication
-    thread."""
+    (the others returned), a 0-dim ``inp`` raised an IndexError on the communication
+    thread, and ``timedelta.max`` (meant as "never") made gloo's transfers time out at once
+    (its deadline overflows) or hang."""
     errors = run_distributed(_bad_timeouts_and_shapes, 2)[0]
     for name in (
         "int timeout, all_gather",
@@ -174,6 +178,8 @@ def test_a_timeout_that_is_not_a_timedelta_and_0_dim_tensors_are_refused_up_fron
         assert kind == "TypeError" and "timeout must be a datetime.timedelta" in message, name
     assert errors["negative timeout, all_reduce"][0] == "ValueError"
     assert "timeout must be positive" in errors["negative timeout, all_reduce"][1]
+    kind, message = errors["endless timeout, all_gather"]
+    assert kind == "ValueError" and "timeout must be at most 10000 days" in message
     assert errors["0-dim inp"][0] == errors["0-dim out"][0] == "ValueError"
     assert "inp is a 0-dim tensor" in errors["0-dim inp"][1]
     assert "out is a 0-dim tensor" in errors["0-dim out"][1]
@@ -243,17 +249,21 @@ def test_a_group_or_a_flag_of_the_wrong_type_is_refused_up_front():
 
 def _wait_with_a_number(rank, world_size):
     work = cp.all_reduce(torch.ones(8), codec="none", async_op=True)
-    try:
-        work.wait(5)
-    except TypeError as error:
-        message = str(error)
+    messages = []
+    for timeout in (5, timedelta.max):
+        try:
+            work.wait(timeout)
+        except (TypeError, ValueError) as error:
+            messages.append(str(error))
     work.wait()
-    return message
+    return messages
 
 
 def test_an_async_handle_refuses_a_timeout_that_is_not_a_timedelta():
-    for message in run_distributed(_wait_with_a_number, 2):
-        assert "timeout must be a datetime.timedelta" in message
+    """``timedelta.max`` once raised OverflowError ("timestamp out of range")."""
+    for number, endless in run_distributed(_wait_with_a_number, 2):
+        assert "timeout must be a datetime.timedelta" in number
+        assert "timeout must be at most 10000 days" in endless
 
 
 def _outside_a_group(rank, world_size):

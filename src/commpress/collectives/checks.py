@@ -57,6 +57,13 @@ def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:
     return True
 
 
+#: The longest timeout taken. gloo adds a transfer's timeout to the system clock in
+#: nanoseconds since 1970, which overflows from about 86,000 days on (the call then fails
+#: at once with "Timed out waiting ...", or hangs), and Python's waits end far below
+#: ``timedelta.max``.
+LONGEST_TIMEOUT = timedelta(days=10_000)
+
+
 def check_timeout(timeout, argument: str = "timeout") -> None:
     if timeout is None:
         return
@@ -67,6 +74,11 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
         )
     if timeout <= timedelta(0):
         raise ValueError(f"{argument} must be positive, got {timeout}")
+    if timeout > LONGEST_TIMEOUT:
+        raise ValueError(
+            f"{argument} must be at most {LONGEST_TIMEOUT.days} days, got {timeout}: "
+            "gloo's clock overflows beyond it"
+        )
 
 
 def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
