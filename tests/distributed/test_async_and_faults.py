@@ -47,6 +47,43 @@ def _async_equals_sync(rank, world_size):
     ]
 
 
+def _native_after_async(rank, world_size):
+    from commpress.collectives.work import launch
+
+    if rank == 1:  # this rank's communication thread starts the compressed call late
+        launch(lambda: time.sleep(0.3), async_op=True)
+    gathered = torch.empty(1_000 * world_size)
+    work = cp.all_gather_into_tensor(
+        gathered, torch.full((1_000,), float(rank)), codec="none", algorithm="backend",
+        async_op=True,
+    )  # fmt: skip
+    results = []
+    for op in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+        out = torch.empty(world_size if op == "all_gather_into_tensor" else 1)
+        inp = torch.full((1 if op == "all_gather_into_tensor" else world_size,), rank + 1.0)
+        if op == "all_reduce":
+            cp.all_reduce(out.fill_(rank + 1.0), algorithm="native")
+        else:
+            getattr(cp, op)(out, inp, algorithm="native")
+        results.append(out.tolist())
+        if op == "all_reduce":  # and a compressed call queued again before the next
+            work.wait()
+            work = cp.reduce_scatter_tensor(
+                torch.empty(1), torch.ones(world_size), codec="none", async_op=True
+            )
+    work.wait()
+    return gathered.tolist(), results
+
+
+def test_native_waits_for_the_compressed_calls_given_before_it():
+    """``native`` runs torch's collective on the calling thread at once; before, a
+    compressed call given before it could still be queued on one rank's communication
+    thread while its peer had started it, and gloo ended the process on the mismatch."""
+    for gathered, results in run_distributed(_native_after_async, 2):
+        assert gathered == [0.0] * 1_000 + [1.0] * 1_000
+        assert results == [[3.0], [3.0], [1.0, 2.0]]
+
+
 def test_async_handles_give_the_same_results_as_synchronous_calls():
     for flags in run_distributed(_async_equals_sync, 4):
         assert flags == [True, True, True]

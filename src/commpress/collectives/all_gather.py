@@ -37,7 +37,7 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
-from commpress.collectives.work import launch, writable, write_into
+from commpress.collectives.work import launch, queued_on, wait_for_queued, writable, write_into
 from commpress.schedules import algorithms, plan
 from commpress.transport import collective
 from commpress.transport.p2p import wait
@@ -77,6 +77,7 @@ def all_gather_into_tensor(
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
+        wait_for_queued(group)
         work = collective.all_gather(out, inp, group)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
@@ -90,7 +91,7 @@ def all_gather_into_tensor(
         if written is not out:
             write_into(out, written)
 
-    return launch(run, async_op, (out, inp, written))
+    return queued_on(group, launch(run, async_op, (out, inp, written)))
 
 
 def gather(

@@ -26,7 +26,7 @@ from commpress.collectives.checks import (
 )
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
-from commpress.collectives.work import launch, write_into
+from commpress.collectives.work import launch, queued_on, wait_for_queued, write_into
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
@@ -60,6 +60,7 @@ def all_reduce(
         raise ValueError("tensor must be contiguous")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
+        wait_for_queued(group)
         work = collective.all_reduce(tensor, op, group)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
@@ -90,4 +91,4 @@ def all_reduce(
         gather(gathered, total, group, codec, gather_algorithm, timeout)
         write_into(tensor.view(-1), gathered[:numel])
 
-    return launch(run, async_op, (tensor,))
+    return queued_on(group, launch(run, async_op, (tensor,)))

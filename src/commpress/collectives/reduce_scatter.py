@@ -45,7 +45,7 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
-from commpress.collectives.work import launch, write_into
+from commpress.collectives.work import launch, queued_on, wait_for_queued, write_into
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
 from commpress.transport import collective
 from commpress.transport.p2p import wait
@@ -95,6 +95,7 @@ def reduce_scatter_tensor(
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
+        wait_for_queued(group)
         work = collective.reduce_scatter(out, inp, op, group)
         return work if async_op else wait(work, timeout)
     codec = get_codec(codec)
@@ -109,7 +110,8 @@ def reduce_scatter_tensor(
             total /= world_size
         write_into(out.view(-1), total)
 
-    return launch(run, async_op, (out, inp) if residual is None else (out, inp, residual))
+    tensors = (out, inp) if residual is None else (out, inp, residual)
+    return queued_on(group, launch(run, async_op, tensors))
 
 
 def reduce(

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from commpress.collectives.checks import check_timeout
 
@@ -52,7 +53,11 @@ def _after_fork_in_child() -> None:
     global _executor
     _executor = _new_executor()
     _on_comm_thread.active = False
+    _last_queued.clear()
 
+
+#: The last asynchronous compressed collective given to each group (:func:`queued_on`).
+_last_queued: dict[object, concurrent.futures.Future] = {}
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 #: The communication thread's stream on each CUDA device (created on first use).
@@ -220,3 +225,29 @@ def launch(
         return work
     work.wait()
     return None
+
+
+def queued_on(group, work: CollectiveWork | None) -> CollectiveWork | None:
+    """``work``, what :func:`launch` returned for a compressed collective on ``group``; an
+    asynchronous one is remembered until a ``native`` call on the group waits for it
+    (:func:`wait_for_queued`)."""
+    if work is not None:
+        _last_queued[_group_key(group)] = work._future
+    return work
+
+
+def wait_for_queued(group) -> None:
+    """Wait until the compressed collectives given to ``group`` before have finished.
+
+    ``native`` runs torch's collective on the calling thread at once, while a compressed
+    one given before it may still be queued on the communication thread: one rank could
+    issue the two to the backend in one order and its peer in the other, which gloo takes
+    for a mismatch (it ends the process). On the communication thread everything given
+    before has already run."""
+    future = _last_queued.pop(_group_key(group), None)
+    if future is not None and not getattr(_on_comm_thread, "active", False):
+        concurrent.futures.wait([future])
+
+
+def _group_key(group):
+    return dist.group.WORLD if group is None else group
