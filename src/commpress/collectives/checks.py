@@ -205,8 +205,9 @@ def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
         return
     if algorithm not in ERROR_FEEDBACK_ALGORITHMS:
         raise ValueError(
-            f"residual (error feedback) needs algorithm='alltoall', got {algorithm!r}: "
-            "only there is every rounding done on the rank that owns the data"
+            f"residual (error feedback) needs algorithm='alltoall' or 'backend' (the same "
+            f"all-to-all), got {algorithm!r}: only there is every rounding done on the rank "
+            "that owns the data"
         )
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")

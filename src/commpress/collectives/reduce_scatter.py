@@ -73,9 +73,10 @@ def reduce_scatter_tensor(
     (pipeline piece size of ``ring``) and ``timeout``
     (a dead or stalled peer raises on every other rank; default: the group's).
 
-    ``residual`` (``alltoall`` only; fp32, ``inp``'s size): error feedback. It is added
-    to ``inp`` before encoding and then holds what the encoding lost, so that
-    ``inp + residual_before == sent + residual_after`` for this rank's contributions.
+    ``residual`` (``alltoall`` or ``backend``, the same all-to-all; fp32, ``inp``'s size):
+    error feedback. It is added to ``inp`` before encoding and then holds what the encoding
+    lost, so that ``inp + residual_before == sent + residual_after`` for this rank's
+    contributions.
     Where that is not finite (a NaN or an infinity in ``inp``, which reaches ``out``), the
     residual restarts from zero, so that one bad step does not poison the later ones.
     """
