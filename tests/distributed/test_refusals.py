@@ -114,11 +114,15 @@ def _accepted(rank, world_size):
     """What stays allowed: a lossless ring-hop, an idempotent codec over ring-hop, and the
     float64 all-gather that `none` moves without arithmetic."""
     out = torch.empty(16, dtype=torch.float64)
-    cp.all_gather_into_tensor(out, torch.full((8,), 1 + 2**-40, dtype=torch.float64), codec="none")
-    exact = bool(torch.all(out == 1 + 2**-40))
+    shard = torch.full((8,), rank + 2**-40, dtype=torch.float64)
+    cp.all_gather_into_tensor(out, shard, codec="none")
+    exact = torch.equal(out, torch.arange(2.0, dtype=torch.float64).repeat_interleave(8) + 2**-40)
     gathered = torch.empty(16)
-    cp.all_gather_into_tensor(gathered, torch.randn(8), codec="int8", algorithm="ring-hop")
-    return exact
+    cp.all_gather_into_tensor(
+        gathered, torch.linspace(-1, 1, 8) * (rank + 1), codec="int8", algorithm="ring-hop"
+    )
+    expected = torch.cat([torch.linspace(-1, 1, 8) * (r + 1) for r in range(world_size)])
+    return exact and bool((gathered - expected).abs().max() <= 2 / 254 * 1.001)
 
 
 def test_inexact_sums_and_rank_dependent_all_gathers_are_refused():
