@@ -51,12 +51,14 @@ def _native_after_async(rank, world_size):
     from commpress.collectives.work import launch
 
     if rank == 1:  # this rank's communication thread starts the compressed call late
-        launch(lambda: time.sleep(0.3), async_op=True)
+        launch(lambda: time.sleep(0.5), async_op=True)
     gathered = torch.empty(1_000 * world_size)
     work = cp.all_gather_into_tensor(
         gathered, torch.full((1_000,), float(rank)), codec="none", algorithm="backend",
         async_op=True,
     )  # fmt: skip
+    if rank == 0:  # while rank 0's has reached gloo already
+        time.sleep(0.1)
     results = []
     for op in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
         out = torch.empty(world_size if op == "all_gather_into_tensor" else 1)
@@ -75,7 +77,7 @@ def _native_after_async(rank, world_size):
     return gathered.tolist(), results
 
 
-def test_native_waits_for_the_compressed_calls_given_before_it():
+def test_native_runs_after_the_compressed_calls_given_before_it():
     """``native`` runs torch's collective on the calling thread at once; before, a
     compressed call given before it could still be queued on one rank's communication
     thread while its peer had started it, and gloo ended the process on the mismatch."""

@@ -184,3 +184,27 @@ def test_a_fork_while_the_native_build_lock_is_held_leaves_the_child_able_to_bui
             except BaseException:
                 os._exit(1)
     assert _child_exit_code(child) == 0
+
+
+def test_a_finished_compressed_call_is_not_remembered_for_its_group():
+    """The handle kept so that a native call queues behind it held the call's output (and
+    the group) until the next native call on the group, which FSDP's twin groups never
+    make."""
+    import gc
+    import weakref
+
+    from commpress.collectives import work as works
+
+    class Group:  # a process group, as far as the memory is concerned
+        pass
+
+    group, release = Group(), threading.Event()
+    work = works.queued_on(group, launch(release.wait, async_op=True))
+    assert works._behind_queued(group)
+    release.set()
+    work.wait(timedelta(seconds=30))
+    assert not works._behind_queued(group) and group not in works._last_queued
+    gone = weakref.ref(group)
+    del group
+    gc.collect()
+    assert gone() is None

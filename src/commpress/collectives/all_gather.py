@@ -37,10 +37,9 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
-from commpress.collectives.work import launch, queued_on, wait_for_queued, writable, write_into
+from commpress.collectives.work import launch, queued_on, run_native, writable, write_into
 from commpress.schedules import algorithms, plan
 from commpress.transport import collective
-from commpress.transport.p2p import wait
 
 ALL_GATHER_ALGORITHMS = algorithms("all_gather")
 
@@ -77,9 +76,8 @@ def all_gather_into_tensor(
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
-        wait_for_queued(group)
-        work = collective.all_gather(out, inp, group)
-        return work if async_op else wait(work, timeout)
+        start = lambda: collective.all_gather(out, inp, group)  # noqa: E731
+        return run_native(start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
     check_same_result_on_every_rank(codec, algorithm)

@@ -26,12 +26,11 @@ from commpress.collectives.checks import (
 )
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
-from commpress.collectives.work import launch, queued_on, wait_for_queued, write_into
+from commpress.collectives.work import launch, queued_on, run_native, write_into
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
 from commpress.transport import collective
-from commpress.transport.p2p import wait
 
 ALL_REDUCE_ALGORITHMS = algorithms("all_reduce")
 
@@ -60,9 +59,8 @@ def all_reduce(
         raise ValueError("tensor must be contiguous")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
-        wait_for_queued(group)
-        work = collective.all_reduce(tensor, op, group)
-        return work if async_op else wait(work, timeout)
+        start = lambda: collective.all_reduce(tensor, op, group)  # noqa: E731
+        return run_native(start, group, async_op, timeout, (tensor,))
     codec = get_codec(codec)
     check_reduction_dtype(tensor.dtype, "tensor.dtype")  # first: it names the way out
     codec.check_dtype(tensor.dtype, "tensor.dtype")

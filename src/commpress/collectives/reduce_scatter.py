@@ -45,10 +45,9 @@ from commpress.collectives.checks import (
 from commpress.collectives.executor import execute
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
-from commpress.collectives.work import launch, queued_on, wait_for_queued, write_into
+from commpress.collectives.work import launch, queued_on, run_native, write_into
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
 from commpress.transport import collective
-from commpress.transport.p2p import wait
 
 REDUCE_SCATTER_ALGORITHMS = algorithms("reduce_scatter")
 
@@ -96,9 +95,8 @@ def reduce_scatter_tensor(
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
-        wait_for_queued(group)
-        work = collective.reduce_scatter(out, inp, op, group)
-        return work if async_op else wait(work, timeout)
+        start = lambda: collective.reduce_scatter(out, inp, op, group)  # noqa: E731
+        return run_native(start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
     check_reduction_dtype(inp.dtype, "inp.dtype")  # first: it names the way out
     codec.check_dtype(inp.dtype, "inp.dtype")

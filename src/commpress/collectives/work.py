@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives.checks import check_timeout
+from commpress.transport.p2p import wait as wait_work
 
 #: ``active`` on the communication thread: whatever runs there (a collective, or a
 #: callback its completion runs) is on it.
@@ -56,8 +58,9 @@ def _after_fork_in_child() -> None:
     _last_queued.clear()
 
 
-#: The last asynchronous compressed collective given to each group (:func:`queued_on`).
-_last_queued: dict[object, concurrent.futures.Future] = {}
+#: The last asynchronous compressed collective given to each group, until it has finished
+#: (:func:`queued_on`); weakly keyed, so a destroyed group is not kept.
+_last_queued: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 #: The communication thread's stream on each CUDA device (created on first use).
@@ -229,24 +232,39 @@ def launch(
 
 def queued_on(group, work: CollectiveWork | None) -> CollectiveWork | None:
     """``work``, what :func:`launch` returned for a compressed collective on ``group``; an
-    asynchronous one is remembered until a ``native`` call on the group waits for it
-    (:func:`wait_for_queued`)."""
+    asynchronous one is remembered while it has not finished (:func:`run_native`)."""
     if work is not None:
-        _last_queued[_group_key(group)] = work._future
+        key, future = _group_key(group), work._future
+        _last_queued[key] = future
+        group_ref = weakref.ref(key)  # the handle keeps its callbacks: not the group
+        future.add_done_callback(lambda done: _forget(group_ref(), done))
     return work
 
 
-def wait_for_queued(group) -> None:
-    """Wait until the compressed collectives given to ``group`` before have finished.
+def _forget(key, done: concurrent.futures.Future) -> None:
+    if key is not None and _last_queued.get(key) is done:
+        _last_queued.pop(key, None)
 
-    ``native`` runs torch's collective on the calling thread at once, while a compressed
-    one given before it may still be queued on the communication thread: one rank could
-    issue the two to the backend in one order and its peer in the other, which gloo takes
-    for a mismatch (it ends the process). On the communication thread everything given
-    before has already run."""
-    future = _last_queued.pop(_group_key(group), None)
-    if future is not None and not getattr(_on_comm_thread, "active", False):
-        concurrent.futures.wait([future])
+
+def run_native(
+    start: Callable[[], object], group, async_op: bool, timeout, tensors: tuple[torch.Tensor, ...]
+):
+    """torch's own collective on ``group`` (``start()`` issues it and returns its ``Work``),
+    as torch runs it; but behind a compressed collective given to the group before that may
+    still be queued on the communication thread, it is queued there too. Issued at once on
+    the calling thread, one rank could hand the two to the backend in one order and its
+    peer in the other, which gloo takes for a mismatch (it ends the process)."""
+    if _behind_queued(group):
+        return launch(lambda: wait_work(start(), timeout), async_op, tensors)
+    work = start()
+    return work if async_op else wait_work(work, timeout)
+
+
+def _behind_queued(group) -> bool:
+    if getattr(_on_comm_thread, "active", False):  # what was given before has run
+        return False
+    future = _last_queued.get(_group_key(group))
+    return future is not None and not future.done()
 
 
 def _group_key(group):
