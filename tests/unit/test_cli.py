@@ -474,6 +474,10 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["bench", "--seed", "3"], "--seed 3: for --algorithm multicast"),
         (["bench", "--tune-fit", "fit.json"], "--tune-fit fit.json: for --algorithm auto"),
         (["bench", "--algorithm", "ring", "--roots", "3"], "--roots 3: for --algorithm multicast"),
+        (  # the tuner's candidates in the bench leave multicast out: nothing would use it
+            ["bench", "--algorithm", "auto", "--loss", "0.5"],
+            "--loss 0.5: for --algorithm multicast",
+        ),
     ],
 )
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
