@@ -21,7 +21,8 @@ process (``cpu_*_us``, JSON only; mean over ranks).
 
 ``multicast`` paces each root for the cluster's links (host rate, racks, uplink), runs
 ``--roots`` broadcasts at once, and drops ``--loss`` of the datagrams each host receives
-(seeded): rows get ``loss``, and ``repairs``, the datagrams sent again per call (all ranks).
+(seeded): rows get ``loss``, and ``repairs``, the datagrams sent again per timed call (all
+ranks; like ``tx_bytes``, without the warm-up's).
 
 Sizes are in bytes, as in nccl-tests: ``count`` = size / the ``--dtype``'s item size.
 ``wire(B)`` is read from the algorithm's schedules (:mod:`commpress.schedules.wire`).
@@ -175,9 +176,11 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     :func:`_cpu_seconds` (mean over ranks and calls, each counted from the call's start to
     its return: not the barrier before it nor the reduction of its time after); with
     ``interface`` the bytes and packets each rank sent per call (two lists, one entry per
-    rank)."""
+    rank); for ``multicast`` the datagrams this rank sent again per call (else None). All
+    count the timed calls alone, not the warm-up."""
     for _ in range(warmups):
         run_collective(op, algorithm, codec, inp, out)
+    repaired = _repairs() if algorithm == "multicast" else None  # a first read sets it up
     dist.barrier()
     before = read_local(interface) if interface else None
     retransmitted = read_retransmitted() if interface else None
@@ -192,11 +195,12 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
         cpu += _cpu_seconds() - cpu_before
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
+    repairs = None if repaired is None else (_repairs() - repaired) / iterations
     cpu = cpu / iterations * 1e6 / dist.get_world_size()
     dist.all_reduce(cpu)
     cpu_us = dict(zip(CPU_FIELDS, cpu.tolist(), strict=True))
     if interface is None:
-        return statistics.median(times), cpu_us, None
+        return statistics.median(times), cpu_us, None, repairs
     dist.barrier()  # every peer has received what this rank sent: it has left the link
     sent = read_local(interface) - before
     again = (read_retransmitted() - retransmitted) / iterations
@@ -207,7 +211,8 @@ def _time(op, algorithm, codec, inp, out, iterations, warmups, interface=None):
     per_rank = [None] * dist.get_world_size()
     mine = (tx_bytes // iterations, tx_packets / iterations, again)
     dist.all_gather_object(per_rank, mine)
-    return statistics.median(times), cpu_us, tuple(map(list, zip(*per_rank, strict=True)))
+    tx = tuple(map(list, zip(*per_rank, strict=True)))
+    return statistics.median(times), cpu_us, tx, repairs
 
 
 def _bookkeeping(interface, iterations: int, cpu_fields: int):
@@ -265,8 +270,7 @@ def _worker(rank, world_size, config):
                     file=sys.stderr,
                     flush=True,
                 )
-            repaired = _repairs() if algorithm == "multicast" else None
-            seconds, cpu_us, tx = _time(
+            seconds, cpu_us, tx, resent = _time(
                 op,
                 algorithm,
                 codec,
@@ -281,8 +285,7 @@ def _worker(rank, world_size, config):
             chosen = _chosen(op, algorithm, codec, inp)
             requested = (algorithm, codec)
             algorithm, codec = chosen or requested
-            calls = config["iters"] + config["warmup"] + 1
-            repairs = torch.tensor([0.0 if repaired is None else (_repairs() - repaired) / calls])
+            repairs = torch.tensor([resent or 0.0])
             dist.all_reduce(repairs)
             native_time = seconds if requested[0] == "native" else native_time
             bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
