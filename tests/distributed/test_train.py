@@ -208,3 +208,22 @@ def test_wire_bytes_are_the_training_steps_alone(tmp_path):
         (run,) = json.loads((out / "summary.json").read_text())["runs"]
         per_run[steps] = run["wire_bytes"]
     assert per_run[1] > 0 and per_run[2] == 2 * per_run[1], per_run
+
+
+def test_a_run_without_counters_reports_no_wire_bytes_rather_than_none():
+    """torch's own PowerSGD hook has no counter of ours: its run reported 0.0 wire
+    MB/rank/step (and raw 0) while its hosts sent as much as plain's in the warm-up."""
+    import math
+
+    from commpress.bench.report import format_table
+    from commpress.train.command import COLUMNS
+    from commpress.train.loop import Curves, _summary
+
+    spec = "torch-powersgd:rank=2,start_iter=2"
+    config = TrainConfig(runs=(Run.parse(spec, "ddp"),), model=GPTConfig(), strategy="ddp", steps=2)
+    nan = float("nan")
+    curves = Curves([5.0, 4.9], [0.01, 0.01], [nan, nan], [nan, nan])
+    row = _summary(config.runs[0], config, 2, curves, 4.5, [], [])
+    assert math.isnan(row["wire_bytes"]) and math.isnan(row["raw_bytes"])
+    row.update(step_ms=10.0, speedup=1.0, eval_delta=0.0, wire_mb=row["wire_bytes"] / 2 / 1e6)
+    assert format_table([row], COLUMNS).splitlines()[1].endswith(" -")

@@ -301,8 +301,14 @@ def _summary(run, config, world_size, curves: Curves, eval_loss, counters, traff
         "exposed_ms": statistics.median(curves.exposed_seconds[warmup:]) * 1e3,
         "final_loss": sum(losses[-5:]) / len(losses[-5:]),
         "eval_loss": eval_loss,
-        "wire_bytes": sum(t["wire_bytes"] for t in traffic),
-        "raw_bytes": sum(t["raw_bytes"] for t in traffic),
+        "wire_bytes": _total(traffic, "wire_bytes"),
+        "raw_bytes": _total(traffic, "raw_bytes"),
         "losses": losses,
         "step_times": step_seconds,
     }
+
+
+def _total(traffic: list[dict], key: str) -> float:
+    """``key`` summed over the counters' snapshots; NaN without counters (torch's own
+    PowerSGD hook sends bytes that no counter of ours sees: not none)."""
+    return sum(t[key] for t in traffic) if traffic else float("nan")
