@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import commpress as cp
-from commpress.bench.arguments import torch_dtype
 from commpress.cli import main
 from commpress.cluster import Layout, present
 from commpress.schedules import algorithms, wire
 from commpress.schedules.wire import HEADER_BYTES as CHECK_HEADER_BYTES
 from commpress.transport.datagrams import HEADER_BYTES as DATAGRAM_HEADER_BYTES
 from commpress.transport.datagrams import chunk_bytes_for
+from commpress.units import torch_dtype
 
 #: Most bytes of headers one packet carries: Ethernet 14, IPv4 20, TCP 20 + at most 40 of
 #: options. The interface counts one header per segmentation-offload packet (up to 64 KiB),
