@@ -4,8 +4,10 @@ Reports per configuration the median step time, tokens/s, the speedup over the
 first configuration, the share of step time spent in collectives (time from a
 collective's call to its completion, summed, over the step time; overlapped
 collectives count too), the training and held-out losses and the megabytes (1e6
-bytes) a rank sends per step (``-`` for torch's own PowerSGD hook, which no counter of
-ours sees); for low-rank hooks
+bytes) a rank sends per step, read from the collectives' schedules (``-`` for torch's own
+PowerSGD hook, which no counter of ours sees; for torch's own collectives, what a
+bandwidth-optimal ring sends, as ``commpress bench`` counts ``native``: gloo's
+reduce-scatter sends twice that, so plain FSDP on gloo sends more); for low-rank hooks
 also the time the training thread waited for the hook per step, and the share of
 it the scheduler hides compared with the same spec ``@serial``. Writes a CSV of
 the loss curves, a JSON summary and a PNG plot.
