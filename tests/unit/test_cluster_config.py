@@ -49,6 +49,16 @@ def test_a_rate_of_a_fraction_of_a_bit_is_refused_not_truncated(text):
 
 
 @pytest.mark.parametrize(
+    ("rate", "nearest"), [("333333333bit", "333333328bit"), (1_000_004, "1mbit")]
+)
+def test_a_rate_tc_would_truncate_to_whole_bytes_is_refused(rate, nearest):
+    """tc shapes in bytes per second: a cluster built at 333333333bit ran at 333333328,
+    which it was read back as, so the same --link on it was refused as a mismatch."""
+    with pytest.raises(ValueError, match=f"whole number of bytes per second.*give {nearest}"):
+        Link.parse(rate)
+
+
+@pytest.mark.parametrize(
     "text", ["1gbyte", "fast", "", "gbit", "-1gbit", "1 g bit", "999kbit", "100tbit"]
 )
 def test_bad_rates_are_value_errors_naming_the_value(text):

@@ -27,6 +27,11 @@ def _check_rate(bits: int, shown: str) -> None:
         raise ValueError(f"link rate {shown} is below the minimum of 1mbit")
     if bits > MAX_RATE_BITS:
         raise ValueError(f"link rate {shown} is above the maximum of 10tbit")
+    if bits % 8:
+        raise ValueError(
+            f"link rate {shown} is not a whole number of bytes per second, which tc shapes "
+            f"to: give {format_rate(bits - bits % 8)} or {format_rate(bits - bits % 8 + 8)}"
+        )
 
 
 def parse_delay(text: str) -> float:
