@@ -103,7 +103,7 @@ def test_wrong_counts_an_output_left_unwritten(op):
     assert wrong["native"] == 0 and wrong["ring"] > 0
 
 
-def _multicast_whose_first_call_repairs(rank, world_size, warmup):
+def _multicast_whose_first_call_repairs(rank, world_size, warmup, iters=2):
     """The bench's worker with a `multicast` (a ring underneath) whose first call sends 100
     datagrams again and every later call none, as a cold first call's overrun receivers
     made the real one do."""
@@ -121,7 +121,7 @@ def _multicast_whose_first_call_repairs(rank, world_size, warmup):
     cp.all_gather_into_tensor = multicast
     collectives._repairs = lambda: sum(sent_again)
     config = dict(op="all_gather", algorithms=["multicast"], codecs=["none"], begin=4096,
-                  end=4096, factor=2, iters=2, warmup=warmup, dtypes=["float"],
+                  end=4096, factor=2, iters=iters, warmup=warmup, dtypes=["float"],
                   multicast={"concurrent_roots": 2, "loss": 0.0, "seed": 0})  # fmt: skip
     return collectives._worker(rank, world_size, config)
 
@@ -134,3 +134,10 @@ def test_repairs_count_the_timed_calls_alone(warmup):
     rows = run_distributed(_multicast_whose_first_call_repairs, 2, warmup, timeout=120)[0]
     repairs = {row["algorithm"]: row["repairs"] for row in rows if "repairs" in row}
     assert repairs == {"multicast": 100 if warmup == 0 else 0}
+
+
+def test_repairs_per_call_are_not_rounded_to_float32():
+    """They were summed over ranks in float32: 200 over 3 calls read 66.66666412353516."""
+    rows = run_distributed(_multicast_whose_first_call_repairs, 2, 0, 3, timeout=120)[0]
+    (repairs,) = [row["repairs"] for row in rows if "repairs" in row]
+    assert repairs == 200 / 3

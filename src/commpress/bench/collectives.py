@@ -285,7 +285,7 @@ def _worker(rank, world_size, config):
             chosen = _chosen(op, algorithm, codec, inp)
             requested = (algorithm, codec)
             algorithm, codec = chosen or requested
-            repairs = torch.tensor([resent or 0.0])
+            repairs = torch.tensor([resent or 0.0], dtype=torch.float64)
             dist.all_reduce(repairs)
             native_time = seconds if requested[0] == "native" else native_time
             bound = correctness.error_bound(op, algorithm, codec, inputs, rank)
