@@ -376,10 +376,14 @@ class CompressedPart(Part):
         matrices = [as_matrix(g) for _, g in compressed]
         self.gradients = [g for _, g in compressed]
         self.batches = []
-        for shape, indices in group_by_shape(matrices).items():
+        groups = group_by_shape(matrices).items()
+        every_state = [  # all found (or refused) before any error buffer is added to
+            [reducer._state(compressed[i][0], *shape, matrices[i].device) for i in indices]
+            for shape, indices in groups
+        ]
+        for (shape, indices), states in zip(groups, every_state, strict=True):
             keys = [compressed[i][0] for i in indices]
             device = matrices[indices[0]].device
-            states = [reducer._state(key, *shape, device) for key in keys]
             if algorithm.error_feedback:  # M = error + gradient, in the error buffers
                 stacked = reducer._error_stack(keys, states)
                 for position, index in enumerate(indices):
@@ -388,7 +392,9 @@ class CompressedPart(Part):
                 stacked = reducer._buffer("stacked", (len(indices), *shape), slot, device)
                 for position, index in enumerate(indices):
                     stacked[position].copy_(matrices[index])
-            factors = {n: torch.stack([s[n] for s in states]) for n in states[0] if n != "error"}
+            # a key first seen now has only the initial factors, the others more (PowerSGD's p)
+            names = [n for n in states[0] if n != "error" and all(n in s for s in states)]
+            factors = {n: torch.stack([s[n] for s in states]) for n in names}
             self.batches.append((indices, keys, stacked, factors))
         self.plain_flat = torch.cat([t.reshape(-1).float() for t in plain]) if plain else None
         reducer.stats.count_raw(self.gradients + self.plain, world_size)
