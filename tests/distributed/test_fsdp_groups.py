@@ -170,3 +170,15 @@ def _unnamed_backend_mesh(rank, world_size):
 def test_cpu_mesh_of_a_world_made_without_naming_a_backend():
     found = run_distributed(_unnamed_backend_mesh, 2, backend=None, timeout=60)
     assert found == [["undefined", "cpu", [0, 1]]] * 2  # before: "a CPU mesh needs gloo"
+
+
+def test_a_reduce_op_object_is_taken_as_its_kind():
+    """``ReduceOp(ReduceOp.SUM)`` is not ``in (SUM, AVG)``: FSDP's op check refused what
+    the collectives take."""
+    import torch.distributed as dist
+
+    from commpress.integrations.fsdp import _sum_or_average
+
+    for kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        assert _sum_or_average(dist.ReduceOp(kind), "m") == kind
+        assert _sum_or_average(kind, "m") == kind

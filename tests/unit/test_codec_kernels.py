@@ -344,6 +344,14 @@ def test_cc_may_be_a_command_with_arguments(monkeypatch, tmp_path):
     assert native.wrap(native.build(), "decode_int8") is not None
 
 
+def test_a_cc_with_an_unclosed_quote_fails_the_build_as_any_other(monkeypatch):
+    """shlex's ValueError escaped the build's fallback: every int8/int4/fp8 encode raised
+    it, naming no CC, instead of warning and taking the compiled path."""
+    monkeypatch.setenv("CC", 'gcc "-w')
+    with pytest.raises(RuntimeError, match="CC='gcc \"-w' cannot be read as a command"):
+        native._compiler_command()
+
+
 ARM_CPUINFO = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd {}\nCPU part\t: {}\n"
 
 

@@ -84,7 +84,12 @@ def _compiler_command() -> list[str]:
     it), else cc or gcc."""
     named = os.environ.get("CC", "").strip()
     if named:
-        return [named] if shutil.which(named) else shlex.split(named)
+        if shutil.which(named):
+            return [named]
+        try:
+            return shlex.split(named)
+        except ValueError as error:  # an unclosed quote: the build fails as any other
+            raise RuntimeError(f"CC={named!r} cannot be read as a command: {error}") from None
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")

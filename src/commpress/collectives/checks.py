@@ -76,8 +76,8 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
         raise ValueError(f"{argument} must be positive, got {timeout}")
     if timeout > LONGEST_TIMEOUT:
         raise ValueError(
-            f"{argument} must be at most {LONGEST_TIMEOUT.days} days, got {timeout}: "
-            "gloo's clock overflows beyond it"
+            f"{argument} must be at most {LONGEST_TIMEOUT.days} days, got {timeout}: longer "
+            "waits reach where gloo's deadline overflows (about 86,000 days)"
         )
 
 

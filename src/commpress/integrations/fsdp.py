@@ -347,8 +347,9 @@ class CompressedReduceScatter(ReduceScatter):
 
 def _sum_or_average(op, module_name: str):
     """FSDP2 passes SUM, AVG, or PREMUL_SUM(1/factor) for a custom gradient divide factor."""
-    if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-        return op
+    kind = op if isinstance(op, dist.ReduceOp.RedOpType) else getattr(op, "op", op)
+    if kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        return kind
     raise ValueError(
         f"module {module_name!r}: FSDP2 asked for {_op_name(op)} (set_gradient_divide_factor "
         "with a factor other than the world size); commpress reduces with SUM or AVG: call "
