@@ -431,11 +431,7 @@ class Engine:
     def _drop_requests(self) -> None:
         """The requests queued before the thread stopped taking them: posts fail with the
         rest, the callers waiting for the others return."""
-        while True:
-            try:
-                kind, operation, handled = self._posted.get_nowait()
-            except queue.Empty:
-                return
+        for kind, operation, handled in self._queued_requests():
             if kind == "post":
                 self._waiting.append(operation)
             if handled is not None:
@@ -451,12 +447,16 @@ class Engine:
         running = [] if self._running is None else [self._running.operation]
         return running + list(self._waiting)
 
-    def _take_requests(self) -> None:
+    def _queued_requests(self):
+        """Each request queued so far, taken off the queue as it is handed out."""
         while True:
             try:
-                kind, operation, handled = self._posted.get_nowait()
+                yield self._posted.get_nowait()
             except queue.Empty:
-                break
+                return
+
+    def _take_requests(self) -> None:
+        for kind, operation, handled in self._queued_requests():
             if kind == "post":
                 self._waiting.append(operation)
             elif kind == "abandon":  # also after success: the caller leaves in any case
