@@ -139,10 +139,15 @@ def check_op(op) -> dist.ReduceOp.RedOpType:
     ``ReduceOp(ReduceOp.AVG)`` alike, and refuses an int (``True`` would read as AVG)."""
     if not isinstance(op, dist.ReduceOp):
         raise TypeError(f"op must be a torch.distributed.ReduceOp, got {op!r}")
-    kind = op if isinstance(op, dist.ReduceOp.RedOpType) else op.op
+    kind = op_kind(op)
     if kind not in SUPPORTED_OPS:
         raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {kind}")
     return kind
+
+
+def op_kind(op: dist.ReduceOp) -> dist.ReduceOp.RedOpType:
+    """The kind of a reduce op: ``ReduceOp(ReduceOp.SUM)`` is ``SUM``, and ``SUM`` itself."""
+    return op if isinstance(op, dist.ReduceOp.RedOpType) else op.op
 
 
 def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather: bool) -> None:

@@ -27,7 +27,12 @@ from commpress.collectives import (
     reduce_scatter_tensor,
 )
 from commpress.collectives.auto import AUTO
-from commpress.collectives.checks import check_flag, check_reduction_dtype, check_timeout
+from commpress.collectives.checks import (
+    check_flag,
+    check_reduction_dtype,
+    check_timeout,
+    op_kind,
+)
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups
@@ -347,7 +352,7 @@ class CompressedReduceScatter(ReduceScatter):
 
 def _sum_or_average(op, module_name: str):
     """FSDP2 passes SUM, AVG, or PREMUL_SUM(1/factor) for a custom gradient divide factor."""
-    kind = op if isinstance(op, dist.ReduceOp.RedOpType) else getattr(op, "op", op)
+    kind = op_kind(op)
     if kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         return kind
     raise ValueError(
