@@ -9,6 +9,8 @@ Variants, each timed as the slowest rank's seconds per call:
 * ``native-bytes``: gloo's all-gather of as many uint8 as one int8 payload;
 * ``backend``: ``cp.all_gather_into_tensor(..., codec="int8", algorithm="backend")``;
 * ``backend-bare``: its executor on the calling thread without the argument check;
+* ``backend-checked``: its executor on the calling thread with the argument check (what
+  the public call adds to it is the hand-over to the communication thread);
 * ``verdict-allreduce``: the check's verdict alone: an all-reduce (MAX) of two int64;
 * ``digest-allgather``: one int64 per rank all-gathered (a verdict in n-1 hops);
 * ``header-p2p``: the check's header alone: 32 bytes to the right, from the left.
@@ -28,12 +30,14 @@ from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
 from commpress.collectives.all_gather import gather
+from commpress.collectives.fingerprint import Fingerprint
 
 VARIANTS = (
     "native",
     "native-bytes",
     "backend",
     "backend-bare",
+    "backend-checked",
     "verdict-allreduce",
     "digest-allgather",
     "header-p2p",
@@ -53,6 +57,7 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
     pair = torch.tensor([7, -7], dtype=torch.int64)
     digest = torch.tensor([7], dtype=torch.int64)
     digests = torch.empty(world_size, dtype=torch.int64)
+    fingerprint = Fingerprint.of("all_gather", inp, codec, "backend")
     header, scratch = torch.zeros(32, dtype=torch.uint8), torch.empty(32, dtype=torch.uint8)
 
     def header_p2p():
@@ -65,6 +70,7 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
         "native-bytes": lambda: dist.all_gather_into_tensor(raw_out, raw_in),
         "backend": lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="backend"),
         "backend-bare": lambda: gather(out, inp, group, codec, "backend", None),
+        "backend-checked": lambda: gather(out, inp, group, codec, "backend", None, fingerprint),
         "verdict-allreduce": lambda: dist.all_reduce(pair, dist.ReduceOp.MAX),
         "digest-allgather": lambda: dist.all_gather_into_tensor(digests, digest),
         "header-p2p": header_p2p,
