@@ -566,11 +566,71 @@ def test_bad_options_name_the_argument(options, message):
 
 def test_pacing_shares_the_receive_link_and_the_uplink():
     gbit = 10**9
-    assert Options(rate_bits=gbit).pace_bytes_per_s(8) == pytest.approx(gbit / 2 / 8 * 0.95)
+    assert Options(rate_bits=gbit).pace_bytes_per_s((0, 4), 8) == pytest.approx(gbit / 2 / 8 * 0.95)
     everyone = Options(rate_bits=gbit, concurrent_roots=8)
-    assert everyone.pace_bytes_per_s(8) == pytest.approx(gbit / 7 / 8 * 0.95)
+    assert everyone.pace_bytes_per_s(range(8), 8) == pytest.approx(gbit / 7 / 8 * 0.95)
     racks = Options(rate_bits=gbit, concurrent_roots=8, racks=2, uplink_bits=gbit // 2)
-    assert racks.pace_bytes_per_s(8) == pytest.approx(gbit / 8 / 8 * 0.95)
+    assert racks.pace_bytes_per_s(range(8), 8) == pytest.approx(gbit / 8 / 8 * 0.95)
+    # racks {0, 1}, {2, 3}, {4, 5}: the roots of racks 0 and 1 both enter rack 2's uplink
+    three = Options(rate_bits=gbit, racks=3, uplink_bits=gbit // 2)
+    assert three.pace_bytes_per_s((0, 2), 6) == pytest.approx(gbit / 4 / 8 * 0.95)
+
+
+@pytest.mark.parametrize(
+    "world_size, k, streams",
+    [
+        (4, 3, [3, 1]),
+        (4, 2, [2, 2]),
+        (4, 4, [3]),  # every rank a root: each receives from the 3 others
+        (3, 2, [2, 1]),
+        (5, 2, [2, 2, 1]),
+        (6, 4, [4, 2]),
+        (8, 3, [3, 3, 2]),
+        (8, 8, [7]),
+        (2, 5, [1]),
+    ],
+)
+def test_each_round_is_paced_for_the_roots_it_has(world_size, k, streams):
+    """The link rate shared by the roots of each round: a last round of fewer than K roots
+    sends faster (it once ran at rate / K, below the link's rate)."""
+    gbit = 10**9
+    options = Options(rate_bits=gbit, concurrent_roots=k)
+    rounds = options.rounds(list(range(world_size)))
+    assert [len(roots) for roots in rounds] == [min(k, world_size - start) for start in
+                                                range(0, world_size, k)]  # fmt: skip
+    paces = [options.pace_bytes_per_s(roots, world_size) for roots in rounds]
+    assert paces == pytest.approx([gbit / s / 8 * 0.95 for s in streams])
+
+
+def test_a_smaller_last_round_is_paced_faster_once_the_rounds_before_are_done():
+    """K = 3 on 4 ranks: roots 0, 2, 1 at a third of the rate each, then root 3 alone. It
+    starts once root 0 (K positions before it) is done, at their pace while root 2 (with
+    the most to send) may still be sending, and at the whole rate once all three are."""
+    world_size, order, rate = 4, [0, 2, 1, 3], 10**8
+    third, whole = (rate / k / 8 * 0.95 for k in (3, 1))
+    sent = []  # (root, the root's pace) of each DATA datagram to the next rank
+
+    def note(src, dst, datagram):
+        header, _ = datagrams.parse(datagram)
+        if header.kind is Kind.DATA and dst == (src + 1) % world_size:
+            sent.append((header.root, engines_[src]._pace))
+        return datagram
+
+    hub = Hub(world_size, mangle=note)
+    engines_ = engines(hub, concurrent_roots=3, rate_bits=rate, burst_s=0.001)
+    shards = random_shards(world_size, 20_000)
+    shards[2] *= 4
+    shards[3] *= 20
+    try:
+        check_exact(all_gather(engines_, shards, order=order), shards)
+    finally:
+        close_all(engines_)
+    assert all(pace == pytest.approx(third) for root, pace in sent if root != 3)
+    last_of_the_first_round = max(i for i, (root, _) in enumerate(sent) if root != 3)
+    root_3 = [(i, pace) for i, (root, pace) in enumerate(sent) if root == 3]
+    assert root_3[0][0] < last_of_the_first_round, "root 3 waited for more than root 0"
+    assert all(pace == pytest.approx(third) for i, pace in root_3 if i < last_of_the_first_round)
+    assert root_3[-1][1] == pytest.approx(whole)
 
 
 def test_datagram_format_round_trip_and_refusals():

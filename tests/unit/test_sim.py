@@ -73,14 +73,28 @@ def test_backend_and_all_to_all_by_hand():
 
 def test_multicast_rounds_by_hand():
     """ceil(n / K) rounds, each a message, the path's latency and one payload at the pace
-    of the runtime's formula (95% of the link shared by K roots)."""
+    of the runtime's formula (95% of the link shared by the round's roots: 4, then 2)."""
     n, size, rate = 6, 6 << 20, GBIT
     params = Params(latency_s=3e-6, message_s=7e-6, concurrent_roots=4)
     row = simulate("all_gather", "multicast", "none", size, Switch(n, rate), params)
     shard = size // n
-    per_round = 7e-6 + 2 * 3e-6 + shard / (0.95 * rate / 4 / 8)
-    assert row.time_us == pytest.approx(2 * per_round * 1e6)
+    full, last = (7e-6 + 2 * 3e-6 + shard / (0.95 * rate / k / 8) for k in (4, 2))
+    assert row.time_us == pytest.approx((full + last) * 1e6)
     assert row.tx_bytes_per_host == shard and row.bottleneck == "host down"
+
+
+@pytest.mark.parametrize("nodes", [3, 4, 5, 7, 8])
+def test_multicast_more_roots_at_once_is_never_slower(nodes):
+    """A last round of fewer than K roots sends each at the rate those few share: K roots
+    at once never take longer than one (K = 3 on 4 hosts once took 1.5x as long)."""
+    topology = Switch(nodes, GBIT)
+    times = [
+        simulate(
+            "all_gather", "multicast", "none", 64 << 20, topology, Params(concurrent_roots=k)
+        ).time_us
+        for k in range(1, nodes + 1)
+    ]
+    assert all(time <= times[0] for time in times), times
 
 
 def test_fat_tree_latency_counts_the_links_of_the_longest_path():

@@ -22,9 +22,11 @@ what the handling rewrites (as the executor does); the last handling ends the ca
   order (NCCL's and gloo's ring): n - 1 steps of one payload each, then every decode.
 * the all-to-all (``alltoall``, ``backend`` reduce-scatter): one step, every pair at once,
   n - 1 messages per rank, then every decode and sum.
-* ``multicast``: K roots at a time (:class:`~commpress.transport.reliable_broadcast.Options`,
-  whose pacing formula sets each root's rate), each root's payload crossing each link of
-  its tree once; the time is the larger of the paced broadcasts and the busiest link.
+* ``multicast``: rounds of K roots in the schedule's order, each round's roots paced as the
+  runtime paces them (:meth:`~commpress.transport.reliable_broadcast.Options.rounds` and
+  ``pace_bytes_per_s``: a smaller last round sends faster), each root's payload crossing
+  each link of its tree once; the time is the larger of the paced rounds and the busiest
+  link.
 * ``native``: torch's own collective, taken as the codec ``none`` ring (all-gather) and
   ring reduce-scatter in whole chunks.
 """
@@ -292,10 +294,11 @@ class _Timing:
         loads = self.topology.broadcast_bytes(wire)
         self._add(loads)
         options = self._reached(self._multicast_options())
-        pace = options.pace_bytes_per_s(n)
-        rounds = math.ceil(n / min(options.concurrent_roots, n))
-        per_round = p.message_s + p.latency_s * self.topology.longest_path() + wire / pace
-        paced = rounds * per_round
+        order = [_root_of(step, schedule.rank) for step in schedule.steps]
+        overhead = p.message_s + p.latency_s * self.topology.longest_path()
+        paced = sum(
+            overhead + wire / options.pace_bytes_per_s(roots, n) for roots in options.rounds(order)
+        )
         bound = self._busiest_s(loads)
         decode = p.codec_s(self.codec, schedule.chunk_numel, 0, 1)
         receiving = max(paced, bound, (n - 1) * decode)
@@ -379,6 +382,11 @@ class _Timing:
             else:
                 self.totals[name] = np.asarray(bytes_, dtype=float).copy()
                 self.busy_s[name] = seconds
+
+
+def _root_of(step, rank: int) -> int:
+    """The root of a multicast schedule's step, in the schedule of rank ``rank``."""
+    return rank if step.sends else step.receives[0].src
 
 
 def _whole_bits(bits: float | None) -> int | None:

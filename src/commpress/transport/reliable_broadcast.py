@@ -17,11 +17,14 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   timeout, never a hang; an END of an operation this rank has finished is ACKed again,
   also for a moment after the engine is closed (:data:`LINGER_S`), and never one of an
   operation the caller gave up on (this rank lacks its data);
-* at most ``concurrent_roots`` roots send at once: the root in position ``p`` of the
-  operation's order starts once the root in position ``p - K`` is done (its END seen, or
-  all its chunks here), a token passed by the broadcasts themselves;
-* each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s`), so
-  that the roots sending at once do not overflow a receiver's link or a rack's uplink.
+* at most ``concurrent_roots`` roots send at once, in rounds of K (:meth:`Options.rounds`):
+  the root in position ``p`` of the operation's order starts once the root in position
+  ``p - K`` is done (its END seen, or all its chunks here), a token passed by the
+  broadcasts themselves;
+* each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s` of its
+  round's roots), so that the roots sending at once fill, and do not overflow, a
+  receiver's link or a rack's uplink; a round smaller than K (the last, where K does not
+  divide the ranks) sends faster, once every root of the rounds before is done.
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
 are kept, up to a bound, and replayed when it is posted; datagrams of another channel,
@@ -157,15 +160,30 @@ class Options:
         for name in ("retry_s", "burst_s"):
             check_seconds(getattr(self, name), name)
 
-    def pace_bytes_per_s(self, world_size: int) -> float:
-        """One root's sending rate: the K roots at once share each receiver's link, and the
-        roots of one rack its uplink."""
-        streams = max(1, min(self.concurrent_roots, world_size - 1))
-        rate = self.rate_bits / streams
+    def rounds(self, order: Sequence[int]) -> list[tuple[int, ...]]:
+        """The roots of ``order`` that send at once, round by round: K at a time, so the
+        last round is smaller where K does not divide the ranks."""
+        k = self.concurrent_roots
+        return [tuple(order[start : start + k]) for start in range(0, len(order), k)]
+
+    def pace_bytes_per_s(self, roots: Sequence[int], world_size: int) -> float:
+        """One root's sending rate while ``roots`` (one round) send at once: they share
+        each receiver's link (a receiver among them receives from the others only), and
+        with racks each uplink, both ways."""
+        streams = len(roots) - (len(roots) == world_size)
+        rate = self.rate_bits / max(1, streams)
         if self.uplink_bits is not None and self.racks > 1:
-            per_rack = math.ceil(min(self.concurrent_roots, world_size) / self.racks)
-            rate = min(rate, self.uplink_bits / per_rack)
+            rate = min(rate, self.uplink_bits / self._uplink_streams(roots, world_size))
         return rate / 8 * PACE_MARGIN
+
+    def _uplink_streams(self, roots: Sequence[int], world_size: int) -> int:
+        """The most broadcasts of ``roots`` that one rack's uplink carries one way: out,
+        those of its own roots; in, those of every other rack's (ranks split into racks
+        in order)."""
+        racks = min(self.racks, world_size)
+        in_rack = collections.Counter(root * racks // world_size for root in roots)
+        counts = [in_rack[rack] for rack in range(racks)]
+        return max(1, max(counts), len(roots) - min(counts))
 
 
 @dataclasses.dataclass
@@ -283,6 +301,8 @@ class _Running:
         self.acked: set[int] = set()
         self.receivers = world_size - 1
         self.passed: set[int] = set()  # roots done sending, as far as this rank knows
+        self.own_pace = 0.0  # of this rank's round (Engine._pace_rounds)
+        self.before: list[int] = []  # roots to wait for before sending at it
 
     def native_taker(self, channel: int, rank: int, chunk_bytes: int):
         """This operation's :func:`~commpress.transport.native_receive.taker`, or None."""
@@ -317,12 +337,8 @@ class Engine:
         self.rank, self.world_size = network.rank, network.world_size
         self.chunk_bytes = chunk_bytes_for(network.mtu)
         self.stats = Stats()
-        self._pace = options.pace_bytes_per_s(self.world_size)
-        self._burst = max(
-            4 * (self.chunk_bytes + FRAME_OVERHEAD),
-            min(self._pace * options.burst_s, MAX_BURST_BYTES),
-        )
-        self._allowance, self._refilled = self._burst, time.monotonic()
+        self._pace = self._burst = 0.0  # the running operation's round's (_start sets them)
+        self._allowance, self._refilled = math.inf, time.monotonic()  # full: refills cap it
         self._batch_limit = network.batch_limit(self.chunk_bytes + HEADER_BYTES)
         if NATIVE_RECEIVE:
             native_receive.available()  # built now, not while the first operation runs
@@ -479,6 +495,7 @@ class Engine:
 
     def _start(self, operation: Operation) -> None:
         self._running = _Running(operation, self.rank, self.world_size, self.chunk_bytes)
+        self._pace_rounds(self._running)
         if NATIVE_RECEIVE:
             self._take = self._running.native_taker(self.channel, self.rank, self.chunk_bytes)
         self._latest = operation.id
@@ -489,6 +506,31 @@ class Engine:
             if operation_id == operation.id:  # counted when it came; C takes it if it can
                 self._take_run(memoryview(datagram), len(datagram))
         self._finish_if_done()
+
+    def _pace_rounds(self, running: _Running) -> None:
+        """Pace this rank's broadcast for the round it sends in; while a root of the rounds
+        before may still be sending (the token waits for one of them only), no faster than
+        theirs: a smaller last round's faster pace would overflow the links with them."""
+        index = running.position // self.options.concurrent_roots
+        rounds = self.options.rounds(running.operation.order)[: index + 1]
+        paces = [self.options.pace_bytes_per_s(roots, self.world_size) for roots in rounds]
+        running.own_pace = paces[-1]
+        if min(paces) < running.own_pace:
+            running.before = [root for roots in rounds[:-1] for root in roots]
+        self._set_pace(min(paces))
+
+    def _speed_up(self, running: _Running) -> None:
+        """Once every root of the rounds before is done, this round's own pace."""
+        if running.before and all(root in running.passed for root in running.before):
+            running.before = []
+            self._set_pace(running.own_pace)
+
+    def _set_pace(self, pace: float) -> None:
+        self._pace = pace
+        self._burst = max(
+            4 * (self.chunk_bytes + FRAME_OVERHEAD),
+            min(pace * self.options.burst_s, MAX_BURST_BYTES),
+        )
 
     def _retire(self, abandoned: bool = False) -> None:
         (self._abandoned if abandoned else self._finished).append(self._running.operation.id)
@@ -736,6 +778,7 @@ class Engine:
         """Send what the pacing allows: repairs first, each alone to its receiver, then the
         next chunks, multicast :attr:`_batch_limit` at a time."""
         running = self._running
+        self._speed_up(running)
         cost = self.chunk_bytes + FRAME_OVERHEAD
         batch = []
         while self._has_data_to_send(running) and self._refill(now) >= cost:
