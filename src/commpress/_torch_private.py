@@ -55,11 +55,6 @@ def fsdp_comm_classes() -> tuple[type, type]:
     )
 
 
-def work_from_future(future: torch.futures.Future) -> dist.Work:
-    """A ``torch.distributed.Work`` that completes with ``future`` (what FSDP2 waits on)."""
-    return _create_work_from_future()(future)
-
-
 def recompile_limit_error() -> type[Exception]:
     """``torch._dynamo.exc.FailOnRecompileLimitHit``: what a ``fullgraph`` function raises once
     it has as many graphs as dynamo allows one code object."""
@@ -166,13 +161,6 @@ def negative_view(x: torch.Tensor) -> torch.Tensor:
     return _neg_view()(x)
 
 
-def _create_work_from_future() -> Callable[[torch.futures.Future], dist.Work]:
-    c10d = _module("torch._C._distributed_c10d")
-    return _attribute(
-        c10d, "_create_work_from_future", "torch._C._distributed_c10d._create_work_from_future"
-    )
-
-
 def _neg_view() -> Callable[[torch.Tensor], torch.Tensor]:
     return _attribute(torch, "_neg_view", "torch._neg_view")
 
@@ -193,7 +181,6 @@ def _get_fsdp_state_method() -> object:
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
-    "torch._C._distributed_c10d._create_work_from_future": _create_work_from_future,
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,

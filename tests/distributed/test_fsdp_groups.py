@@ -182,3 +182,31 @@ def test_a_reduce_op_object_is_taken_as_its_kind():
     for kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         assert _sum_or_average(dist.ReduceOp(kind), "m") == kind
         assert _sum_or_average(kind, "m") == kind
+
+
+def _failing_all_gather(rank, world_size, unshard_async_op):
+    from commpress.collectives.work import launch
+
+    model = _model(prefetch=False)
+    cp.fsdp.compress(model, "int8", None, unshard_async_op=unshard_async_op)
+
+    def failing(output, input, group, **kwargs):
+        def fail():
+            raise RuntimeError("the all-gather failed")
+
+        return launch(fail, async_op=True)
+
+    fsdp_integration.all_gather_into_tensor = failing  # a forked rank's own copy
+    try:
+        output = model(torch.randn(3, 32))
+    except RuntimeError as error:
+        return str(error)
+    return f"the forward went on: {output}"
+
+
+def test_a_failed_all_gather_raises_whether_fsdp_blocks_or_waits():
+    """With ``unshard_async_op=True`` FSDP2 waits on the ``Work`` commpress hands it: the
+    all-gather's error was lost there, and the forward ran on uninitialised parameters."""
+    for unshard_async_op in (False, True):
+        for outcome in run_distributed(_failing_all_gather, 2, unshard_async_op, timeout=60):
+            assert outcome == "the all-gather failed", unshard_async_op

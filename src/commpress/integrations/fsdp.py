@@ -272,7 +272,27 @@ def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
     if not async_op:
         future.wait()
         return None
-    return _torch_private.work_from_future(future)
+    return FutureWork(future)
+
+
+class FutureWork(dist.Work):
+    """The ``Work`` FSDP2 waits on: ``wait()`` re-raises the collective's error. (torch's
+    ``_create_work_from_future`` returns True from ``wait()`` for a failed future too, and
+    FSDP2 then went on with the all-gather's uninitialised output.)"""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
 
 
 class CompressedAllGather(AllGather):
