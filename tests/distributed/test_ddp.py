@@ -171,3 +171,13 @@ def test_int8_hook_ranks_agree_and_traffic_shrinks(runs, spec):
 def test_bad_hook_spec_names_the_argument():
     with pytest.raises(ValueError, match="codec='int8@tree'"):
         cp.ddp.hook("int8@tree", group=object())
+
+
+@pytest.mark.parametrize("spec", ["int8@", "auto@"])
+def test_a_spec_with_nothing_after_the_at_sign_is_refused(spec):
+    """``"int8@"`` was taken for ``"int8"`` (the ring): a truncated spec ran silently."""
+    with pytest.raises(ValueError, match=f"all_gather='{spec}': no algorithm after '@'"):
+        cp.fsdp.compress(torch.nn.Linear(2, 2), all_gather=spec)
+    if spec == "int8@":
+        with pytest.raises(ValueError, match="codec='int8@': no algorithm after '@'"):
+            cp.ddp.hook(spec, group=object())

@@ -40,7 +40,9 @@ class CollectiveSpec:
         """
         if not isinstance(spec, str):
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
-        codec_text, _, algorithm = spec.partition("@")
+        codec_text, at, algorithm = spec.partition("@")
+        if at and not algorithm:
+            raise ValueError(f"{argument}={spec!r}: no algorithm after '@'; known: {algorithms}")
         if tuner.is_auto(codec_text) or algorithm == auto.AUTO:
             if not tunable:
                 raise ValueError(
