@@ -137,6 +137,14 @@ def test_cpu_mesh_refuses_what_it_cannot_make_a_cpu_mesh_of():
         cp.fsdp.cpu_mesh()
 
 
+def test_compress_given_something_other_than_a_module_names_the_argument():
+    """It raised AttributeError: 'str' object has no attribute 'named_modules'."""
+    import pytest
+
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        cp.fsdp.compress("model")
+
+
 def _meshes(rank, world_size):
     pair = dist.new_group([0, 1])
     whole = cp.fsdp.cpu_mesh()

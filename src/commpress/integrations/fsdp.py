@@ -119,6 +119,8 @@ def compress(
     """
     if _unavailable is not None:
         raise _unavailable
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (after fully_shard), got {model!r}")
     check_timeout(timeout)
     check_flag(error_feedback, "error_feedback")
     check_flag(unshard_async_op, "unshard_async_op")
