@@ -41,8 +41,10 @@ def hook(
 
     ``codec``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``, ``"int4@alltoall"``,
     ``"none@native"`` for torch's own all-reduce). Gradients are averaged over the
-    group. Call it on every rank: without ``group`` it creates one (a collective call)
-    so that commpress's traffic never interleaves with DDP's own.
+    group. Call it on every rank: without ``group`` it creates one of the whole world (a
+    collective call) so that commpress's traffic never interleaves with DDP's own. For a
+    DDP on a subgroup (``process_group=pg``), pass a group of ``pg``'s ranks made for the
+    hook (not ``pg`` itself): the hook cannot read DDP's group.
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     check_timeout(timeout)
