@@ -181,3 +181,30 @@ def test_a_spec_with_nothing_after_the_at_sign_is_refused(spec):
     if spec == "int8@":
         with pytest.raises(ValueError, match="codec='int8@': no algorithm after '@'"):
             cp.ddp.hook(spec, group=object())
+
+
+def _failing_hook(rank, world_size):
+    from commpress.collectives.work import launch
+    from commpress.integrations import ddp as ddp_integration
+
+    def failing(tensor, op, group, **kwargs):
+        def fail():
+            raise TimeoutError("the all-reduce timed out")
+
+        return launch(fail, async_op=True)
+
+    ddp, _ = wrap(small_model(), "int8")
+    ddp_integration.all_reduce = failing  # a forked rank's own copy
+    try:
+        ddp(torch.randn(4, 32)).sum().backward()
+    except RuntimeError as error:
+        return str(error)
+    return "backward went on"
+
+
+def test_a_failed_all_reduce_raises_its_own_error_from_backward():
+    """DDP read the failed future's exception as its value: "Unable to cast <the error>
+    to Tensor"."""
+    for message in run_distributed(_failing_hook, 2, timeout=60):
+        assert "TimeoutError: the all-reduce timed out" in message
+        assert "Unable to cast" not in message

@@ -82,4 +82,11 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
         async_op=True,
         timeout=state.timeout,
     )
-    return work.torch_future(tensor, before=watch.stop)
+    return work.torch_future(tensor, before=watch.stop).then(_result)
+
+
+def _result(future: torch.futures.Future) -> torch.Tensor:
+    """The bucket, or the collective's error raised where DDP's C++ sees it: a future
+    completed by ``set_exception`` holds the exception as its value, which DDP tried to
+    read as a tensor ("Unable to cast <the error> to Tensor")."""
+    return future.value()
