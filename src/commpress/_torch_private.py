@@ -140,6 +140,30 @@ def wrap_fsdp_collectives(module: torch.nn.Module, which: str, wrap: Callable) -
         setattr(group, name, wrap(_attribute(group, name, f"FSDPParamGroup.{name}")))
 
 
+def before_post_backward(module: torch.nn.Module, callback: Callable) -> None:
+    """Call ``callback(has_gradient)`` as each parameter group of ``module`` starts its
+    ``post_backward`` (``FSDPParamGroup.post_backward``, replaced on the instance), with, per
+    ``FSDPParam``, whether it holds a gradient (``unsharded_param.grad`` or
+    ``unsharded_accumulated_grad``): those FSDP2 is about to reduce-scatter."""
+    for group in _state_param_groups(module):
+        original = _attribute(group, "post_backward", "FSDPParamGroup.post_backward")
+        fsdp_params = _attribute(group, "fsdp_params", "FSDPParamGroup.fsdp_params")
+
+        def post_backward(*args, _original=original, _fsdp_params=fsdp_params, **kwargs):
+            callback(tuple(_has_gradient(p) for p in _fsdp_params))
+            return _original(*args, **kwargs)
+
+        group.post_backward = post_backward
+
+
+def _has_gradient(fsdp_param) -> bool:
+    accumulated = _attribute(
+        fsdp_param, "unsharded_accumulated_grad", "FSDPParam.unsharded_accumulated_grad"
+    )
+    unsharded = getattr(fsdp_param, "_unsharded_param", None)  # absent before the first unshard
+    return accumulated is not None or (unsharded is not None and unsharded.grad is not None)
+
+
 def unsharded_parameters(group: ParamGroup) -> list[torch.Tensor]:
     """The group's unsharded parameters (``FSDPParam.unsharded_param``; after ``unshard()``)."""
     return [

@@ -562,3 +562,37 @@ def _dies_mid_training(rank, world_size):
     if rank == 1:
         os._exit(1)  # dies without a word, like a crashed host
     train(model, rank, steps=2)
+
+
+class _TwoBranches(nn.Module):
+    """One FSDP module whose step runs one of two same-shape layers: ``q``'s gradient is
+    exactly zero where it runs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.p = nn.Linear(16, 16, bias=False)
+        self.q = nn.Linear(16, 16, bias=False)
+
+    def forward(self, x, branch):
+        return self.p(x) if branch == "p" else self.q(x) * 0.0
+
+
+def _residual_across_parameter_sets(rank, world_size):
+    model = _TwoBranches()
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
+    cp.fsdp.compress(model, "none", "int8@alltoall", error_feedback=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    generator = torch.Generator().manual_seed(rank)
+    for branch in ("p", "q"):
+        before = model.q.weight.full_tensor().clone()
+        model(torch.randn(8, 16, generator=generator), branch).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.equal(model.q.weight.full_tensor(), before)
+
+
+def test_error_feedback_keeps_a_residual_to_the_parameters_it_came_from():
+    """A step reduces only the parameters with a gradient: p's residual (p alone reduced)
+    was added to q's zero gradient the step after (q alone, the same size), and q moved."""
+    assert run_distributed(_residual_across_parameter_sets, 2, timeout=60) == [True, True]

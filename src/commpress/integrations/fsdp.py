@@ -185,11 +185,12 @@ def compress(
             if unshard_async_op:
                 _torch_private.unshard_asynchronously(module)
         if scatter is not None:
-            module.set_custom_reduce_scatter(
-                CompressedReduceScatter(
-                    scatter, result.reduce_scatter, timeout, name, error_feedback, result.groups
-                )
+            compressed = CompressedReduceScatter(
+                scatter, result.reduce_scatter, timeout, name, error_feedback, result.groups
             )
+            module.set_custom_reduce_scatter(compressed)
+            if error_feedback:
+                _torch_private.before_post_backward(module, compressed.note_reduced)
         setattr(module, MARK, True)
         result.modules.append(name)
     return result
@@ -333,6 +334,9 @@ class CompressedReduceScatter(ReduceScatter):
         self.error_feedback = error_feedback
         self.groups: OwnGroups = groups
         self.residual: torch.Tensor | None = None
+        #: per parameter, whether it has a gradient in the next call's input; in the residual's
+        self._reduced: tuple[bool, ...] | None = None
+        self._residual_of: tuple[bool, ...] | None = None
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -359,13 +363,22 @@ class CompressedReduceScatter(ReduceScatter):
         )
         return _finish(work, watch, async_op, output_tensor)
 
+    def note_reduced(self, has_gradient: tuple[bool, ...]) -> None:
+        """Which of the module's parameters the next call carries (FSDP2 reduce-scatters
+        only those with a gradient)."""
+        self._reduced = has_gradient
+
     def _residual(self, input_tensor: torch.Tensor) -> torch.Tensor | None:
+        """The residual of the same parameters' gradients, or zeros: another set of them
+        (one unused this step) lays the input out differently, even at the same size."""
         if not self.error_feedback:
             return None
-        if self.residual is None or self.residual.shape != input_tensor.shape:
+        stale = self.residual is None or self.residual.shape != input_tensor.shape
+        if stale or self._residual_of != self._reduced:
             self.residual = torch.zeros(
                 input_tensor.shape, dtype=torch.float32, device=input_tensor.device
             )
+            self._residual_of = self._reduced
         return self.residual
 
     def __repr__(self) -> str:
