@@ -169,6 +169,41 @@ def test_a_collective_pending_at_a_fork_raises_in_the_child_instead_of_hanging()
     assert pending.wait(timedelta(seconds=30))  # the parent's own wait is unaffected
 
 
+def _fails_as_orphaned(future: torch.futures.Future, seconds: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        future.wait()
+    except RuntimeError as error:
+        return "forked this one" in str(error)
+    return False
+
+
+def test_a_collective_pending_at_a_fork_completes_its_futures_with_the_error_in_the_child():
+    """Its ``wait()`` raised in the child, but ``is_completed()`` stayed False and its
+    ``torch_future()``, made before the fork or after, never completed."""
+    release = threading.Event()
+    pending = launch(release.wait, async_op=True)
+    before = pending.torch_future(torch.zeros(1))
+    child = os.fork()
+    if child == 0:
+        try:
+            after = pending.torch_future(torch.zeros(1))
+            completed = pending.is_completed()
+            failed = _fails_as_orphaned(before) and _fails_as_orphaned(after)
+            os._exit(0 if completed and failed else 2)
+        except BaseException:
+            os._exit(1)
+    try:
+        assert _child_exit_code(child, seconds=30) == 0
+    finally:
+        release.set()
+    assert pending.wait(timedelta(seconds=30)) and torch.equal(before.wait(), torch.zeros(1))
+
+
 def test_a_fork_while_the_native_build_lock_is_held_leaves_the_child_able_to_build():
     """A fork while another thread built the C kernels left the child's lock held: its
     first native kernel waited for good."""

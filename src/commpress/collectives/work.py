@@ -51,11 +51,48 @@ def _after_fork_in_child() -> None:
     """A forked child has only the thread that forked: the executor inherited from the
     parent counts a communication thread that is not there, and would queue every
     collective for it forever. The child starts its own (and a child forked from the
-    communication thread is not on it any more)."""
+    communication thread is not on it any more). The parent's collectives still pending
+    never finish here: they fail (:func:`_fail_orphans`)."""
     global _executor
     _executor = _new_executor()
     _on_comm_thread.active = False
     _last_queued.clear()
+    orphans = list(_pending)
+    _pending.clear()
+    if orphans:
+        parent = os.getppid()
+        threading.Thread(
+            target=_fail_orphans, args=(orphans, parent), name="commpress-orphans", daemon=True
+        ).start()
+
+
+def _fail_orphans(orphans: list[concurrent.futures.Future], parent: int) -> None:
+    """Fail, in a forked child, the collectives its parent had pending at the fork, so that
+    their ``torch_future()`` completes (with the error); on a thread of its own, not in the
+    fork handler: their callbacks run where they fail."""
+    for future in orphans:
+        # one may have finished as the parent forked
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            future.set_exception(_orphaned_error(parent))
+
+
+def _orphaned_error(process: int) -> RuntimeError:
+    return RuntimeError(
+        f"a commpress collective started by process {process}, which forked this one "
+        "before it finished: it runs on that process's communication thread and never "
+        "finishes here"
+    )
+
+
+#: Every collective queued and not finished yet (failed in a forked child).
+_pending: set[concurrent.futures.Future] = set()
+
+
+def _submit(run: Callable[[], None]) -> concurrent.futures.Future:
+    future = _executor.submit(run)
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+    return future
 
 
 #: The last asynchronous compressed collective given to each group, until it has finished
@@ -114,11 +151,7 @@ class CollectiveWork:
     def wait(self, timeout: timedelta | None = None) -> bool:
         check_timeout(timeout)
         if os.getpid() != self._process and not self._future.done():
-            raise RuntimeError(
-                f"wait() on a commpress collective started by process {self._process}, "
-                "which forked this one before it finished: it runs on that process's "
-                "communication thread and never finishes here"
-            )
+            raise _orphaned_error(self._process)
         if getattr(_on_comm_thread, "active", False) and not self._future.done():
             raise RuntimeError(
                 "wait() on a commpress collective that has not finished, called on "
@@ -137,7 +170,9 @@ class CollectiveWork:
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        """Also in a child forked before it finished, where it never finishes (``wait()``
+        raises)."""
+        return self._future.done() or os.getpid() != self._process
 
     def torch_future(self, value, before: Callable[[], None] | None = None) -> torch.futures.Future:
         """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
@@ -223,7 +258,7 @@ def launch(
             with order.on_comm_stream():
                 run()
 
-    work = CollectiveWork(_executor.submit(on_thread), order)
+    work = CollectiveWork(_submit(on_thread), order)
     if async_op:
         return work
     work.wait()
