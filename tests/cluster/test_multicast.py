@@ -347,6 +347,34 @@ def test_setup_errors_are_raised_on_every_rank(prefix, case, message):
         assert untouched
 
 
+def _engine_fails_on_rank_1(rank, world_size):
+    if rank == 1:  # after the exchange of addresses, as a failing native build would
+
+        def no_engine(*args, **kwargs):
+            raise OSError("no engine here")
+
+        multicast.Engine = no_engine
+    inp, out = torch.ones(10), torch.zeros(10 * world_size)
+    start = time.monotonic()
+    try:
+        cp.all_gather_into_tensor(
+            out, inp, codec="none", algorithm="multicast", timeout=timedelta(seconds=10)
+        )
+    except Exception as error:
+        return type(error).__name__, str(error), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+def test_a_setup_that_fails_on_one_rank_after_the_addresses_fails_every_rank_at_once(prefix):
+    """A rank whose engine could not start raised at once; its peers, set up, waited at the
+    first operation until the timeout."""
+    with Emulated(2, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_engine_fails_on_rank_1, timeout=120)
+    for rank, (kind, message, seconds) in enumerate(results):
+        assert kind == "MulticastSetupError" and "rank 1: " in message, (rank, kind, message)
+        assert "no engine here" in message and seconds < 5, (rank, message, seconds)
+
+
 def _junk_on_the_group(rank, world_size):
     """Rank 0 sends the group a corrupted datagram, one of another channel and one of a
     stale operation before each all-gather; the others refuse them and stay exact. The stale

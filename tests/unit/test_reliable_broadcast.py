@@ -943,6 +943,52 @@ def test_a_rank_whose_socket_setup_raises_otherwise_tells_its_peers(monkeypatch)
     assert isinstance(raised.value.__cause__, RuntimeWarning)  # its traceback is kept
 
 
+class _Sockets:
+    """A network whose setup succeeds."""
+
+    def __init__(self, rank, world_size, local, group, **kw):
+        self.mtu, self.unicast_address, self.closed = 1500, (local, 1), False
+
+    def connect(self, peers):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_engine_that_cannot_start_fails_every_rank_at_once(monkeypatch):
+    """A rank whose engine could not start (after the second exchange) raised alone: its
+    peers, set up, waited at the first operation until the timeout."""
+
+    def no_engine(*args):
+        raise OSError("no engine here")
+
+    monkeypatch.setattr(multicast, "Engine", no_engine)
+    sent = _set_up_as_rank_0_of_2(monkeypatch, _Sockets, [PEER_ADDRESSES, PEER_SOCKETS, None])
+    with pytest.raises(multicast.MulticastSetupError, match="rank 0: no engine here"):
+        multicast.Channel(object(), Options())
+    assert len(sent) == 3 and "no engine here" in sent[2]
+
+
+def test_a_peer_whose_engine_cannot_start_fails_this_rank_at_once(monkeypatch):
+    engines = []
+
+    class Recorded:
+        def __init__(self, network, channel, options):
+            self.network, self.closed = network, False
+            engines.append(self)
+
+        def close(self):
+            self.closed = self.network.closed = True
+
+    monkeypatch.setattr(multicast, "Engine", Recorded)
+    peer_failed = "rank 1: no engine here"
+    _set_up_as_rank_0_of_2(monkeypatch, _Sockets, [PEER_ADDRESSES, PEER_SOCKETS, peer_failed])
+    with pytest.raises(multicast.MulticastSetupError, match="rank 1: no engine here"):
+        multicast.Channel(object(), Options())
+    assert [engine.closed for engine in engines] == [True]
+
+
 @pytest.mark.parametrize(
     "group, message",
     [

@@ -4,7 +4,8 @@ A channel is one multicast group and port for the communicator, every rank's uni
 address, and the :class:`~commpress.transport.reliable_broadcast.Engine` whose thread runs
 the protocol. It is set up on first use, collectively (every rank of the group takes part:
 rank 0 picks the group, port and channel number; every rank binds its sockets and reports
-its address or what failed, so a rank that cannot set up makes every rank raise).
+its address or what failed, then starts its engine and reports whether it could, so a rank
+that cannot set up makes every rank raise).
 
 Options come from :func:`configure` (call it on every rank, before the first multicast
 collective on the group), else from :func:`set_default_options` (every group of the
@@ -130,8 +131,9 @@ def channel_for(group: dist.ProcessGroup | None) -> Channel:
 
 class Channel:
     """A process group's multicast group, sockets and protocol thread. Every rank sets it
-    up at once (two all-gathers of small objects on ``group``); its thread and sockets go
-    when it is garbage-collected, closed, or at exit."""
+    up at once (three all-gathers of small objects on ``group``: the addresses, the
+    sockets, the engines; after each, a failure anywhere is raised everywhere); its thread
+    and sockets go when it is garbage-collected, closed, or at exit."""
 
     def __init__(self, group: dist.ProcessGroup, options: Options, problem: str | None = None):
         """``problem``: why this rank has no options (every rank raises it)."""
@@ -168,23 +170,30 @@ class Channel:
                 ttl=options.ttl,
             )
         except Exception as error:  # noqa: BLE001 - every rank must hear of it, not wait
-            known = isinstance(error, (MulticastSetupError, OSError))
-            failure = f"rank {self.rank}: {error if known else repr(error)}"
-            cause = error
+            failure, cause = f"rank {self.rank}: {_described(error)}", error
         reports = [None] * self.world_size
         report = (failure, None) if network is None else (None, network.unicast_address)
         mtu = None if network is None else network.mtu
+        engine = None
         try:
             dist.all_gather_object(reports, (*report, mtu), group=group)
             _raise_failures([f for f, _, _ in reports], cause)
-            network.connect([address for _, address, _ in reports])
-            network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
-            self.engine = Engine(network, channel_number, options)
+            try:
+                network.connect([address for _, address, _ in reports])
+                network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
+                engine = Engine(network, channel_number, options)
+            except Exception as error:  # noqa: BLE001 - not a peer waiting at the first operation
+                failure, cause = f"rank {self.rank}: {_described(error)}", error
+            outcomes = [None] * self.world_size
+            dist.all_gather_object(outcomes, failure, group=group)
+            _raise_failures(outcomes, cause)
         except BaseException:  # a peer gone, or setup failed elsewhere: no sockets left bound
-            if network is not None:
+            if engine is not None:
+                engine.close()  # and its network
+            elif network is not None:
                 network.close()
             raise
-        self.network = network
+        self.network, self.engine = network, engine
         self._close = weakref.finalize(self, Engine.close, self.engine)  # also at exit
 
     def operation_id(self, call: int) -> int:
@@ -206,6 +215,11 @@ class Channel:
 
 #: Channels set up by this process so far: a fixed COMMPRESS_MULTICAST_GROUP's port + this.
 _created = 0
+
+
+def _described(error: Exception) -> str:
+    """A failure to set up, as the error that every rank raises names it."""
+    return str(error) if isinstance(error, (MulticastSetupError, OSError)) else repr(error)
 
 
 def _raise_failures(failures: list[str | None], cause: BaseException | None = None) -> None:
