@@ -211,6 +211,18 @@ class CollectiveWork:
         return future
 
 
+def for_ddp(future: torch.futures.Future) -> torch.futures.Future:
+    """``future`` as a DDP communication hook returns it: DDP's C++ reads the value of the
+    future it is given as a tensor, and a future completed by ``set_exception`` holds the
+    exception as its value ("Unable to cast <the error> to Tensor"); a future chained after
+    it raises the error itself, as torch's own hooks chain theirs."""
+    return future.then(_value)
+
+
+def _value(future: torch.futures.Future):
+    return future.value()
+
+
 def writable(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``, or where a collective may write in place for it: inference mode is the
     calling thread's, and only under it may a tensor made under it be written in place, so

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.inband import call_wire_bytes
+from commpress.collectives.work import for_ddp
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
@@ -82,11 +83,4 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
         async_op=True,
         timeout=state.timeout,
     )
-    return work.torch_future(tensor, before=watch.stop).then(_result)
-
-
-def _result(future: torch.futures.Future) -> torch.Tensor:
-    """The bucket, or the collective's error raised where DDP's C++ sees it: a future
-    completed by ``set_exception`` holds the exception as its value, which DDP tried to
-    read as a tensor ("Unable to cast <the error> to Tensor")."""
-    return future.value()
+    return for_ddp(work.torch_future(tensor, before=watch.stop))

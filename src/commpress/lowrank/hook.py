@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives.checks import check_flag, check_group
+from commpress.collectives.work import for_ddp
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer
 from commpress.transport import collective
@@ -102,7 +103,7 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
             state.reducer.finish_step()
         state.reducer.stats.exposed_seconds += time.perf_counter() - handed
         future.set_result(buffer)
-        return future
+        return for_ddp(future)
 
     # Backward's stream has written the bucket by now; what it queues later is not waited for
     written = torch.cuda.current_stream(cuda).record_event() if cuda else None
@@ -112,7 +113,7 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
             state.pipeline.submit(pairs, future, buffer, last, handed)
 
     state.worker.submit(submit)
-    return future
+    return for_ddp(future)
 
 
 @dataclass
