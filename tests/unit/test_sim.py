@@ -14,6 +14,7 @@ from commpress.cli import main
 from commpress.schedules import Transport, plan
 from commpress.schedules.registry import algorithms
 from commpress.sim import FatTree, Params, Racks, Switch, calibrate, model, parse_topology, simulate
+from commpress.transport.reliable_broadcast import Options
 from commpress.units import parse_rate_bits
 
 GBIT = 1e9
@@ -95,6 +96,26 @@ def test_multicast_more_roots_at_once_is_never_slower(nodes):
         for k in range(1, nodes + 1)
     ]
     assert all(time <= times[0] for time in times), times
+
+
+def test_multicast_is_paced_at_the_nominal_rate_as_the_runtime_paces():
+    """The runtime's token bucket paces at its options' rate, whatever a link reaches: a
+    fitted efficiency slows the busiest link, not the pace (it halved the pace, so a
+    multicast paced far below its links was timed twice as long as it runs)."""
+    n, size = 6, 6 << 20
+    shard = size // n
+    slow_pace = Options(rate_bits=10**8, concurrent_roots=4)
+    params = Params(latency_s=0.0, message_s=0.0, efficiency=0.5)
+    row = simulate("all_gather", "multicast", "none", size, Switch(n, GBIT), params,
+                   multicast=slow_pace)  # fmt: skip
+    rounds = slow_pace.rounds(range(n))  # 6 roots, 4 at once, then 2
+    paced = sum(shard / slow_pace.pace_bytes_per_s(roots, n) for roots in rounds)
+    assert row.time_us == pytest.approx(paced * 1e6)
+    bound = (n - 1) * shard * 8 / (0.5 * GBIT)  # the busiest host link at half its rate
+    fast_pace = Options(rate_bits=10**9, concurrent_roots=4)
+    row = simulate("all_gather", "multicast", "none", size, Switch(n, GBIT), params,
+                   multicast=fast_pace)  # fmt: skip
+    assert row.time_us == pytest.approx(bound * 1e6)
 
 
 def test_fat_tree_latency_counts_the_links_of_the_longest_path():

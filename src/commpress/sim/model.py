@@ -24,9 +24,9 @@ what the handling rewrites (as the executor does); the last handling ends the ca
   n - 1 messages per rank, then every decode and sum.
 * ``multicast``: rounds of K roots in the schedule's order, each round's roots paced as the
   runtime paces them (:meth:`~commpress.transport.reliable_broadcast.Options.rounds` and
-  ``pace_bytes_per_s``: a smaller last round sends faster), each root's payload crossing
-  each link of its tree once; the time is the larger of the paced rounds and the busiest
-  link.
+  ``pace_bytes_per_s``, at the options' nominal rates: a smaller last round sends faster),
+  each root's payload crossing each link of its tree once; the time is the larger of the
+  paced rounds and the busiest link (at the fraction of its rate it reaches).
 * ``native``: torch's own collective, taken as the codec ``none`` ring (all-gather) and
   ring reduce-scatter in whole chunks.
 """
@@ -293,7 +293,7 @@ class _Timing:
         wire = next(s.wire_bytes for step in schedule.steps for s in step.sends)
         loads = self.topology.broadcast_bytes(wire)
         self._add(loads)
-        options = self._reached(self._multicast_options())
+        options = self._multicast_options()
         order = [_root_of(step, schedule.rank) for step in schedule.steps]
         overhead = p.message_s + p.latency_s * self.topology.longest_path()
         paced = sum(
@@ -314,17 +314,6 @@ class _Timing:
             concurrent_roots=self.params.concurrent_roots,
             racks=getattr(self.topology, "count", 1),
             uplink_bits=_whole_bits(getattr(self.topology, "uplink_bits", None)),
-        )
-
-    def _reached(self, options: Options) -> Options:
-        """``options`` with each rate scaled by the fraction a transfer reaches on its level."""
-        uplink = options.uplink_bits
-        return dataclasses.replace(
-            options,
-            rate_bits=_whole_bits(options.rate_bits * self.params.efficiency),
-            uplink_bits=None
-            if uplink is None
-            else _whole_bits(uplink * self.params.level_efficiency("uplink")),
         )
 
     # -- helpers ------------------------------------------------------------------------
