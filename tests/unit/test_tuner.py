@@ -378,3 +378,33 @@ def test_auto_reads_the_multicast_options_of_the_group_where_it_may_multicast(mo
     assert auto.multicast_options(group, "auto") == Options(concurrent_roots=5)
     assert auto.multicast_options(group, "multicast") == Options(concurrent_roots=5)
     assert auto.multicast_options(Group(), "auto") is None  # the set-up names it on every rank
+
+
+def test_the_multicast_environment_is_parsed_once_per_value(monkeypatch):
+    """auto reads a group's multicast options on every call until its channel is set up:
+    COMMPRESS_MULTICAST was parsed again each time; a new value is read anew."""
+    parsed = []
+    parse = multicast.options_from_text
+    monkeypatch.setattr(
+        multicast, "options_from_text", lambda text: parsed.append(text) or parse(text)
+    )
+    monkeypatch.setenv(multicast.ENVIRONMENT, "rate=123mbit,roots=3,seed=987")
+    tuner.configure(algorithms=("ring", "multicast"))
+
+    class Group:
+        pass
+
+    group = Group()
+    for _ in range(5):
+        assert auto.multicast_options(group, "auto") == Options(123 * 10**6, 3, seed=987)
+    monkeypatch.setenv(multicast.ENVIRONMENT, "rate=123mbit,roots=4,seed=987")
+    assert auto.multicast_options(group, "auto") == Options(123 * 10**6, 4, seed=987)
+    monkeypatch.setenv(multicast.ENVIRONMENT, "roots=some,seed=987")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="roots"):
+            multicast.options_of(group)
+    assert parsed == [
+        "rate=123mbit,roots=3,seed=987",
+        "rate=123mbit,roots=4,seed=987",
+        "roots=some,seed=987",
+    ]

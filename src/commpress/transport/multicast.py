@@ -22,6 +22,7 @@ not leave the site). Ranks agree on the smallest MTU of their interfaces.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import random
@@ -109,10 +110,19 @@ def options_of(group: dist.ProcessGroup | None) -> Options:
     options = _configured.get(group, _default)
     if options is not None:
         return options
+    parsed = _environment_options(os.environ.get(ENVIRONMENT, ""))
+    if isinstance(parsed, str):
+        raise ValueError(parsed)
+    return parsed
+
+
+@functools.lru_cache(maxsize=8)  # read on every tuned call: parsed once per value
+def _environment_options(text: str) -> Options | str:
+    """``COMMPRESS_MULTICAST``'s options, or why they cannot be read."""
     try:
-        return options_from_text(os.environ.get(ENVIRONMENT, ""))
+        return options_from_text(text)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{ENVIRONMENT}: {error}") from None
+        return f"{ENVIRONMENT}: {error}"
 
 
 def channel_for(group: dist.ProcessGroup | None) -> Channel:
