@@ -7,6 +7,7 @@ import torch
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.collectives import auto
+from commpress.collectives.fingerprint import CollectiveMismatchError
 from commpress.sim import tuner
 
 
@@ -70,3 +71,105 @@ def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups(
             same_gather, same_reduce, _, _, gathered = rank_results[size]
             assert same_gather and same_reduce
             assert torch.equal(gathered, by_rank[0][size][4])
+
+
+def _outcome(call):
+    try:
+        call()
+    except (ValueError, CollectiveMismatchError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "ran"
+
+
+def _ranks_told_different_things(rank, world_size):
+    """Each rank is given its own settings; an asynchronous compressed collective is still
+    queued on the group when each tuned call resolves."""
+    import os
+
+    from commpress.transport import multicast
+
+    tuner.configure(link="1gbit", algorithms=("native", "multicast"))
+
+    def gather(numel):
+        shard = torch.full((numel,), float(rank))
+        exact = torch.arange(world_size, dtype=torch.float32).repeat_interleave(numel)
+        out = torch.empty(numel * world_size)
+        queued = cp.all_gather_into_tensor(out, shard, codec="none", async_op=True)
+        gathered = torch.empty(numel * world_size)
+        try:
+            cp.all_gather_into_tensor(gathered, shard, codec="int8", algorithm="auto")
+        finally:
+            queued.wait()
+        assert torch.equal(out, exact) and torch.equal(gathered, exact)
+
+    outcomes = {}
+    # both choose native at these paces (a multicast at 1-2 Mbit/s is slow): they agree
+    os.environ[multicast.ENVIRONMENT] = f"rate={rank + 1}mbit"
+    outcomes["same choice"] = _outcome(lambda: gather(1024))
+    os.environ[multicast.ENVIRONMENT] = "roots=many"  # read at a call's first resolution
+    outcomes["same choice again"] = _outcome(lambda: gather(1024))
+    # rank 0 chooses native; rank 1, whose options cannot be read, multicast at the link
+    os.environ[multicast.ENVIRONMENT] = "rate=1mbit" if rank == 0 else "roots=many"
+    outcomes["multicast options"] = _outcome(lambda: gather(2048))
+    os.environ[multicast.ENVIRONMENT] = "rate=1mbit"
+    tuner.configure(link="1gbit", algorithms=("native",) if rank == 0 else ("ring",))
+    outcomes["algorithms"] = _outcome(lambda: gather(1024))
+    tuner.configure(link="1gbit", algorithms=("native", "ring") if rank == 0 else ("multicast",))
+    whole, reduced = torch.ones(2048), torch.empty(1024)
+    outcomes["no choice"] = _outcome(
+        lambda: cp.reduce_scatter_tensor(reduced, whole, codec="int8", algorithm="auto")
+    )
+    tuner.configure(link="1gbit", algorithms=("native",))
+    shard = torch.ones(512 * (rank + 1))  # torch's all-gather of two sizes: gloo ends one
+    outcomes["arguments"] = _outcome(
+        lambda: cp.all_gather_into_tensor(torch.empty(2 * shard.numel()), shard, algorithm="auto")
+    )
+    tuner.configure(link="1gbit")
+    outcomes["after"] = _outcome(lambda: gather(1024))
+    return outcomes
+
+
+def test_ranks_whose_tuners_choose_differently_all_raise_naming_what_differs():
+    """A rank that chose native ran torch's collective unchecked while its peer ran
+    another: a timeout, or gloo ending a rank. Now the first call of each key exchanges the
+    choices, behind the collectives queued before it, and every rank raises."""
+    by_rank = run_distributed(_ranks_told_different_things, 2, timeout=120)
+    for outcomes in by_rank:
+        assert outcomes["same choice"] == outcomes["same choice again"] == "ran", outcomes
+        assert outcomes["after"] == "ran", outcomes
+        options = outcomes["multicast options"]
+        assert "chose differently (rank 0: none@native; rank 1: int8@multicast)" in options
+        assert "multicast options (rank 0: Options(rate_bits=1000000" in options
+        assert "rank 1: unreadable (COMMPRESS_MULTICAST: " in options
+        assert "tuner network" not in options
+        algorithms = outcomes["algorithms"]
+        assert "these differ: tuner network (rank 0: Network(" in algorithms
+        assert "algorithms=('native',)" in algorithms and "algorithms=('ring',)" in algorithms
+        assert "not every rank's tuner could choose (rank 0: chose " in outcomes["no choice"]
+        assert "rank 1: no algorithm of [] runs reduce_scatter" in outcomes["no choice"]
+        arguments = outcomes["arguments"]
+        assert arguments.startswith("CollectiveMismatchError: ranks called a tuned collective")
+        assert "rank 0: all_gather of 512 float32 elements on cpu" in arguments
+        assert "rank 1: all_gather of 1024 float32 elements on cpu" in arguments
+    assert by_rank[0] == by_rank[1] | {"arguments": by_rank[0]["arguments"]}
+
+
+def _options_set_on_a_subgroup(rank, world_size):
+    from commpress.transport import multicast
+
+    tuner.configure(link="1gbit", algorithms=("native", "multicast"))
+    multicast.set_default_options(multicast.Options(rate_bits=10**6))  # native wins
+    pair = torch.distributed.new_group([0, 1])
+    shard, out = torch.ones(256), torch.empty(256 * world_size)
+    cp.all_gather_into_tensor(out, shard, codec="int8", algorithm="auto")
+    if rank < 2:  # on the pair's ranks alone, as new_group's members configure it
+        multicast.configure(pair, rate_bits=2 * 10**6)
+        cp.all_gather_into_tensor(torch.empty(512), shard, pair, codec="int8", algorithm="auto")
+    cp.all_gather_into_tensor(out, shard, codec="int8", algorithm="auto")  # agreed before
+    return out.tolist() == [1.0] * out.numel()
+
+
+def test_options_set_on_a_subgroup_leave_the_other_groups_choices_agreed():
+    """Whether a call exchanges must not depend on settings a rank alone was given: the
+    pair's new options made its ranks exchange again on the world, and the third hang."""
+    assert run_distributed(_options_set_on_a_subgroup, 3, timeout=60) == [True] * 3

@@ -1,15 +1,34 @@
 """``algorithm="auto"`` and ``codec="auto:..."`` resolved for one call by the tuner
-(:mod:`commpress.sim.tuner`), before the call's other checks."""
+(:mod:`commpress.sim.tuner`), before the call's other checks.
+
+On a group's first call of each shape every rank's choice is exchanged over the group, in
+the order of the communication thread's queue (behind the compressed collectives given
+before it): ranks that chose differently would run different collectives, and a
+``native`` one unchecked, so then every rank raises, naming the settings that differ (as
+every rank does where one could not choose). The agreed choice is kept per group and
+call, whatever a rank's environment says, until the tuner or the group's multicast options
+are set again (:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.
+multicast.configure`, on every rank of the group): whether a call exchanges must not
+depend on what one rank alone was told."""
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
 
 import torch
 import torch.distributed as dist
 
+from commpress.codecs import get_codec
+from commpress.collectives.fingerprint import CollectiveMismatchError
+from commpress.collectives.work import in_queue_order
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
 
 AUTO = tuner.AUTO
+#: Per group: the settings its choices were agreed under, and the choice of each call.
+_agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def resolve(
@@ -22,39 +41,77 @@ def resolve(
     chunk_bytes: int | None = None,
 ) -> tuple[str, object]:
     """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
-    (for a reduce-scatter cut in pieces of ``chunk_bytes``)."""
+    (for a reduce-scatter cut in pieces of ``chunk_bytes``), the same on every rank of
+    ``group``, the group the call runs on (a multicast's options are its own)."""
     if algorithm != AUTO and not tuner.is_auto(codec):
         return algorithm, codec
-    choice = tuner.choose(
-        op,
-        inp.numel(),
-        inp.dtype,
+    call = _Call(op, inp.numel(), str(inp.dtype).removeprefix("torch."), _spec(codec), algorithm,
+                 error_feedback, chunk_bytes, inp.device.type)  # fmt: skip
+    agreed = _agreed_on(group)
+    choice = agreed.get(call)
+    if choice is None:
+        try:
+            planned = _choose(call, codec, inp.dtype, group)
+        except ValueError as error:  # every rank must hear of it, not wait
+            planned = error
+        choice = agreed[call] = _agree(group, inp.device, call, planned, _settings(group, call))
+    return choice.algorithm, choice.codec
+
+
+def _spec(codec) -> str:
+    """``codec`` as every rank that was given the same one names it."""
+    if tuner.is_auto(codec):
+        return codec.strip()
+    try:
+        return str(get_codec(codec))
+    except (TypeError, ValueError):  # the tuner refuses it, on every rank given it
+        return repr(codec)
+
+
+def _agreed_on(group) -> dict:
+    """The choices ``group``'s ranks agreed on, by call, while the settings every rank is
+    given alike (the tuner's configuration, the group's multicast options set in code)
+    stay as they were."""
+    key = dist.group.WORLD if group is None else group
+    settings = (tuner.generation(), multicast.options_set_for(group))
+    found = _agreed.get(key)
+    if found is None or found[0] != settings:
+        found = _agreed[key] = (settings, {})
+    return found[1]
+
+
+def _choose(call: _Call, codec, dtype: torch.dtype, group) -> tuner.Choice:
+    """This rank's choice for ``call``."""
+    return tuner.choose(
+        call.op,
+        call.numel,
+        dtype,
         dist.get_world_size(group),
         codec,
-        algorithm,
-        on_cpu=inp.device.type == "cpu",
+        call.algorithm,
+        on_cpu=call.device == "cpu",
         backend=backends.name(group),
-        error_feedback=error_feedback,
-        chunk_bytes=chunk_bytes,
+        error_feedback=call.error_feedback,
+        chunk_bytes=call.chunk_bytes,
         placement=placement(group),
-        multicast=multicast_options(group, algorithm),
+        multicast=multicast_options(group, call.algorithm),
     )
-    return choice.algorithm, choice.codec
 
 
 def multicast_options(group, algorithm: str) -> multicast.Options | None:
     """The options ``group``'s multicast paces with, where the call may run a multicast;
     else None, and None where this rank cannot read them: the channel's set-up names that
     on every rank, where raising here would leave the other ranks waiting."""
-    may_multicast = algorithm == "multicast" or (
-        algorithm == AUTO and "multicast" in tuner.network().algorithms
-    )
-    if not may_multicast:
+    if not _may_multicast(algorithm, tuner.network()):
         return None
     try:
         return multicast.options_of(group)
     except ValueError:
         return None
+
+
+def _may_multicast(algorithm: str, network: tuner.Network) -> bool:
+    return algorithm == "multicast" or (algorithm == AUTO and "multicast" in network.algorithms)
 
 
 def placement(group) -> tuner.Placement | None:
@@ -67,3 +124,115 @@ def placement(group) -> tuner.Placement | None:
     if hosts == tuple(range(network_hosts)):
         return None
     return tuner.Placement(hosts, network_hosts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What a tuned call was asked (the same on every rank of a correct program)."""
+
+    op: str
+    numel: int
+    dtype: str
+    codec: str
+    algorithm: str
+    error_feedback: bool
+    chunk_bytes: int | None
+    device: str
+
+    def __str__(self) -> str:
+        said = (
+            f"{self.op} of {self.numel} {self.dtype} elements on {self.device} with "
+            f"codec={self.codec!r}, algorithm={self.algorithm!r}"
+        )
+        if self.error_feedback:
+            said += ", error feedback"
+        return said if self.chunk_bytes is None else f"{said}, chunk_bytes={self.chunk_bytes}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """One rank's side of the exchange: its call, its choice (or why it has none) and
+    the settings it chose from."""
+
+    call: _Call
+    choice: tuner.Choice | None
+    error: str | None
+    settings: dict[str, str]
+
+    @property
+    def ran(self) -> str | None:
+        return None if self.choice is None else str(self.choice)
+
+
+def _settings(group, call: _Call) -> dict[str, str]:
+    """What this rank's choice depends on beyond the call's arguments."""
+    try:
+        network = tuner.network()
+    except ValueError as error:
+        return {"tuner network": f"unreadable ({error})"}
+    settings = {"tuner network": repr(network)}
+    if _may_multicast(call.algorithm, network):
+        try:
+            settings["multicast options"] = repr(multicast.options_of(group))
+        except ValueError as error:
+            settings["multicast options"] = f"unreadable ({error})"
+    return settings
+
+
+def _agree(group, device: torch.device, call: _Call, planned, settings) -> tuner.Choice:
+    """The choice every rank of ``group`` runs: this rank's, once every rank has said it
+    chose the same; else every rank raises ``ValueError`` saying why."""
+    failed = isinstance(planned, ValueError)
+    mine = _Planned(call, None if failed else planned, str(planned) if failed else None, settings)
+    everyone: list = [None] * dist.get_world_size(group)
+
+    def exchange() -> None:
+        place = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with place:
+            dist.all_gather_object(everyone, mine, group=group)
+
+    in_queue_order(exchange)
+    if len({p.call for p in everyone}) > 1:
+        raise CollectiveMismatchError(
+            "ranks called a tuned collective with different arguments (this is rank "
+            f"{dist.get_rank(group)}): {_by_rank([str(p.call) for p in everyone])}"
+        )
+    if failed and all(p.error == mine.error for p in everyone):
+        raise planned  # every rank's own, as without the exchange
+    problem = _disagreement(everyone)
+    if problem:
+        raise ValueError(f"algorithm/codec 'auto', {call}: {problem}")
+    return mine.choice
+
+
+def _disagreement(everyone: list[_Planned]) -> str:
+    """Why the ranks cannot run one choice ("" where they can)."""
+    if any(p.error for p in everyone):
+        said = [p.error or f"chose {p.ran}" for p in everyone]
+        return f"not every rank's tuner could choose ({_by_rank(said)})"
+    if len({p.ran for p in everyone}) == 1:
+        return ""
+    chose = _by_rank([p.ran for p in everyone])
+    names = dict.fromkeys(name for p in everyone for name in p.settings)
+    differing = [
+        f"{name} ({_by_rank([p.settings.get(name, 'none') for p in everyone])})"
+        for name in names
+        if len({p.settings.get(name) for p in everyone}) > 1
+    ]
+    why = "; ".join(differing) if differing else "none that this rank can name"
+    return (
+        f"the ranks' tuners chose differently ({chose}), so they would run different "
+        f"collectives: give every rank the same settings; these differ: {why}"
+    )
+
+
+def _by_rank(values: list) -> str:
+    """'rank 0: a; ranks 1, 2: b' for the values of ranks 0, 1, 2."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        ranks_of.setdefault(value, []).append(rank)
+    parts = []
+    for value, ranks in ranks_of.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        parts.append(f"{who}: {value}")
+    return "; ".join(parts)

@@ -277,6 +277,17 @@ def launch(
     return None
 
 
+def in_queue_order(run: Callable[[], None]) -> None:
+    """Run ``run`` (a collective of commpress's own) after every compressed collective
+    given before it, on the communication thread, and wait for it; at once where this is
+    that thread (what was given before has run). Issued from the calling thread, it could
+    reach the backend before a queued collective on one rank and after it on another."""
+    if getattr(_on_comm_thread, "active", False):
+        run()
+        return
+    launch(run, async_op=False)
+
+
 def queued_on(group, work: CollectiveWork | None) -> CollectiveWork | None:
     """``work``, what :func:`launch` returned for a compressed collective on ``group``; an
     asynchronous one is remembered while it has not finished (:func:`run_native`)."""

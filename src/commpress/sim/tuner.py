@@ -14,8 +14,10 @@ computes the same choice from the same settings. Choices are cached per (op, ele
 backend, request, network) and each is logged once (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
 different collective, and where one of them is ``native`` (which has no argument check)
-the ranks can hang as with torch's own collectives called out of order, or one of them be
-ended by gloo; so can ranks whose arguments differ, one of which the tuner gives to torch.
+the ranks could hang, or one of them be ended by gloo. So a collective's ranks exchange
+their choices on its first call of each shape (:mod:`commpress.collectives.auto`): where
+they differ, or a rank could not choose, every rank raises, naming the settings that differ.
+Ranks whose arguments differ are still not told apart where the tuner gives one to torch.
 
 The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TOPOLOGY``
 (``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``; default ``switch``),
@@ -118,15 +120,17 @@ _network: Network | None = None
 _choices: dict = {}
 _warned: set = set()
 _errors: dict[str, float] = {}
+_generation = 0  # configure() calls so far
 
 
 def configure(**fields) -> Network:
     """Set the network the tuner plans for (fields of :class:`Network`); forgets every
     cached choice and rereads the fit. Call it with the same values on every rank."""
-    global _network
+    global _network, _generation
     network = Network(**fields)
     with _lock:
         _network = network
+        _generation += 1
         _choices.clear()
         _warned.clear()
         _params.cache_clear()  # the fit file may have been rewritten since
@@ -148,6 +152,11 @@ def _warn_once_of_another_backend(setting: Network, backend: str, on_cpu: bool) 
         "its link efficiencies, the two-rank exchanges' above all, may not hold",
         setting.fit, backend,
     )  # fmt: skip
+
+
+def generation() -> int:
+    """How many times :func:`configure` has been called: choices made before are stale."""
+    return _generation
 
 
 def network() -> Network:

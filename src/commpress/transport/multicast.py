@@ -93,6 +93,12 @@ def set_default_options(options: Options | None) -> None:
     _default = options
 
 
+def options_set_for(group: dist.ProcessGroup | None) -> tuple[Options | None, Options | None]:
+    """The options set in code for ``group``: :func:`configure`'s and
+    :func:`set_default_options`' (None where not set; the environment's are not read)."""
+    return _configured.get(_group(group)), _default
+
+
 def is_set_up(group: dist.ProcessGroup | None) -> bool:
     """Whether ``group`` has its channel already (this rank's view; no communication)."""
     return _group(group) in _channels
