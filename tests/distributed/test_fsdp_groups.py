@@ -218,3 +218,38 @@ def test_a_failed_all_gather_raises_whether_fsdp_blocks_or_waits():
     for unshard_async_op in (False, True):
         for outcome in run_distributed(_failing_all_gather, 2, unshard_async_op, timeout=60):
             assert outcome == "the all-gather failed", unshard_async_op
+
+
+def _tuned_all_gathers(rank, world_size):
+    from commpress.sim import tuner
+    from commpress.transport import multicast
+
+    tuner.configure(link="1gbit", algorithms=("native", "multicast"))
+    # paces at which native wins either way: a multicast is never run on loopback
+    multicast.configure(None, rate_bits=2 * 10**6)  # FSDP's group, the world's
+    multicast.set_default_options(multicast.Options(rate_bits=10**6))  # the twin's
+    timed_with = []
+    choose = tuner.choose
+    tuner.choose = lambda *args, **kwargs: (
+        timed_with.append(kwargs["multicast"]) or choose(*args, **kwargs)
+    )
+    try:
+        model = _model(False)
+        compression = cp.fsdp.compress(model, all_gather="auto", reduce_scatter=None)
+        _train(model, rank)
+    finally:
+        tuner.choose = choose
+    fsdp_group = _torch_private.fsdp_param_groups(model[0])[0].process_groups[0]
+    twin = compression.groups.own(fsdp_group, "ring")
+    return set(timed_with), multicast.options_of(twin), compression.all_gather.calls
+
+
+def test_a_tuned_all_gather_is_timed_with_the_multicast_options_of_the_group_it_runs_on():
+    """FSDP's all-gathers run on commpress's twin of FSDP's group, whose multicast has its
+    own options: the tuner timed a multicast with those of FSDP's group."""
+    from commpress.transport.reliable_broadcast import Options
+
+    for timed_with, twin_options, calls in run_distributed(_tuned_all_gathers, 2, timeout=120):
+        assert twin_options == Options(rate_bits=10**6)
+        assert timed_with == {twin_options}
+        assert calls > 0

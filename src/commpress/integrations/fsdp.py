@@ -257,6 +257,14 @@ def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) 
                     raise ValueError(f"module {name!r} {op.replace('_', '-')}: {error}") from None
 
 
+def _resolve(spec: CollectiveSpec, op, tensor, group, groups: OwnGroups, feedback=False):
+    """``spec``'s ``(algorithm, codec)`` for one call on FSDP's ``group``; a tuned spec is
+    resolved on commpress's twin, where its compressed collectives run (a multicast with
+    the twin's own options) and where its ranks agree on the choice."""
+    where = groups.twin(group) if spec.tuned else group
+    return spec.resolve(op, tensor, where, feedback)
+
+
 def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
     """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on.
 
@@ -308,7 +316,7 @@ class CompressedAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
-        algorithm, codec = self.spec.resolve("all_gather", input_tensor, group)
+        algorithm, codec = _resolve(self.spec, "all_gather", input_tensor, group, self.groups)
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
@@ -345,7 +353,9 @@ class CompressedReduceScatter(ReduceScatter):
         numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
         op = _sum_or_average(op, self.module_name)
         feedback = self.error_feedback
-        algorithm, codec = self.spec.resolve("reduce_scatter", input_tensor, group, feedback)
+        algorithm, codec = _resolve(
+            self.spec, "reduce_scatter", input_tensor, group, self.groups, feedback
+        )
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)

@@ -38,6 +38,10 @@ class OwnGroups:
         torch's collective is issued on the training thread in FSDP's order."""
         if algorithm == "native":
             return group
+        return self.twin(group)
+
+    def twin(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
+        """commpress's twin of FSDP's ``group``."""
         ranks = tuple(dist.get_process_group_ranks(group))
         twin = self._twins.get((ranks, dist.get_backend(group)))
         if twin is None:
