@@ -168,6 +168,43 @@ def test_train_refuses_multicast_without_the_cluster(capsys):
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err
 
 
+def test_train_tells_the_tuner_the_clusters_links_as_bench_does(monkeypatch):
+    """``commpress train --hosts N ... --compare auto`` left the tuner at its default
+    network (100 Gbit/s, a host per core) where ``commpress bench`` tells it the cluster's
+    links and that its hosts share this machine."""
+    import contextlib
+    import os
+    from types import SimpleNamespace
+
+    from commpress.sim import tuner
+    from commpress.train import command, loop
+    from commpress.transport import multicast
+
+    cluster = SimpleNamespace(hosts=4, racks=2, link=SimpleNamespace(rate_bits=10**9),
+                              uplink=SimpleNamespace(rate_bits=5 * 10**8))  # fmt: skip
+    given = []
+
+    def run(worker, config, timeout):
+        given.append(config)
+        raise ValueError("stopped before training")
+
+    cluster.run = run
+    monkeypatch.setattr(command, "cluster_from", lambda args: contextlib.nullcontext(cluster))
+    argv = ["train", "--hosts", "4", "--link", "1gbit", "--racks", "2", "--uplink", "500mbit"]
+    assert main([*argv, "--compare", "plain", "int8@auto"]) == 2
+    network = {"topology": "racks:count=2,uplink=500mbit", "link": "1gbit", "fit": None,
+               "shared_cores": os.cpu_count()}  # fmt: skip
+    assert given[0].tune == network
+    assert main([*argv, "--compare", "plain", "int8"]) == 2
+    assert given[1].tune is None  # nothing tuned: the environment's network stays
+    monkeypatch.setattr(multicast, "_default", None)  # what loop.configure sets: restored
+    try:
+        loop.configure(given[0])
+        assert tuner.network() == tuner.Network(**network)
+    finally:
+        tuner.configure()
+
+
 def test_train_refuses_nprocs_on_the_cluster_before_building_it(monkeypatch, capsys):
     """Before, --nprocs 3 was dropped without a word and the job ran one rank per host."""
     from commpress.train import command

@@ -39,7 +39,6 @@ plans for its links, every host sharing this machine's cores, with ``--tune-fit`
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import sys
 import threading
@@ -67,6 +66,7 @@ from commpress.cluster.commands import (
     check_multicast_on_cluster,
     cluster_from,
     multicast_options,
+    tuner_network,
     wants_cluster,
 )
 from commpress.cluster.link import format_rate
@@ -468,7 +468,7 @@ def main(args) -> int:
     columns, link, racks, uplink = COLUMNS, None, 1, None
     if not wants_cluster(args):
         if tuned:  # local processes share this machine; the link is the model's default
-            config["tune"] = {"fit": args.tune_fit, "shared_cores": os.cpu_count()}
+            config["tune"] = tuner_network(None, args.tune_fit)
         check_sizes(args.op, args.minbytes, args.dtype, args.nprocs or 4)
         rows = run_distributed(_worker, args.nprocs or 4, config, timeout=args.timeout)[0]
     else:
@@ -480,7 +480,7 @@ def main(args) -> int:
             check_sizes(args.op, args.minbytes, args.dtype, cluster.hosts)  # one that is up
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
             if tuned:
-                config["tune"] = _tune(args, cluster)
+                config["tune"] = tuner_network(cluster, args.tune_fit)
             config["multicast"].update(multicast_options(cluster))
             rows = cluster.run(_worker, config, timeout=args.timeout)[0]
             link, racks = cluster.link.describe(), cluster.racks
@@ -496,20 +496,6 @@ def main(args) -> int:
     print(f"# {heading}")
     report.publish(rows, columns, f"{heading}: compressed vs native", args, plot)
     return 0
-
-
-def _tune(args, cluster) -> dict:
-    """The tuner's network: the emulated cluster's, every host sharing this machine."""
-    topology = "switch"
-    if cluster.racks > 1:
-        uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None
-        topology = f"racks:count={cluster.racks}" + (f",uplink={uplink}" if uplink else "")
-    return {
-        "topology": topology,
-        "link": format_rate(cluster.link.rate_bits),
-        "fit": args.tune_fit,
-        "shared_cores": os.cpu_count(),
-    }
 
 
 def add_arguments(parser) -> None:

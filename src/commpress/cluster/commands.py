@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ from commpress.bench.arguments import port, positive_int, seconds
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import DEFAULT_PREFIX, Layout
-from commpress.cluster.link import DEFAULT_MTU
+from commpress.cluster.link import DEFAULT_MTU, format_rate
 
 
 def add_link_arguments(parser, *, required: bool) -> None:
@@ -157,6 +158,20 @@ def launch(args) -> int:
         return cluster.launch(
             command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout
         )
+
+
+def tuner_network(cluster=None, fit: str | None = None) -> dict:
+    """What the tuner must know of ``cluster`` (:func:`commpress.sim.tuner.configure`'s
+    fields): its links, every host sharing this machine's cores; without one, local
+    processes sharing them (the link the model's default). ``fit``: the tuner's fit."""
+    network = {"fit": fit, "shared_cores": os.cpu_count()}
+    if cluster is None:
+        return network
+    topology = "switch"
+    if cluster.racks > 1:
+        uplink = format_rate(cluster.uplink.rate_bits) if cluster.uplink else None
+        topology = f"racks:count={cluster.racks}" + (f",uplink={uplink}" if uplink else "")
+    return {"topology": topology, "link": format_rate(cluster.link.rate_bits), **network}
 
 
 def multicast_options(cluster) -> dict:

@@ -28,6 +28,7 @@ from commpress.cluster.commands import (
     check_multicast_on_cluster,
     cluster_from,
     multicast_options,
+    tuner_network,
     wants_cluster,
 )
 from commpress.cluster.local import run_distributed
@@ -80,8 +81,11 @@ def config_from(args) -> TrainConfig:
 def main(args) -> int:
     config = config_from(args)
     _check_specs(config, wants_cluster(args))
+    tuned = any(run.tuned for run in config.runs)
     if not wants_cluster(args):
         nprocs = args.nprocs or LOCAL_PROCESSES
+        if tuned:
+            config = dataclasses.replace(config, tune=tuner_network())
         results = run_distributed(train_worker, nprocs, config, timeout=args.timeout)[0]
         where = f"{nprocs} local gloo processes"
     else:
@@ -89,6 +93,8 @@ def main(args) -> int:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         with cluster_from(args) as cluster:
             config = dataclasses.replace(config, multicast=multicast_options(cluster))
+            if tuned:
+                config = dataclasses.replace(config, tune=tuner_network(cluster))
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
             where = f"{cluster.hosts} emulated hosts, {cluster.link.describe()} links"
             if cluster.racks > 1:
@@ -147,9 +153,10 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
         if run.lowrank is not None:
             get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
             continue
-        if config.strategy == "fsdp":
+        fsdp = config.strategy == "fsdp"  # cp.fsdp.compress takes auto specs
+        if fsdp:
             gather = CollectiveSpec.parse(
-                run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True
+                run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True, tunable=True
             )
             multicasts = gather.algorithm == "multicast"
             check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
@@ -157,7 +164,8 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
             run.reduce_scatter,
             REDUCE_SCATTER_ALGORITHMS,
             "reduce spec",
-            gathers=config.strategy == "ddp",  # DDP all-reduces: its second half gathers
+            gathers=not fsdp,  # DDP all-reduces: its second half gathers
+            tunable=fsdp,
         )
 
 
@@ -221,7 +229,8 @@ def add_arguments(parser) -> None:
         default=["plain", "int8", "int4"],
         metavar="RUN",
         help="configurations, same seed: plain (torch's collectives), a spec for both "
-        "all-gather and reduce-scatter (int8, int4@alltoall), AG_SPEC/RS_SPEC; with --strategy "
+        "all-gather and reduce-scatter (int8, int4@alltoall; with FSDP also auto, int8@auto: "
+        "the tuner chooses, for the cluster's links), AG_SPEC/RS_SPEC; with --strategy "
         "ddp also powersgd:rank=4 / acpsgd:rank=4 (@serial: no scheduler), torch-powersgd:rank=4",
     )
     parser.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (200)")

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 import commpress as cp
 from commpress.bench.arguments import named_twice
 from commpress.lowrank.registry import ALGORITHMS
+from commpress.sim import tuner
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
 from commpress.transport import multicast
@@ -38,6 +39,16 @@ class Run:
     reduce_scatter: str
     lowrank: str | None = None
     scheduler: bool = True
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the tuner chooses for either spec (``auto``, ``int8@auto``)."""
+        return any(
+            tuner.is_auto(codec) or algorithm == tuner.AUTO
+            for codec, _, algorithm in (
+                s.partition("@") for s in (self.all_gather, self.reduce_scatter)
+            )
+        )
 
     @classmethod
     def parse(cls, text: str, strategy: str) -> Run:
@@ -84,6 +95,9 @@ class TrainConfig:
     #: :class:`~commpress.transport.reliable_broadcast.Options` fields for ``@multicast``
     #: (the cluster's link rates), or None for the defaults and ``COMMPRESS_MULTICAST``.
     multicast: dict | None = None
+    #: :func:`commpress.sim.tuner.configure` fields for ``auto`` specs (the cluster's
+    #: links), or None for the ``COMMPRESS_TUNE_*`` environment.
+    tune: dict | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -217,10 +231,17 @@ class Progress:
         print(line, end=end, file=sys.stderr, flush=True)
 
 
-def train_worker(rank: int, world_size: int, config: TrainConfig):
-    torch.set_num_threads(1)
+def configure(config: TrainConfig) -> None:
+    """This rank's multicast transport and tuner, for the network the runs are on."""
     if config.multicast is not None:
         multicast.set_default_options(multicast.Options(**config.multicast))
+    if config.tune is not None:
+        tuner.configure(**config.tune)
+
+
+def train_worker(rank: int, world_size: int, config: TrainConfig):
+    torch.set_num_threads(1)
+    configure(config)
     corpus = Corpus.standard_library(config.corpus_bytes)
     side = dist.new_group()  # loss averaging, never mixed with the measured traffic
     results = []
