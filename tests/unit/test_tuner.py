@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 
 import pytest
 import torch
@@ -24,6 +25,17 @@ from commpress.transport.reliable_broadcast import Options
 def network():
     yield tuner.configure(link="1gbit")
     tuner.configure()  # back to the defaults for the next test
+    left = dict(multicast._configured), multicast._default
+    assert left == ({}, None), f"the test left multicast options set: {left}"
+
+
+@pytest.fixture
+def own_multicast_options(monkeypatch):
+    """The multicast transport's options, this test's alone: options it sets on a group
+    would otherwise stay for as long as the group lives (a failed test's traceback keeps
+    it)."""
+    monkeypatch.setattr(multicast, "_configured", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(multicast, "_default", None)
 
 
 def _fit(tmp_path, native, others):
@@ -360,7 +372,9 @@ def test_a_multicast_is_timed_at_the_pace_its_transport_runs():
     assert alone.time_us == pytest.approx(10 + 2 * 1 + 4 * shard * 3 * 8 / 0.95e9 * 1e6)
 
 
-def test_auto_reads_the_multicast_options_of_the_group_where_it_may_multicast(monkeypatch):
+def test_auto_reads_the_multicast_options_of_the_group_where_it_may_multicast(
+    monkeypatch, own_multicast_options
+):
     class Group:  # the transport keys its options by group
         pass
 
