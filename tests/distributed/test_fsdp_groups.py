@@ -253,3 +253,24 @@ def test_a_tuned_all_gather_is_timed_with_the_multicast_options_of_the_group_it_
         assert twin_options == Options(rate_bits=10**6)
         assert timed_with == {twin_options}
         assert calls > 0
+
+
+def _tuner_settings_of_its_own(rank, world_size):
+    import os
+
+    if rank == 1:  # no algorithm that reduce-scatters: its check refuses "auto"
+        os.environ["COMMPRESS_TUNE_ALGORITHMS"] = "multicast"
+    try:
+        cp.fsdp.compress(_model(False), all_gather="auto", reduce_scatter="auto")
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_rank_whose_checks_fail_alone_makes_every_rank_raise():
+    """Rank 1 raised; rank 0 waited in the twins' set-up until rank 1's process ended
+    ("Connection closed by peer"), or for the group's timeout while it lived on."""
+    mine, theirs = run_distributed(_tuner_settings_of_its_own, 2, timeout=60)
+    assert theirs.startswith("module '0' reduce-scatter: no algorithm of []")
+    assert mine.startswith("cp.fsdp.compress failed on another rank, so on every rank (rank 1: ")
+    assert theirs in mine

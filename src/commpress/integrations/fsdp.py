@@ -146,22 +146,12 @@ def compress(
             f"{type(model).__name__} has no FSDP modules: apply "
             "torch.distributed.fsdp.fully_shard to it (and its blocks) first"
         )
-    unsupported = []  # FSDP2 refuses custom collectives on several parameter groups
-    for name, module in modules:
-        if getattr(module, MARK, False):
-            raise ValueError(f"module {name!r} is already compressed: call compress once per model")
-        groups = len(_torch_private.fsdp_param_groups(module))
-        if groups > 1 and on_unsupported == "raise":
-            raise ValueError(
-                f"module {name!r} has {groups} parameter groups (a per-parameter mesh, from "
-                "shard_placement_fn), whose collectives FSDP2 cannot customise: give it one "
-                "mesh, or compress(..., on_unsupported='native') to leave it on torch's"
-            )
-        if groups > 1:
-            unsupported.append(name)
-            continue
-        _check_dtypes(name, module, gather, scatter, error_feedback)
-    # A collective call on every rank: after the checks, so that bad input raises alone.
+    problem, unsupported = None, []
+    try:
+        unsupported = _check_modules(modules, gather, scatter, error_feedback, on_unsupported)
+    except (ValueError, TypeError) as error:
+        problem = error
+    _raise_on_every_rank(problem)
     fsdp_groups = [
         pg
         for _, m in modules
@@ -194,6 +184,44 @@ def compress(
         setattr(module, MARK, True)
         result.modules.append(name)
     return result
+
+
+def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> list[str]:
+    """Raise where a module cannot be compressed as asked; the names of those FSDP2 cannot
+    customise (several parameter groups) that ``on_unsupported`` leaves to torch."""
+    unsupported = []
+    for name, module in modules:
+        if getattr(module, MARK, False):
+            raise ValueError(f"module {name!r} is already compressed: call compress once per model")
+        groups = len(_torch_private.fsdp_param_groups(module))
+        if groups > 1 and on_unsupported == "raise":
+            raise ValueError(
+                f"module {name!r} has {groups} parameter groups (a per-parameter mesh, from "
+                "shard_placement_fn), whose collectives FSDP2 cannot customise: give it one "
+                "mesh, or compress(..., on_unsupported='native') to leave it on torch's"
+            )
+        if groups > 1:
+            unsupported.append(name)
+            continue
+        _check_dtypes(name, module, gather, scatter, error_feedback)
+    return unsupported
+
+
+def _raise_on_every_rank(problem: Exception | None) -> None:
+    """Every rank raises where any rank's checks failed (a collective call, before the
+    twins' set-up, which would leave the others waiting for a rank that failed alone: one
+    given tuner settings of its own, say); this rank raises its own error as it is."""
+    said: list = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        said, None if problem is None else f"{type(problem).__name__}: {problem}"
+    )
+    if problem is not None:
+        raise problem
+    failed = [f"rank {rank}: {what}" for rank, what in enumerate(said) if what]
+    if failed:
+        raise ValueError(
+            "cp.fsdp.compress failed on another rank, so on every rank (" + "; ".join(failed) + ")"
+        )
 
 
 def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:
