@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -208,3 +210,39 @@ def test_a_failed_all_reduce_raises_its_own_error_from_backward():
     for message in run_distributed(_failing_hook, 2, timeout=60):
         assert "TimeoutError: the all-reduce timed out" in message
         assert "Unable to cast" not in message
+
+
+def _hook_written_as_torchs(rank, world_size, failing):
+    """A DDP hook in torch's own style (``work.get_future().then(...)``), its all-reduce a
+    compressed one: the handle's future holds ``[output]`` as torch's does."""
+    timeout = timedelta(seconds=2)
+
+    def hook(_, bucket):
+        buffer = bucket.buffer()
+        if failing and rank == 1:
+            time.sleep(4)  # past the peer's timeout: it fails, and so does its future
+        work = cp.all_reduce(buffer, codec="none", async_op=True, timeout=timeout)
+        return work.get_future().then(lambda done: done.value()[0].div_(world_size))
+
+    model = small_model()
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(None, hook)
+    try:
+        losses = sgd_steps(ddp, STEPS, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    except RuntimeError as error:
+        return str(error)
+    return (losses, [p.detach().clone() for p in model.parameters()]), _train(rank, None)
+
+
+def test_a_hook_written_as_torchs_takes_a_compressed_all_reduce():
+    """``none`` on two ranks sums as gloo does, and a sum halved is exact: the parameters
+    are plain DDP's bit for bit."""
+    for compressed, plain in run_distributed(_hook_written_as_torchs, 2, False, timeout=60):
+        assert compressed[0] == plain[0]
+        for mine, reference in zip(compressed[1], plain[1], strict=True):
+            assert_same_bits(mine, reference)
+
+
+def test_a_hook_written_as_torchs_hears_of_a_failed_all_reduce():
+    message = run_distributed(_hook_written_as_torchs, 2, True, timeout=60)[0]
+    assert "Timed out" in message and "Unable to cast" not in message, message

@@ -143,9 +143,15 @@ class StreamOrder:
 class CollectiveWork:
     """Like torch's ``Work``: ``wait()`` blocks (and re-raises), ``is_completed()`` polls."""
 
-    def __init__(self, future: concurrent.futures.Future, order: StreamOrder | None = None):
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        order: StreamOrder | None = None,
+        output: torch.Tensor | None = None,
+    ):
         self._future = future
         self._order = order
+        self._output = output  # the value of get_future(), as torch's
         self._process = os.getpid()  # whose communication thread runs it
 
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -174,20 +180,33 @@ class CollectiveWork:
         raises)."""
         return self._future.done() or os.getpid() != self._process
 
+    def get_future(self) -> torch.futures.Future:
+        """As torch's ``Work.get_future()``: a future completed with ``[output]`` (the
+        collective's output tensor) once it finishes, or with its error (so a DDP hook
+        written as torch's, ``work.get_future().then(...)``, takes a compressed
+        collective as it takes torch's own)."""
+        if self._output is None:
+            raise RuntimeError("this commpress operation has no output tensor for a future")
+        return self.torch_future([self._output])
+
     def torch_future(self, value, before: Callable[[], None] | None = None) -> torch.futures.Future:
         """A ``torch.futures.Future`` completed with ``value`` (or this work's error) when the
         collective finishes; completing it never blocks a thread. ``before`` runs first, so
         whoever waits on the future sees its effects. On CUDA the future carries its device,
         and is completed on the comm stream: a waiter's current stream waits for it. torch
         records that completion event only on the devices of the tensors in ``value``, so on
-        CUDA ``value`` must be a tensor on the collective's device (the output)."""
+        CUDA ``value`` must be a tensor on the collective's device (the output), or a list
+        of them."""
         order = self._order
+        tensors = value if isinstance(value, list) else [value]
         if order is not None and not (
-            isinstance(value, torch.Tensor) and value.device == order.device
+            tensors
+            and all(isinstance(t, torch.Tensor) and t.device == order.device for t in tensors)
         ):
             raise ValueError(
-                f"value must be a tensor on {order.device} (the collective's output): a CUDA "
-                "future completed without one orders no stream after the collective"
+                f"value must be a tensor on {order.device} (the collective's output), or a "
+                "list of them: a CUDA future completed without one orders no stream after "
+                "the collective"
             )
         future = torch.futures.Future(devices=[order.device]) if order else torch.futures.Future()
 
@@ -248,8 +267,8 @@ def launch(
 ) -> CollectiveWork | None:
     """Queue ``run`` on the communication thread; wait for it unless ``async_op``.
 
-    ``tensors``: the collective's inputs and outputs. On CUDA they order ``run`` after
-    the caller's current stream and the caller's stream after ``run`` (module doc).
+    ``tensors``: the collective's output (first) and inputs. On CUDA they order ``run``
+    after the caller's current stream and the caller's stream after ``run`` (module doc).
     """
     if not async_op and getattr(_on_comm_thread, "active", False):
         raise RuntimeError(
@@ -270,7 +289,8 @@ def launch(
             with order.on_comm_stream():
                 run()
 
-    work = CollectiveWork(_submit(on_thread), order)
+    output = tensors[0] if tensors else None
+    work = CollectiveWork(_submit(on_thread), order, output)
     if async_op:
         return work
     work.wait()
