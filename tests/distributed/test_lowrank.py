@@ -56,13 +56,22 @@ def test_error_feedback_invariant_and_uncompressed_tensors(name):
         for key in ("a", "b", "c"):
             # grad + e_old == sent + e_new (float64): what each rank sent averages to the
             # gradient everyone got; for PowerSGD every rank sent exactly that
-            sent = []
+            sent, compressed = [], []
             for rank_record in (records[step], other[step]):
                 grad = rank_record[0][key].reshape(SHAPES[key][0], -1).double()
                 e_old = rank_record[2].get(key, torch.zeros_like(grad)).double()
+                compressed.append(grad + e_old)
                 sent.append(grad + e_old - rank_record[3][key].double())
             decoded = reduced[key].reshape(sent[0].shape).double()
             torch.testing.assert_close((sent[0] + sent[1]) / 2, decoded, atol=1e-5, rtol=1e-5)
+            # Both project the mean of grad + e_old onto orthonormal factors, so
+            # <decoded, mean> == |decoded|^2 > 0: a zeroed, negated or rescaled result
+            # (with an error buffer to match) keeps the invariant above but not this.
+            mean = (compressed[0] + compressed[1]) / 2
+            assert decoded.square().sum() > 0.01 * mean.square().sum()
+            torch.testing.assert_close(
+                (decoded * mean).sum(), decoded.square().sum(), rtol=1e-4, atol=0
+            )
             if name == "powersgd":
                 torch.testing.assert_close(sent[0], decoded, atol=1e-5, rtol=1e-5)
             assert torch.linalg.matrix_rank(sent[0], atol=1e-4) <= 2  # rank-2 compression
