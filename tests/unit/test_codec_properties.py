@@ -123,3 +123,50 @@ def test_error_bound_is_the_bit_width_bound_for_int8():
     # absmax / 254 plus fp32 rounding slack of absmax * 2**-20.
     expected = torch.tensor([2.54] * 4 + [3.0] * 4) * (1 / 254 + 2.0**-20)
     assert torch.allclose(bound, expected, rtol=1e-6)
+
+
+def _documented_bound(spec: str, x: torch.Tensor) -> torch.Tensor:
+    """README's codec table, written out independently of the codecs' own arithmetic."""
+    magnitude = x.float().abs()
+    name, _, options = spec.partition(":")
+    block = 4
+    per_block = magnitude.view(-1, block).amax(dim=1).repeat_interleave(block)
+    slack = per_block * 2.0**-20  # every bound also allows absmax * 2**-20 of fp32 rounding
+    stochastic = "stochastic=true" in options
+    if name == "int8":
+        return per_block / (127 if stochastic else 254) + slack
+    if name == "int4":
+        return per_block / (7 if stochastic else 14) + slack
+    if name == "fp8":
+        return magnitude / 16 + per_block / 448 * 2.0**-10 + slack
+    if name == "bf16":
+        return magnitude * 2.0**-8 + 2.0**-134
+    if name == "fp16":
+        bound = magnitude * 2.0**-11 + 2.0**-25
+        return torch.where(magnitude >= 65520, torch.inf, bound)
+    rate = float(options.removeprefix("rate="))
+    return per_block * 2.0 ** (7 - rate) + magnitude.max() * 2.0**-80
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "int8:block=4",
+        "int8:block=4,stochastic=true",
+        "int4:block=4",
+        "int4:block=4,stochastic=true",
+        "fp8:block=4",
+        "bf16",
+        "fp16",
+        "zfp:rate=8",
+        "zfp:rate=16",
+    ],
+)
+def test_error_bound_is_the_documented_one(spec):
+    """The property tests above hold each codec to its own ``error_bound``: this holds that
+    to README's table, so that a looser bound cannot pass for a correct codec (fp8's
+    relative error doubled, say, passed every other test)."""
+    x = torch.tensor([0.1, -2.54, 1.0, 0.0, 3.0, 3.0, -3.0, 3.0, 1e-3, 7e4, -6e4, 2.0])
+    assert torch.allclose(
+        cp.get_codec(spec).error_bound(x), _documented_bound(spec, x), rtol=1e-6, atol=0
+    )
