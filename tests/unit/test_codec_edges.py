@@ -463,3 +463,13 @@ def test_a_float64_default_dtype_changes_no_bit(spec, dtype):
             assert_same_bits(again.decode(payload, numel, dtype), decoded, context=numel)
         finally:
             torch.set_default_dtype(previous)
+
+
+def test_bf16_rounds_fp32_subnormals_to_its_own_spacing():
+    """bf16's subnormals are 2**-133 apart, fp32's 2**-149: the error of an fp32 subnormal
+    is not within |x| * 2**-8 (as README's table said) but within half that spacing."""
+    codec = cp.get_codec("bf16")
+    x = torch.tensor([1e-40, -3e-39, 2.0**-140])
+    error = (codec.decode(codec.encode(x), 3, torch.float32) - x).abs()
+    assert (error > x.abs() * 2.0**-8).all()
+    assert (error <= x.abs() * 2.0**-8 + 2.0**-134).all()

@@ -1,6 +1,7 @@
 """``bf16``: cast to bfloat16 (8 significand bits, fp32's exponent range). 2x smaller than fp32.
 
-Error per element: at most ``|x| * 2**-8``. bf16 input is carried bit-exact.
+Error per element: at most ``|x| * 2**-8 + 2**-134`` (the second term: half bf16's
+subnormal spacing, for fp32 subnormals). bf16 input is carried bit-exact.
 """
 
 from __future__ import annotations
