@@ -96,7 +96,7 @@ def _bucketing_and_checkpoint(rank, world_size):
             rebuilt.finish_step()
         else:
             rebuilt.reduce(items)
-        outputs.append(all(torch.equal(a[k], b[k]) for k in SHAPES))
+        outputs.append(all(torch.equal(a[k], b[k]) for k in SHAPES) and _reduced(a, rank, step))
     saved = steady.state_dict()
     restored = Reducer(PowerSGD(rank=2, start_iter=0))
     restored.load_state_dict(saved)
@@ -108,7 +108,15 @@ def _bucketing_and_checkpoint(rank, world_size):
         mismatch = None
     except ValueError as error:
         mismatch = str(error)
-    return outputs, all(torch.equal(a[k], b[k]) for k in SHAPES), mismatch
+    restored_equal = all(torch.equal(a[k], b[k]) for k in SHAPES) and _reduced(a, rank, 9)
+    return outputs, restored_equal, mismatch
+
+
+def _reduced(grads: dict[str, torch.Tensor], rank: int, step: int) -> bool:
+    """Whether the compressed gradient came back neither as it went in nor zeroed: two
+    reducers that both left (or zeroed) it would agree with each other."""
+    original = gradients(rank, step)["a"]
+    return not torch.allclose(grads["a"], original, atol=0.1) and bool(grads["a"].any())
 
 
 def _key_in_two_parts(rank, world_size):
