@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
@@ -143,6 +144,49 @@ def test_different_sizes_raise_on_every_rank_naming_both_sides():
     assert "this rank: 1000 elements" in results[0][0]
     assert "rank 0 called all_gather (ring) with 1000 float32 elements" in results[1][0]
     assert "this rank: 1200 elements" in results[1][0]
+
+
+def _on_a_subgroup(rank, world_size):
+    """Ranks 1 and 2 of three, in a group of their own, differ in size: by a ring (the
+    check in its messages) and by ``backend`` (a header alone, then a verdict)."""
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    errors = []
+    for algorithm in ("ring", "backend"):
+        numel = 1000 if rank == 1 else 1200
+        try:
+            cp.all_gather_into_tensor(
+                torch.empty(2 * numel), torch.ones(numel), group, algorithm=algorithm,
+                timeout=TIMEOUT,
+            )  # fmt: skip
+        except CollectiveMismatchError as error:
+            errors.append(str(error))
+    return errors
+
+
+def test_a_mismatch_on_a_subgroup_names_the_global_ranks_too():
+    """A subgroup's ranks were named only by their rank in it ("rank 1" for the process
+    launched as rank 2)."""
+    _, first, second = run_distributed(_on_a_subgroup, 3, timeout=60)
+    assert len(first) == len(second) == 2
+    for error in first:
+        assert "(this is rank 0, global rank 1)" in error
+        assert "rank 1 (global rank 2) called all_gather" in error
+    for error in second:
+        assert "(this is rank 1, global rank 2)" in error
+        assert "rank 0 (global rank 1) called all_gather" in error
+
+
+def test_the_global_ranks_of_several_ranks_that_differ_are_named_together():
+    from commpress.collectives.fingerprint import mismatch_message
+
+    ours = Fingerprint("all_gather", "ring", 10, "float32", "int8").to_bytes(0)
+    theirs = Fingerprint("all_gather", "ring", 12, "float32", "int8").to_bytes(0)
+    rows = [ours, theirs, theirs]
+    message = mismatch_message(rows, 0, 3, [4, 5, 6])
+    assert "(this is rank 0, global rank 4): ranks 1, 2 (global ranks 5, 6) called" in message
+    assert "(this is rank 0): ranks 1, 2 called" in mismatch_message(rows, 0, 3, [0, 1, 2])
 
 
 def test_different_codecs_raise_on_every_rank_of_three():

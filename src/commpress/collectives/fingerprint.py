@@ -184,7 +184,8 @@ class Agreement:
             return
         rows = every_fingerprint(self._group, self._row, self._device, self._timeout)
         rank = dist.get_rank(self._group)
-        raise CollectiveMismatchError(mismatch_message(rows, rank, self._world_size))
+        global_ranks = dist.get_process_group_ranks(self._group)
+        raise CollectiveMismatchError(mismatch_message(rows, rank, self._world_size, global_ranks))
 
 
 def next_sequence(group: dist.ProcessGroup) -> int:
@@ -252,7 +253,12 @@ def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch
     return torch.device("cpu") if backends.moves(group, "cpu") else device
 
 
-def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
+def mismatch_message(
+    rows: list[bytes], rank: int, world_size: int, global_ranks: list[int] | None = None
+) -> str:
+    """Every rank whose ``rows`` differ from this ``rank``'s, named by its rank in the group
+    and, where ``global_ranks`` (the group's ranks in the world) say otherwise, in the
+    world too (the rank a process is launched as)."""
     own = _parse(rows[rank])
     assert own is not None, "this rank's own fingerprint must parse"
     parts = []
@@ -261,7 +267,7 @@ def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
         if row != rows[rank]:
             groups.setdefault(row, []).append(other)
     for ranks in groups.values():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        who = _ranks(ranks, global_ranks)
         theirs = _parse(rows[ranks[0]])
         if theirs is None:
             parts.append(
@@ -270,10 +276,23 @@ def mismatch_message(rows: list[bytes], rank: int, world_size: int) -> str:
             )
         else:
             parts.append(_difference(who, theirs, own))
+    this = f"rank {rank}"
+    if global_ranks is not None and global_ranks[rank] != rank:
+        this += f", global rank {global_ranks[rank]}"
     return (
         f"ranks of a group of {world_size} called a collective with different arguments "
-        f"(this is rank {rank}): " + "; ".join(parts)
+        f"(this is {this}): " + "; ".join(parts)
     )
+
+
+def _ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
+    """'rank 1', 'ranks 1, 2', or on a subgroup 'rank 1 (global rank 3)'."""
+    several = len(ranks) > 1
+    named = ("ranks " if several else "rank ") + ", ".join(map(str, ranks))
+    if global_ranks is None or all(global_ranks[r] == r for r in ranks):
+        return named
+    world = ", ".join(str(global_ranks[r]) for r in ranks)
+    return f"{named} (global {'ranks' if several else 'rank'} {world})"
 
 
 def _difference(who: str, theirs: _Received, own: _Received) -> str:

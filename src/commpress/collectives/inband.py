@@ -352,7 +352,8 @@ class Check:
                 "commpress.collectives.executor.WINDOW)"
             )
         else:
-            message = fingerprints.mismatch_message(rows, self.rank, self.world_size)
+            global_ranks = dist.get_process_group_ranks(self.group)
+            message = fingerprints.mismatch_message(rows, self.rank, self.world_size, global_ranks)
         if not drained:
             message += "; a peer's messages could not be drained, so this group may be unusable"
         raise CollectiveMismatchError(message)
