@@ -35,6 +35,7 @@ from commpress.collectives.checks import (
     outside_group,
 )
 from commpress.collectives.executor import execute
+from commpress.collectives.failures import named_timeouts
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
 from commpress.collectives.work import launch, queued_on, run_native, writable, write_into
@@ -85,7 +86,8 @@ def all_gather_into_tensor(
     written = writable(out)
 
     def run() -> None:
-        gather(written, inp, group, codec, algorithm, timeout, fingerprint)
+        with named_timeouts("all_gather_into_tensor", codec, algorithm, group, timeout):
+            gather(written, inp, group, codec, algorithm, timeout, fingerprint)
         if written is not out:
             write_into(out, written)
 

@@ -1,0 +1,65 @@
+"""A compressed collective's transport error, named: the backend's own ("Timed out waiting
+2000ms for recv operation to complete", "Operation timed out!") says nothing of the
+collective it stopped, nor of the timeout that ran out."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch.distributed as dist
+
+#: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
+#: NCCL: "... before timing out").
+_TIMEOUT_WORDS = ("timed out", "timing out")
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A compressed collective gave up waiting for a peer that stalled or died; its message
+    names the collective, its ``__cause__`` is the backend's own error (a ``RuntimeError``,
+    as this is)."""
+
+
+def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) -> str:
+    """'all_gather_into_tensor (int8@ring) on a group of 3 ranks (this is rank 0)'."""
+    group = dist.group.WORLD if group is None else group
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    this = f"rank {rank}"
+    if dist.get_rank() != rank:
+        this += f", global rank {dist.get_rank()}"
+    return f"{name} ({codec}@{algorithm}) on a group of {size} ranks (this is {this})"
+
+
+@contextlib.contextmanager
+def named_timeouts(
+    name: str, codec, algorithm: str, group, timeout: timedelta | None
+) -> Iterator[None]:
+    """Raise a backend's timeout inside the body as a :class:`CollectiveTimeoutError`
+    naming the collective (:func:`describe`) and how long it waited; one of a subclass of
+    ``RuntimeError`` of the backend's own keeps its type, the same words added as a note."""
+    start = time.monotonic()
+    try:
+        yield
+    except RuntimeError as error:
+        if not _timed_out(error):
+            raise
+        limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"
+        call = describe(name, codec, algorithm, group)
+        message = (
+            f"commpress {call} timed out after {time.monotonic() - start:.1f} s ({limit}): a "
+            "peer stalled or died; the group is not to be used again, as after any failed "
+            f"torch.distributed collective. The backend said: {error}"
+        )
+        if type(error) is not RuntimeError:
+            getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on
+            raise
+        raise CollectiveTimeoutError(message) from error
+
+
+def _timed_out(error: RuntimeError) -> bool:
+    if isinstance(error, CollectiveTimeoutError):
+        return False
+    text = str(error).lower()
+    return any(words in text for words in _TIMEOUT_WORDS)

@@ -1,0 +1,48 @@
+"""A backend's timeout inside a compressed collective, named (one process, no group)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+
+import pytest
+
+from commpress.collectives import failures
+from commpress.collectives.failures import CollectiveTimeoutError, named_timeouts
+
+
+class _BackendError(RuntimeError):
+    """A backend's own subclass (torch's DistBackendError, on NCCL)."""
+
+
+@pytest.fixture
+def described(monkeypatch):
+    monkeypatch.setattr(failures, "describe", lambda *args: "all_reduce (int8@ring) on ...")
+
+
+def test_a_plain_timeout_becomes_a_named_runtime_error(described):
+    waiting = named_timeouts("all_reduce", "int8", "ring", None, timedelta(seconds=3))
+    with pytest.raises(CollectiveTimeoutError) as caught, waiting:
+        raise RuntimeError("Operation timed out!")
+    assert isinstance(caught.value, RuntimeError)
+    assert str(caught.value).startswith("commpress all_reduce (int8@ring) on ... timed out after")
+    assert "(timeout=0:00:03)" in str(caught.value)
+    assert str(caught.value.__cause__) == "Operation timed out!"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes came in Python 3.11")
+def test_a_timeout_of_a_backends_own_type_keeps_it(described):
+    waiting = named_timeouts("all_reduce", "int8", "ring", None, None)
+    with pytest.raises(_BackendError) as caught, waiting:
+        raise _BackendError("Work ran for 3000 milliseconds before timing out")
+    (note,) = caught.value.__notes__
+    assert note.startswith("commpress all_reduce (int8@ring) on ... timed out after")
+    assert "(the process group's timeout)" in note
+
+
+@pytest.mark.parametrize("error", [RuntimeError("Connection closed by peer"), ValueError("x")])
+def test_what_is_not_a_timeout_passes_as_it_is(described, error):
+    waiting = named_timeouts("all_reduce", "int8", "ring", None, None)
+    with pytest.raises(type(error)) as caught, waiting:
+        raise error
+    assert caught.value is error
