@@ -243,3 +243,26 @@ def test_a_finished_compressed_call_is_not_remembered_for_its_group():
     del group
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_a_collective_that_raises_a_timeout_error_of_its_own_raises_it_from_wait(async_op):
+    """``TimeoutError`` is ``concurrent.futures.TimeoutError``: the collective's own (a
+    socket's, say) was taken for the wait's, and raised as "collective did not complete
+    within None", its message dropped."""
+
+    def fails():
+        raise TimeoutError("the multicast socket timed out")
+
+    with pytest.raises(TimeoutError, match="the multicast socket timed out"):
+        work = launch(fails, async_op=async_op)
+        work.wait(timeout=timedelta(seconds=30))
+
+
+def test_a_wait_that_times_out_says_so_and_the_collective_goes_on():
+    release = threading.Event()
+    work = launch(release.wait, async_op=True)
+    with pytest.raises(TimeoutError, match="did not complete within 0:00:00.050000"):
+        work.wait(timeout=timedelta(milliseconds=50))
+    release.set()
+    assert work.wait() is True

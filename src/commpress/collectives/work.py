@@ -167,9 +167,11 @@ class CollectiveWork:
             )
         seconds = None if timeout is None else timeout.total_seconds()
         try:
-            self._future.result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"collective did not complete within {timeout}") from None
+            # not result(timeout=...): its TimeoutError is the builtin one, which the
+            # collective itself may raise (a socket's), and would be taken for the wait's
+            if not concurrent.futures.wait([self._future], timeout=seconds).done:
+                raise TimeoutError(f"collective did not complete within {timeout}")
+            self._future.result()
         finally:
             if self._order is not None and self._future.done():
                 self._order.make_current_stream_wait()
