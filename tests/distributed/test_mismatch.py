@@ -7,6 +7,7 @@ whose receive size differs, and the other rank reads garbage or a reset connecti
 
 from __future__ import annotations
 
+import traceback
 from datetime import timedelta
 
 import pytest
@@ -161,15 +162,19 @@ def _on_a_subgroup(rank, world_size):
                 timeout=TIMEOUT,
             )  # fmt: skip
         except CollectiveMismatchError as error:
-            errors.append(str(error))
+            errors.append("".join(traceback.format_exception(error)))
     return errors
 
 
 def test_a_mismatch_on_a_subgroup_names_the_global_ranks_too():
     """A subgroup's ranks were named only by their rank in it ("rank 1" for the process
-    launched as rank 2)."""
+    launched as rank 2). The traceback is the mismatch's alone: it read "LeftDisagrees:
+    the left neighbour's arguments differ. During handling of the above exception, another
+    exception occurred", as if the check had failed while reporting."""
     _, first, second = run_distributed(_on_a_subgroup, 3, timeout=60)
     assert len(first) == len(second) == 2
+    for error in first + second:
+        assert "inband.LeftDisagrees:" not in error and "During handling" not in error, error
     for error in first:
         assert "(this is rank 0, global rank 1)" in error
         assert "rank 1 (global rank 2) called all_gather" in error

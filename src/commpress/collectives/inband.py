@@ -356,4 +356,4 @@ class Check:
             message = fingerprints.mismatch_message(rows, self.rank, self.world_size, global_ranks)
         if not drained:
             message += "; a peer's messages could not be drained, so this group may be unusable"
-        raise CollectiveMismatchError(message)
+        raise CollectiveMismatchError(message) from None  # the disagreement was a signal
