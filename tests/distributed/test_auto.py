@@ -173,3 +173,30 @@ def test_options_set_on_a_subgroup_leave_the_other_groups_choices_agreed():
     """Whether a call exchanges must not depend on settings a rank alone was given: the
     pair's new options made its ranks exchange again on the world, and the third hang."""
     assert run_distributed(_options_set_on_a_subgroup, 3, timeout=60) == [True] * 3
+
+
+def _tuned_on_a_subgroup(rank, world_size):
+    """Ranks 1 and 2 of three, in a group of their own, call a tuned all-gather with
+    shards of different sizes."""
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    shard = torch.ones(512 * rank)
+    return _outcome(
+        lambda: cp.all_gather_into_tensor(
+            torch.empty(2 * shard.numel()), shard, group, algorithm="auto"
+        )
+    )
+
+
+def test_a_tuned_call_that_differs_on_a_subgroup_names_the_global_ranks_too():
+    """The ranks were named only by their rank in the subgroup."""
+    _, first, second = run_distributed(_tuned_on_a_subgroup, 3, timeout=120)
+    assert first == second.replace("rank 1, global rank 2)", "rank 0, global rank 1)")
+    assert first.startswith(
+        "CollectiveMismatchError: ranks called a tuned collective with different arguments "
+        "(this is rank 0, global rank 1): rank 0 (global rank 1): "
+    ), first
+    assert "; rank 1 (global rank 2): " in first

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.codecs import get_codec
-from commpress.collectives.fingerprint import CollectiveMismatchError
+from commpress.collectives.fingerprint import CollectiveMismatchError, name_ranks, this_rank
 from commpress.collectives.work import in_queue_order
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
@@ -192,30 +192,32 @@ def _agree(group, device: torch.device, call: _Call, planned, settings) -> tuner
             dist.all_gather_object(everyone, mine, group=group)
 
     in_queue_order(exchange)
+    global_ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
     if len({p.call for p in everyone}) > 1:
+        this = this_rank(dist.get_rank(group), global_ranks)
         raise CollectiveMismatchError(
-            "ranks called a tuned collective with different arguments (this is rank "
-            f"{dist.get_rank(group)}): {_by_rank([str(p.call) for p in everyone])}"
+            f"ranks called a tuned collective with different arguments (this is {this}): "
+            f"{_by_rank([str(p.call) for p in everyone], global_ranks)}"
         )
     if failed and all(p.error == mine.error for p in everyone):
         raise planned  # every rank's own, as without the exchange
-    problem = _disagreement(everyone)
+    problem = _disagreement(everyone, global_ranks)
     if problem:
         raise ValueError(f"algorithm/codec 'auto', {call}: {problem}")
     return mine.choice
 
 
-def _disagreement(everyone: list[_Planned]) -> str:
+def _disagreement(everyone: list[_Planned], global_ranks: list[int] | None = None) -> str:
     """Why the ranks cannot run one choice ("" where they can)."""
     if any(p.error for p in everyone):
         said = [p.error or f"chose {p.ran}" for p in everyone]
-        return f"not every rank's tuner could choose ({_by_rank(said)})"
+        return f"not every rank's tuner could choose ({_by_rank(said, global_ranks)})"
     if len({p.ran for p in everyone}) == 1:
         return ""
-    chose = _by_rank([p.ran for p in everyone])
+    chose = _by_rank([p.ran for p in everyone], global_ranks)
     names = dict.fromkeys(name for p in everyone for name in p.settings)
     differing = [
-        f"{name} ({_by_rank([p.settings.get(name, 'none') for p in everyone])})"
+        f"{name} ({_by_rank([p.settings.get(name, 'none') for p in everyone], global_ranks)})"
         for name in names
         if len({p.settings.get(name) for p in everyone}) > 1
     ]
@@ -226,13 +228,13 @@ def _disagreement(everyone: list[_Planned]) -> str:
     )
 
 
-def _by_rank(values: list) -> str:
-    """'rank 0: a; ranks 1, 2: b' for the values of ranks 0, 1, 2."""
+def _by_rank(values: list, global_ranks: list[int] | None = None) -> str:
+    """'rank 0: a; ranks 1, 2: b' for the values of ranks 0, 1, 2 (on a subgroup with
+    their ``global_ranks``: 'rank 0 (global rank 3): a')."""
     ranks_of: dict[str, list[int]] = {}
     for rank, value in enumerate(values):
         ranks_of.setdefault(value, []).append(rank)
     parts = []
     for value, ranks in ranks_of.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-        parts.append(f"{who}: {value}")
+        parts.append(f"{name_ranks(ranks, global_ranks)}: {value}")
     return "; ".join(parts)

@@ -267,7 +267,7 @@ def mismatch_message(
         if row != rows[rank]:
             groups.setdefault(row, []).append(other)
     for ranks in groups.values():
-        who = _ranks(ranks, global_ranks)
+        who = name_ranks(ranks, global_ranks)
         theirs = _parse(rows[ranks[0]])
         if theirs is None:
             parts.append(
@@ -276,16 +276,20 @@ def mismatch_message(
             )
         else:
             parts.append(_difference(who, theirs, own))
-    this = f"rank {rank}"
-    if global_ranks is not None and global_ranks[rank] != rank:
-        this += f", global rank {global_ranks[rank]}"
     return (
         f"ranks of a group of {world_size} called a collective with different arguments "
-        f"(this is {this}): " + "; ".join(parts)
+        f"(this is {this_rank(rank, global_ranks)}): " + "; ".join(parts)
     )
 
 
-def _ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
+def this_rank(rank: int, global_ranks: list[int] | None) -> str:
+    """'rank 0', or on a subgroup 'rank 0, global rank 2'."""
+    if global_ranks is None or global_ranks[rank] == rank:
+        return f"rank {rank}"
+    return f"rank {rank}, global rank {global_ranks[rank]}"
+
+
+def name_ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
     """'rank 1', 'ranks 1, 2', or on a subgroup 'rank 1 (global rank 3)'."""
     several = len(ranks) > 1
     named = ("ranks " if several else "rank ") + ", ".join(map(str, ranks))
