@@ -325,6 +325,31 @@ def test_one_rank_with_bad_multicast_options_makes_every_rank_raise():
         assert "rank 1: COMMPRESS_MULTICAST: loss must be a probability" in message
 
 
+def _multicast_on_a_subgroup(rank, world_size):
+    """Ranks 1 and 2 of three multicast in a group of their own, on loopback (which cannot)."""
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    try:
+        cp.all_gather_into_tensor(torch.empty(16), torch.ones(8), group, algorithm="multicast")
+    except Exception as error:  # noqa: BLE001 - the test looks at what each rank raised
+        return type(error).__name__, str(error)
+    return None
+
+
+def test_a_multicast_that_cannot_set_up_on_a_subgroup_names_the_global_ranks_once():
+    """It said "rank 0: cannot tell which interface ...; rank 1: cannot tell which
+    interface ...": the same words once per rank, named by their rank in the subgroup."""
+    _, first, second = run_distributed(_multicast_on_a_subgroup, 3, timeout=60)
+    assert first == second
+    name, message = first
+    assert name == "MulticastSetupError"
+    assert message.startswith(
+        "multicast cannot be set up: ranks 0, 1 (global ranks 1, 2): cannot tell which "
+    ), message
+    assert message.count("cannot tell which interface") == 1, message
+
+
 def _cpu_tensors_on_an_nccl_group(rank, world_size):
     if rank != 0:
         return None

@@ -901,6 +901,7 @@ def _set_up_as_rank_0_of_2(monkeypatch, network, peer_reports) -> list:
     monkeypatch.setattr(multicast, "_created", multicast._created)
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [0, 1])
     monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
     return sent
 
@@ -982,11 +983,25 @@ def test_a_peer_whose_engine_cannot_start_fails_this_rank_at_once(monkeypatch):
             self.closed = self.network.closed = True
 
     monkeypatch.setattr(multicast, "Engine", Recorded)
-    peer_failed = "rank 1: no engine here"
+    peer_failed = "no engine here"
     _set_up_as_rank_0_of_2(monkeypatch, _Sockets, [PEER_ADDRESSES, PEER_SOCKETS, peer_failed])
     with pytest.raises(multicast.MulticastSetupError, match="rank 1: no engine here"):
         multicast.Channel(object(), Options())
     assert [engine.closed for engine in engines] == [True]
+
+
+def test_a_failure_of_several_ranks_is_named_once_with_their_global_ranks():
+    """Every rank's failure was repeated in full ("rank 0: cannot tell which interface
+    ...; rank 1: cannot tell which interface ..."), and on a subgroup named by the rank in
+    it alone."""
+    problem = "cannot tell which interface to multicast on"
+    with pytest.raises(multicast.MulticastSetupError) as raised:
+        multicast._raise_failures([problem, None, problem, "no engine"], [1, 2, 3, 5])
+    assert str(raised.value) == (
+        f"multicast cannot be set up: ranks 0, 2 (global ranks 1, 3): {problem}; "
+        "rank 3 (global rank 5): no engine"
+    )
+    multicast._raise_failures([None, None], [0, 1])  # nothing failed
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from commpress.codecs import get_codec
-from commpress.collectives.fingerprint import CollectiveMismatchError, name_ranks, this_rank
+from commpress.collectives.fingerprint import CollectiveMismatchError
 from commpress.collectives.work import in_queue_order
+from commpress.ranks import name_ranks, this_rank
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
 

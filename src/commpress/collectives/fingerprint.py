@@ -38,6 +38,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.ranks import name_ranks, this_rank
 from commpress.transport import backends, collective
 from commpress.transport.p2p import Pending, wait
 
@@ -280,23 +281,6 @@ def mismatch_message(
         f"ranks of a group of {world_size} called a collective with different arguments "
         f"(this is {this_rank(rank, global_ranks)}): " + "; ".join(parts)
     )
-
-
-def this_rank(rank: int, global_ranks: list[int] | None) -> str:
-    """'rank 0', or on a subgroup 'rank 0, global rank 2'."""
-    if global_ranks is None or global_ranks[rank] == rank:
-        return f"rank {rank}"
-    return f"rank {rank}, global rank {global_ranks[rank]}"
-
-
-def name_ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
-    """'rank 1', 'ranks 1, 2', or on a subgroup 'rank 1 (global rank 3)'."""
-    several = len(ranks) > 1
-    named = ("ranks " if several else "rank ") + ", ".join(map(str, ranks))
-    if global_ranks is None or all(global_ranks[r] == r for r in ranks):
-        return named
-    world = ", ".join(str(global_ranks[r]) for r in ranks)
-    return f"{named} (global {'ranks' if several else 'rank'} {world})"
 
 
 def _difference(who: str, theirs: _Received, own: _Received) -> str:

@@ -32,6 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.ranks import name_ranks
 from commpress.spec_options import parse_options
 from commpress.transport.reliable_broadcast import (
     OPERATION_IDS,
@@ -163,16 +164,17 @@ class Channel:
         self._last_operation: int | None = None
         index, _created = _created, _created + 1  # the same on every rank: set up collectively
         local, chosen = None, None
-        failure = None if problem is None else f"rank {self.rank}: {problem}"
+        failure = problem
         try:
             if problem is None:
                 local = _local_address()
                 chosen = _choose_group(index) if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
-            failure = f"rank {self.rank}: {error}"
+            failure = str(error)
         addresses = [None] * self.world_size
         dist.all_gather_object(addresses, (local, chosen, failure), group=group)
-        _raise_failures([f for _, _, f in addresses])
+        ranks = dist.get_process_group_ranks(group)
+        _raise_failures([f for _, _, f in addresses], ranks)
         self.group_address, channel_number = addresses[0][1]
         shared = [a for a, _, _ in addresses].count(local) > 1
         network, failure, cause = None, None, None
@@ -186,23 +188,23 @@ class Channel:
                 ttl=options.ttl,
             )
         except Exception as error:  # noqa: BLE001 - every rank must hear of it, not wait
-            failure, cause = f"rank {self.rank}: {_described(error)}", error
+            failure, cause = _described(error), error
         reports = [None] * self.world_size
         report = (failure, None) if network is None else (None, network.unicast_address)
         mtu = None if network is None else network.mtu
         engine = None
         try:
             dist.all_gather_object(reports, (*report, mtu), group=group)
-            _raise_failures([f for f, _, _ in reports], cause)
+            _raise_failures([f for f, _, _ in reports], ranks, cause)
             try:
                 network.connect([address for _, address, _ in reports])
                 network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
                 engine = Engine(network, channel_number, options)
             except Exception as error:  # noqa: BLE001 - not a peer waiting at the first operation
-                failure, cause = f"rank {self.rank}: {_described(error)}", error
+                failure, cause = _described(error), error
             outcomes = [None] * self.world_size
             dist.all_gather_object(outcomes, failure, group=group)
-            _raise_failures(outcomes, cause)
+            _raise_failures(outcomes, ranks, cause)
         except BaseException:  # a peer gone, or setup failed elsewhere: no sockets left bound
             if engine is not None:
                 engine.close()  # and its network
@@ -238,12 +240,19 @@ def _described(error: Exception) -> str:
     return str(error) if isinstance(error, (MulticastSetupError, OSError)) else repr(error)
 
 
-def _raise_failures(failures: list[str | None], cause: BaseException | None = None) -> None:
-    """Every rank raises the same error when any rank could not set up; ``cause``: this
-    rank's own, whose traceback it keeps."""
-    failures = [f for f in failures if f]
-    if failures:
-        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(failures)) from cause
+def _raise_failures(
+    failures: list[str | None], global_ranks: list[int], cause: BaseException | None = None
+) -> None:
+    """Every rank raises the same error when any rank could not set up (``failures``: each
+    rank's, or None), naming the ranks of each failure once; ``cause``: this rank's own,
+    whose traceback it keeps."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, failure in enumerate(failures):
+        if failure:
+            ranks_of.setdefault(failure, []).append(rank)
+    if ranks_of:
+        said = [f"{name_ranks(ranks, global_ranks)}: {f}" for f, ranks in ranks_of.items()]
+        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(said)) from cause
 
 
 #: torch's own default for a process group whose timeout cannot be read.

@@ -1,0 +1,21 @@
+"""How error messages name the ranks of a process group: by their rank in it and, on a
+subgroup, by their global rank too (the rank a process was launched as)."""
+
+from __future__ import annotations
+
+
+def this_rank(rank: int, global_ranks: list[int] | None) -> str:
+    """'rank 0', or on a subgroup 'rank 0, global rank 2'."""
+    if global_ranks is None or global_ranks[rank] == rank:
+        return f"rank {rank}"
+    return f"rank {rank}, global rank {global_ranks[rank]}"
+
+
+def name_ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
+    """'rank 1', 'ranks 1, 2', or on a subgroup 'rank 1 (global rank 3)'."""
+    several = len(ranks) > 1
+    named = ("ranks " if several else "rank ") + ", ".join(map(str, ranks))
+    if global_ranks is None or all(global_ranks[r] == r for r in ranks):
+        return named
+    world = ", ".join(str(global_ranks[r]) for r in ranks)
+    return f"{named} (global {'ranks' if several else 'rank'} {world})"
