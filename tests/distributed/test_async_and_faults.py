@@ -153,16 +153,22 @@ def _one_rank_dies(rank, world_size):
     try:
         cp.all_gather_into_tensor(out, inp, timeout=timedelta(seconds=20))
     except Exception as error:
-        return type(error).__name__, time.monotonic() - start
-    return "no error", time.monotonic() - start
+        return type(error).__name__, str(error), time.monotonic() - start
+    return "no error", "", time.monotonic() - start
 
 
 def test_a_dead_peer_raises_on_every_other_rank():
+    """A RuntimeError that names the collective (it was gloo's bare "Connection closed by
+    peer")."""
     results = run_distributed(_one_rank_dies, 3, timeout=90, allow_dead=True)
     assert results[1] is None
     for rank in (0, 2):
-        kind, elapsed = results[rank]
-        assert kind != "no error" and elapsed < 25, (rank, kind, elapsed)
+        kind, message, elapsed = results[rank]
+        assert kind == "RuntimeError" and elapsed < 25, (rank, kind, elapsed)
+        assert message.startswith(
+            f"commpress all_gather_into_tensor (int8@ring) on a group of 3 ranks (this is rank "
+            f"{rank}) failed after "
+        ), message
 
 
 def _under_inference_mode(rank, world_size):

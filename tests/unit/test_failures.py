@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from commpress.collectives import failures
-from commpress.collectives.failures import CollectiveTimeoutError, named_timeouts
+from commpress.collectives.failures import CollectiveTimeoutError, named_failures
 
 
 class _BackendError(RuntimeError):
@@ -21,7 +21,7 @@ def described(monkeypatch):
 
 
 def test_a_plain_timeout_becomes_a_named_runtime_error(described):
-    waiting = named_timeouts("all_reduce", "int8", "ring", None, timedelta(seconds=3))
+    waiting = named_failures("all_reduce", "int8", "ring", None, timedelta(seconds=3))
     with pytest.raises(CollectiveTimeoutError) as caught, waiting:
         raise RuntimeError("Operation timed out!")
     assert isinstance(caught.value, RuntimeError)
@@ -32,7 +32,7 @@ def test_a_plain_timeout_becomes_a_named_runtime_error(described):
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes came in Python 3.11")
 def test_a_timeout_of_a_backends_own_type_keeps_it(described):
-    waiting = named_timeouts("all_reduce", "int8", "ring", None, None)
+    waiting = named_failures("all_reduce", "int8", "ring", None, None)
     with pytest.raises(_BackendError) as caught, waiting:
         raise _BackendError("Work ran for 3000 milliseconds before timing out")
     (note,) = caught.value.__notes__
@@ -40,9 +40,23 @@ def test_a_timeout_of_a_backends_own_type_keeps_it(described):
     assert "(the process group's timeout)" in note
 
 
-@pytest.mark.parametrize("error", [RuntimeError("Connection closed by peer"), ValueError("x")])
-def test_what_is_not_a_timeout_passes_as_it_is(described, error):
-    waiting = named_timeouts("all_reduce", "int8", "ring", None, None)
+def test_another_backend_error_names_the_collective_and_keeps_its_type(described):
+    """A peer that died: gloo's "Connection closed by peer" named no collective."""
+    failing = named_failures("all_reduce", "int8", "ring", None, None)
+    with pytest.raises(RuntimeError) as caught, failing:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:31435")
+    assert type(caught.value) is RuntimeError
+    assert str(caught.value).startswith("commpress all_reduce (int8@ring) on ... failed after ")
+    assert str(caught.value).endswith(": Connection closed by peer [127.0.0.1]:31435")
+
+
+class _OwnError(RuntimeError):
+    """commpress's own (a CollectiveMismatchError, say): it says what it is."""
+
+
+@pytest.mark.parametrize("error", [_OwnError("ranks differ"), ValueError("x")])
+def test_what_is_not_a_backend_error_passes_as_it_is(described, error):
+    waiting = named_failures("all_reduce", "int8", "ring", None, None)
     with pytest.raises(type(error)) as caught, waiting:
         raise error
     assert caught.value is error

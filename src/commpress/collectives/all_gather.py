@@ -35,7 +35,7 @@ from commpress.collectives.checks import (
     outside_group,
 )
 from commpress.collectives.executor import execute
-from commpress.collectives.failures import named_timeouts
+from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
 from commpress.collectives.work import launch, queued_on, run_native, writable, write_into
@@ -86,7 +86,7 @@ def all_gather_into_tensor(
     written = writable(out)
 
     def run() -> None:
-        with named_timeouts("all_gather_into_tensor", codec, algorithm, group, timeout):
+        with named_failures("all_gather_into_tensor", codec, algorithm, group, timeout):
             gather(written, inp, group, codec, algorithm, timeout, fingerprint)
         if written is not out:
             write_into(out, written)

@@ -24,7 +24,7 @@ from commpress.collectives.checks import (
     check_timeout,
     outside_group,
 )
-from commpress.collectives.failures import named_timeouts
+from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
 from commpress.collectives.work import launch, queued_on, run_native, write_into
@@ -71,7 +71,7 @@ def all_reduce(
     fingerprint = Fingerprint.of("all_reduce", tensor, codec, algorithm, op)
 
     def run() -> None:
-        with named_timeouts("all_reduce", codec, algorithm, group, timeout):
+        with named_failures("all_reduce", codec, algorithm, group, timeout):
             reduce_then_gather()
 
     def reduce_then_gather() -> None:

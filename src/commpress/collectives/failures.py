@@ -1,6 +1,6 @@
 """A compressed collective's transport error, named: the backend's own ("Timed out waiting
-2000ms for recv operation to complete", "Operation timed out!") says nothing of the
-collective it stopped, nor of the timeout that ran out."""
+2000ms for recv operation to complete", "Operation timed out!", "Connection closed by
+peer") says nothing of the collective it stopped, nor of the timeout that ran out."""
 
 from __future__ import annotations
 
@@ -33,24 +33,30 @@ def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) 
 
 
 @contextlib.contextmanager
-def named_timeouts(
+def named_failures(
     name: str, codec, algorithm: str, group, timeout: timedelta | None
 ) -> Iterator[None]:
-    """Raise a backend's timeout inside the body as a :class:`CollectiveTimeoutError`
-    naming the collective (:func:`describe`) and how long it waited; one of a subclass of
-    ``RuntimeError`` of the backend's own keeps its type, the same words added as a note."""
+    """Name the collective (:func:`describe`) in a backend's error raised inside the body: a
+    timeout becomes a :class:`CollectiveTimeoutError` that says how long it waited; any
+    other plain ``RuntimeError`` (gloo's "Connection closed by peer", a peer that died)
+    a ``RuntimeError`` that says when; either with the backend's error as its cause. One of
+    a subclass of ``RuntimeError`` keeps its type (commpress's own, which say what they
+    are; a backend's own, NCCL's: the same words added as a note)."""
     start = time.monotonic()
     try:
         yield
     except RuntimeError as error:
-        if not _timed_out(error):
+        timed_out = _timed_out(error)
+        if type(error) is not RuntimeError and not timed_out:
             raise
+        call, seconds = describe(name, codec, algorithm, group), time.monotonic() - start
+        if not timed_out:
+            raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
         limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"
-        call = describe(name, codec, algorithm, group)
         message = (
-            f"commpress {call} timed out after {time.monotonic() - start:.1f} s ({limit}): a "
-            "peer stalled or died; the group is not to be used again, as after any failed "
-            f"torch.distributed collective. The backend said: {error}"
+            f"commpress {call} timed out after {seconds:.1f} s ({limit}): a peer stalled or "
+            "died; the group is not to be used again, as after any failed torch.distributed "
+            f"collective. The backend said: {error}"
         )
         if type(error) is not RuntimeError:
             getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on

@@ -43,7 +43,7 @@ from commpress.collectives.checks import (
     outside_group,
 )
 from commpress.collectives.executor import execute
-from commpress.collectives.failures import named_timeouts
+from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
 from commpress.collectives.work import launch, queued_on, run_native, write_into
@@ -105,7 +105,7 @@ def reduce_scatter_tensor(
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
 
     def run() -> None:
-        with named_timeouts("reduce_scatter_tensor", codec, algorithm, group, timeout):
+        with named_failures("reduce_scatter_tensor", codec, algorithm, group, timeout):
             total = reduce(
                 inp, group, codec, algorithm, chunk_bytes, timeout, fingerprint, residual
             )
