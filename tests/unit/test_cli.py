@@ -569,3 +569,28 @@ def test_a_broken_pipe_other_than_standard_output_keeps_its_traceback(monkeypatc
     monkeypatch.setattr(schedule_command, "run", broken)
     with pytest.raises(BrokenPipeError, match="a peer's pipe"):
         cli.main(["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "2"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "up", "--hosts", "2", "--link", "1gbit", "--prefix", ""],
+        ["launch", "--hosts", "2", "--link", "1gbit", "--prefix", "", "--", "true"],
+        ["bench", "--prefix", ""],
+        ["train", "--prefix", ""],
+    ],
+)
+def test_an_empty_cluster_prefix_is_refused_not_taken_for_the_default(argv, monkeypatch, capsys):
+    """From a bug hunt: ``--prefix ""`` (an unset shell variable) built or ran on the default
+    cluster ``cp``, which may be another job's (``cluster down`` and ``status`` refused it)."""
+    import commpress.cluster.commands as commands
+
+    def touched(*args, **kwargs):
+        raise AssertionError("a cluster was built or looked for")
+
+    monkeypatch.setattr(commands, "cluster_for", touched)
+    monkeypatch.setattr(commands, "Emulated", touched)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "argument --prefix: prefix must be" in capsys.readouterr().err

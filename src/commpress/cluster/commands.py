@@ -66,7 +66,7 @@ def cluster_from(args) -> Iterator[Emulated]:
         uplink=args.uplink,
         delay=args.delay,
         mtu=args.mtu,
-        prefix=args.prefix or DEFAULT_PREFIX,
+        prefix=DEFAULT_PREFIX if args.prefix is None else args.prefix,
     ) as cluster:
         yield cluster
 
@@ -74,9 +74,20 @@ def cluster_from(args) -> Iterator[Emulated]:
 def add_prefix_argument(parser, default: str | None = DEFAULT_PREFIX) -> None:
     parser.add_argument(
         "--prefix",
+        type=cluster_prefix,
         default=default,
         help=f"names of the cluster's namespaces and links ({DEFAULT_PREFIX})",
     )
+
+
+def cluster_prefix(text: str) -> str:
+    """``--prefix``: a name :class:`Layout` takes; an empty one (an unset shell variable)
+    is refused, not taken for the default cluster, which may be another's."""
+    try:
+        Layout(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def add_cluster_arguments(parser) -> None:
@@ -100,7 +111,7 @@ def cluster_up(args) -> int:
         uplink=args.uplink,
         delay=args.delay,
         mtu=DEFAULT_MTU if args.mtu is None else args.mtu,
-        prefix=args.prefix or DEFAULT_PREFIX,
+        prefix=DEFAULT_PREFIX if args.prefix is None else args.prefix,
     )
     cluster.up()
     print(f"cluster up: {cluster.describe()}")
