@@ -504,6 +504,15 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
         (["codecs", "--codec", "none", "--codec", "none"], "--codec none given twice"),
+        (["sim", "--nodes", "8,08"], "'8' and '08' are the same"),
+        (["sim", "--size", "1M,1048576"], "'1M' and '1048576' are the same"),
+        (["sim", "--link", "1gbit,1000mbit"], "'1gbit' and '1000mbit' are the same"),
+        (["sim", "--codec", "int8,int8:block=256"], "'int8' and 'int8:block=256' are the same"),
+        (["bench", "--codec", "int4,int4:block=256"], "'int4' and 'int4:block=256' are the same"),
+        (
+            ["codecs", "--codec", "zfp", "--codec", "zfp:rate=16"],
+            "'zfp' and 'zfp:rate=16' are the same",
+        ),
         (
             ["bench", "--algorithm", "ring", "--loss", "0.5"],
             "--loss 0.5: for --algorithm multicast",
@@ -518,9 +527,9 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
     ],
 )
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
-    """From a bug hunt: infinite sizes were tracebacks (OverflowError), repeated list
-    entries repeated rows, a port above 65535 failed in every rank, infinite latencies
-    and learning rates ran (to inf, to NaN)."""
+    """From bug hunts: infinite sizes were tracebacks (OverflowError), repeated list
+    entries repeated rows (also one value written two ways: 1M and 1048576), a port above
+    65535 failed in every rank, infinite latencies and learning rates ran (to inf, to NaN)."""
     try:
         code = main(argv)
     except SystemExit as exit_info:

@@ -74,6 +74,18 @@ def named_twice(items: list[str]) -> list[str]:
     return sorted({item for item in items if items.count(item) > 1})
 
 
+def same_twice(texts: list[str], meaning) -> str:
+    """Where two of ``texts`` mean the same (``meaning(text)``: ``1M`` and ``1048576``,
+    ``int8`` and ``int8:block=256``), which would only repeat a command's rows, the two
+    named (``'1M' and '1048576'``); else ``""``."""
+    first_of = {}
+    for text in texts:
+        first = first_of.setdefault(meaning(text), text)
+        if first != text:
+            return f"{first!r} and {text!r}"
+    return ""
+
+
 def comma_list(text: str) -> list[str]:
     """``a,b,c``: at least one item, none twice."""
     items = [item.strip() for item in text.split(",") if item.strip()]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from commpress.bench import report
-from commpress.bench.arguments import named_twice, output_path, positive_int
+from commpress.bench.arguments import named_twice, output_path, positive_int, same_twice
 from commpress.codecs import get_codec
 
 DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
@@ -119,6 +119,9 @@ def main(args) -> int:
     repeated = named_twice(specs)
     if repeated:
         raise ValueError(f"--codec {', '.join(repeated)} given twice")
+    repeated = same_twice(specs, lambda spec: str(get_codec(spec)))
+    if repeated:
+        raise ValueError(f"--codec {repeated} are the same codec")
     torch.set_num_threads(args.threads)
     rows = run(specs, args.numel, args.repeats, args.seed)
     print(summary(args, rows[0]))

@@ -57,6 +57,7 @@ from commpress.bench.arguments import (
     output_path,
     positive_int,
     probability,
+    same_twice,
     seconds,
     size_factor,
 )
@@ -406,6 +407,10 @@ def check_algorithms(names: list[str], op: str, on_cluster: bool) -> None:
     check_multicast_on_cluster("multicast" in names, on_cluster, "--algorithm multicast")
 
 
+def _codec_meaning(spec: str) -> str:
+    return spec if tuner.is_auto(spec) else str(cp.get_codec(spec))
+
+
 def check_variants(op: str, pairs: list[tuple[str, str]]) -> None:
     """Every (algorithm, codec) pair is one the collective runs: the tuner's ``auto`` codec
     only where it chooses for ``op``, a codec re-encoded at every hop only where its
@@ -444,6 +449,9 @@ def main(args) -> int:
             continue
         for dtype in args.dtype:
             cp.get_codec(codec).check_dtype(torch_dtype(dtype), "--dtype")
+    repeated = same_twice(args.codec, _codec_meaning)
+    if repeated:
+        raise ValueError(f"--codec: {repeated} are the same codec, which would repeat rows")
     check_variants(args.op, variants(args.algorithm, args.codec))
     config = {
         "op": args.op,

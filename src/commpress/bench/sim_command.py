@@ -19,7 +19,13 @@ import sys
 from pathlib import Path
 
 from commpress.bench import report
-from commpress.bench.arguments import byte_size, comma_list, output_path, positive_int
+from commpress.bench.arguments import (
+    byte_size,
+    comma_list,
+    output_path,
+    positive_int,
+    same_twice,
+)
 from commpress.codecs import get_codec
 from commpress.schedules.registry import (
     NATIVE,
@@ -127,6 +133,13 @@ def main(args) -> int:
     for op in args.op:
         if op not in OPS or op == "all_reduce":
             raise ValueError(f"--op {op!r}: choose from all_gather, reduce_scatter")
+    for option, meaning in (
+        ("--link", lambda link: parse_rate_bits(link, "--link")),
+        ("--codec", lambda codec: str(get_codec(codec))),
+    ):
+        repeated = same_twice(getattr(args, option[2:]), meaning)
+        if repeated:
+            raise ValueError(f"{option}: {repeated} are the same, which would repeat rows")
     params = _params(args)
     rows, skipped = [], set()
     for nodes, link, op, algorithm, codec, size in itertools.product(
@@ -228,21 +241,32 @@ def size_label(size: int) -> str:
 
 def _int_list(text: str) -> list[int]:
     try:
-        values = [int(item) for item in comma_list(text)]
+        items = comma_list(text)
+        values = [int(item) for item in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: node counts are integers") from None
     if any(value < 2 for value in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every node count must be at least 2")
+    _refuse_same_twice(text, items, int)
     return values
 
 
 def _size_list(text: str) -> list[int]:
     try:
-        return [byte_size(item) for item in comma_list(text)]
+        items = comma_list(text)
+        values = [byte_size(item) for item in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: sizes are bytes such as 1048576, 64K, 1M"
         ) from None
+    _refuse_same_twice(text, items, byte_size)
+    return values
+
+
+def _refuse_same_twice(text: str, items: list[str], meaning) -> None:
+    repeated = same_twice(items, meaning)
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r}: {repeated} are the same")
 
 
 def get_algorithm_or_none(name: str, op: str):
