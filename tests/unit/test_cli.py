@@ -603,3 +603,21 @@ def test_an_empty_cluster_prefix_is_refused_not_taken_for_the_default(argv, monk
         main(argv)
     assert exit_info.value.code == 2
     assert "argument --prefix: prefix must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sim"],
+        ["bench", "-b", "1K", "-e", "1K", "-n", "1", "--nprocs", "2", "--algorithm", "native"],
+    ],
+)
+def test_plot_without_matplotlib_is_refused_before_the_run(argv, tmp_path, monkeypatch, capsys):
+    """From a bug hunt: the sweep ran to its end, then failed at the plot with exit status 2."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--plot", str(tmp_path / "plot.png")])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "argument --plot" in captured.err and "needs matplotlib" in captured.err
+    assert captured.out == ""

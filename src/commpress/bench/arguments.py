@@ -147,6 +147,19 @@ def output_path(text: str) -> str:
     return text
 
 
+def plot_path(text: str) -> str:
+    """``--plot``: an :func:`output_path` with matplotlib there to draw it, checked now so
+    that a long sweep does not end in an ImportError and exit status 2."""
+    path = output_path(text)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: drawing needs matplotlib: pip install 'commpress[plot]'"
+        ) from None
+    return path
+
+
 def _check_named(text: str) -> None:
     """An empty path (an unset shell variable) would write nothing, or into the current
     folder."""

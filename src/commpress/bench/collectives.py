@@ -55,6 +55,7 @@ from commpress.bench.arguments import (
     dtype_list,
     non_negative_int,
     output_path,
+    plot_path,
     positive_int,
     probability,
     same_twice,
@@ -559,4 +560,4 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds for the sweep")
     parser.add_argument("--json", type=output_path, metavar="PATH")
     parser.add_argument("--markdown", type=output_path, metavar="PATH")
-    parser.add_argument("--plot", type=output_path, metavar="PATH", help="PNG of busbw vs size")
+    parser.add_argument("--plot", type=plot_path, metavar="PATH", help="PNG of busbw vs size")

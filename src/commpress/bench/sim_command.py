@@ -23,6 +23,7 @@ from commpress.bench.arguments import (
     byte_size,
     comma_list,
     output_path,
+    plot_path,
     positive_int,
     same_twice,
 )
@@ -123,7 +124,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", type=output_path, metavar="PATH")
     parser.add_argument("--markdown", type=output_path, metavar="PATH")
     parser.add_argument(
-        "--plot", type=output_path, metavar="PATH", help="time against nodes (needs matplotlib)"
+        "--plot", type=plot_path, metavar="PATH", help="time against nodes (needs matplotlib)"
     )
     # fmt: skip
 
