@@ -736,3 +736,18 @@ def test_a_placed_topology_carries_its_ranks_flows_on_their_hosts_links():
     for hosts in ([0], [0, 0], [0, 8], [-1, 2]):
         with pytest.raises(ValueError, match="hosts"):
             racks.placed(hosts)
+
+
+def test_calibrate_refuses_one_file_given_twice(tmp_path, capsys):
+    """From a bug hunt: its rows counted twice, so two sizes of one sweep passed for the
+    three rows a fit needs, and were fitted."""
+    rows = [
+        {"op": "all_gather", "algorithm": "ring", "codec": "none", "size_bytes": size,
+         "time_us": size / 100, "nprocs": 4, "link": "1gbit"}
+        for size in (1 << 20, 4 << 20)
+    ]  # fmt: skip
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": rows}))
+    again = f"{tmp_path}/./bench.json"
+    assert main(["sim", "--calibrate", str(bench), again]) == 2
+    assert "are the same file" in capsys.readouterr().err

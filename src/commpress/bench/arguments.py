@@ -80,9 +80,10 @@ def same_twice(texts: list[str], meaning) -> str:
     named (``'1M' and '1048576'``); else ``""``."""
     first_of = {}
     for text in texts:
-        first = first_of.setdefault(meaning(text), text)
-        if first != text:
-            return f"{first!r} and {text!r}"
+        value = meaning(text)
+        if value in first_of:
+            return f"{first_of[value]!r} and {text!r}"
+        first_of[value] = text
     return ""
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -174,6 +175,9 @@ def _params(args) -> Params:
     if args.fit:
         fields.update(calibrate.load(args.fit))
     if args.calibrate:
+        repeated = same_twice(args.calibrate, os.path.realpath)
+        if repeated:  # its rows would count twice towards the rows a fit needs
+            raise ValueError(f"--calibrate: {repeated} are the same file")
         fields.update(calibrate.fit(args.calibrate, args.codec_speeds))
         if not fields["message_s"]:  # an empty fit would be saved, then refused at every use
             raise ValueError(
