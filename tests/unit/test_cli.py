@@ -504,6 +504,10 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
         (["codecs", "--codec", "none", "--codec", "none"], "--codec none given twice"),
+        (
+            ["codecs", "--codec", "none", "--numel", "8", "--repeats", "1", "--threads", "100000"],
+            "argument --threads: '100000': at most the",
+        ),
         (["sim", "--nodes", "8,08"], "'8' and '08' are the same"),
         (["sim", "--size", "1M,1048576"], "'1M' and '1048576' are the same"),
         (["sim", "--link", "1gbit,1000mbit"], "'1gbit' and '1000mbit' are the same"),
@@ -529,7 +533,8 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
     """From bug hunts: infinite sizes were tracebacks (OverflowError), repeated list
     entries repeated rows (also one value written two ways: 1M and 1048576), a port above
-    65535 failed in every rank, infinite latencies and learning rates ran (to inf, to NaN)."""
+    65535 failed in every rank, infinite latencies and learning rates ran (to inf, to NaN),
+    100000 codec threads crashed torch (SIGSEGV)."""
     try:
         code = main(argv)
     except SystemExit as exit_info:

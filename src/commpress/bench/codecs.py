@@ -7,6 +7,8 @@ is the yardstick. Times are medians over ``repeats``.
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import sys
 import time
@@ -112,6 +114,16 @@ def available_default_codecs() -> list[str]:
     return specs
 
 
+def thread_count(text: str) -> int:
+    """``--threads``: 1 to the machine's cores (torch crashed at exit with 100000; more
+    threads than cores measure the scheduler, not the codec)."""
+    value = positive_int(text)
+    cores = os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most the {cores} cores of this machine")
+    return value
+
+
 def main(args) -> int:
     specs = args.codec or available_default_codecs()
     for spec in specs:
@@ -155,7 +167,10 @@ def add_arguments(parser) -> None:
         help="timed repeats; the median is reported (default: 7)",
     )
     parser.add_argument(
-        "--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)"
+        "--threads",
+        type=thread_count,
+        default=1,
+        help="torch intra-op threads, at most the cores (default: 1)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
