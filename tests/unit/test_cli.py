@@ -626,3 +626,20 @@ def test_plot_without_matplotlib_is_refused_before_the_run(argv, tmp_path, monke
     captured = capsys.readouterr()
     assert "argument --plot" in captured.err and "needs matplotlib" in captured.err
     assert captured.out == ""
+
+
+def test_codec_lists_keep_the_options_of_a_spec_together(tmp_path):
+    """From a bug hunt: ``--codec int8:block=128,stochastic=true`` was cut at every comma,
+    so ``stochastic=true`` was an unknown codec, and a spec of two options (or
+    ``auto:max_rel_err=1e-2,codecs=int8+int4``) could not be swept at all."""
+    path = tmp_path / "rows.json"
+    argv = ["sim", "--nodes", "4", "--size", "1M", "--codec", "int8:block=128,stochastic=true,int4"]
+    assert main([*argv, "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["codec"] for row in rows] == ["int8:block=128,stochastic=true", "int4"]
+    from commpress.bench.arguments import spec_list
+
+    assert spec_list(" int4,auto:max_rel_err=0.01,codecs=int8") == [
+        "int4",
+        "auto:max_rel_err=0.01,codecs=int8",
+    ]

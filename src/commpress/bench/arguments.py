@@ -90,6 +90,23 @@ def same_twice(texts: list[str], meaning) -> str:
 def comma_list(text: str) -> list[str]:
     """``a,b,c``: at least one item, none twice."""
     items = [item.strip() for item in text.split(",") if item.strip()]
+    return _distinct(text, items)
+
+
+def spec_list(text: str) -> list[str]:
+    """Comma-separated specs ``NAME[:key=value,...]``, whose options are comma-separated
+    too: a ``key=value`` part continues the spec before it, so
+    ``int8:block=128,stochastic=true,int4`` is two specs. At least one, none twice."""
+    specs = []
+    for part in (part.strip() for part in text.split(",")):
+        if specs and "=" in part and ":" not in part:
+            specs[-1] += f",{part}"
+        elif part:
+            specs.append(part)
+    return _distinct(text, specs)
+
+
+def _distinct(text: str, items: list[str]) -> list[str]:
     if not items:
         raise ValueError("must name at least one item")
     repeated = named_twice(items)

@@ -61,6 +61,7 @@ from commpress.bench.arguments import (
     same_twice,
     seconds,
     size_factor,
+    spec_list,
 )
 from commpress.cluster import Link, read_local, read_retransmitted
 from commpress.cluster.commands import (
@@ -531,7 +532,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--codec",
-        type=comma_list,
+        type=spec_list,
         default=["int8", "int4"],
         help="comma-separated codec specs (int8,int4)",
     )

@@ -27,6 +27,7 @@ from commpress.bench.arguments import (
     plot_path,
     positive_int,
     same_twice,
+    spec_list,
 )
 from commpress.codecs import get_codec
 from commpress.schedules.registry import (
@@ -76,7 +77,7 @@ def add_arguments(parser) -> None:
         default=["ring"],
         help="native, ring, ring-hop, backend, alltoall, multicast (ring)",
     )
-    parser.add_argument("--codec", type=comma_list, default=["none"], help="comma list (none)")
+    parser.add_argument("--codec", type=spec_list, default=["none"], help="comma list (none)")
     parser.add_argument(
         "--size",
         type=_size_list,
