@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C even where the shell started us with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        _check_outputs_differ(args)
         status = args.handler(args)
         if status and _stdout_reader_gone():  # a failed job whose output's reader left
             _discard_stdout()
@@ -114,6 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         # the reader stopped reading (`commpress schedule ... | head`): end quietly
         _discard_stdout()
         return 128 + signal.SIGPIPE
+
+
+#: Options that name a file a command writes.
+OUTPUT_OPTIONS = ("json", "markdown", "plot", "save_fit")
+
+
+def _check_outputs_differ(args) -> None:
+    """ValueError where two outputs name one file (``--json r --markdown r``): the second
+    written would replace the first."""
+    seen = {}
+    for name in OUTPUT_OPTIONS:
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        first = seen.setdefault(os.path.realpath(path), name)
+        if first != name:
+            options = f"--{first.replace('_', '-')} and --{name.replace('_', '-')}"
+            raise ValueError(f"{options} name the same file, {path!r}: one would replace the other")
 
 
 def _discard_stdout() -> None:

@@ -643,3 +643,12 @@ def test_codec_lists_keep_the_options_of_a_spec_together(tmp_path):
         "int4",
         "auto:max_rel_err=0.01,codecs=int8",
     ]
+
+
+@pytest.mark.parametrize("argv", [["sim"], ["codecs", "--codec", "none", "--numel", "8"]])
+def test_two_outputs_naming_one_file_are_refused(argv, tmp_path, capsys):
+    """From a bug hunt: ``--json r --markdown r`` wrote the JSON, then the markdown over it."""
+    path = tmp_path / "out"
+    assert main([*argv, "--json", str(path), "--markdown", f"{tmp_path}/./out"]) == 2
+    assert "--json and --markdown name the same file" in capsys.readouterr().err
+    assert not path.exists()
