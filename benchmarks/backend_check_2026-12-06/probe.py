@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import interleaved_rounds, paired_difference
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
@@ -43,6 +43,9 @@ VARIANTS = (
     "header-p2p",
 )
 WARMUP = 3
+#: The paired differences printed: what the argument check adds to the bare executor, and
+#: what the public call adds to the checked executor (the hand-over, the call's checks).
+PAIRS = (("backend-checked", "backend-bare"), ("backend", "backend-checked"))
 
 
 def _calls(size: int, rank: int, world_size: int) -> dict:
@@ -103,6 +106,12 @@ def main() -> None:
         for variant in VARIANTS:
             q = statistics.quantiles([t * 1e3 for t in times[variant]], n=4)
             print(f"| {size} | {variant} | {q[1]:.2f} | {q[0]:.2f} | {q[2]:.2f} |")
+    print("\n| size (B) | paired difference | median (95% interval) |")
+    print("|---:|---|---:|")
+    for size, times in results.items():
+        for a, b in PAIRS:
+            middle, low, high = (1e3 * t for t in paired_difference(times[a], times[b]))
+            print(f"| {size} | {a} - {b} | {middle:+.2f} ({low:+.2f} to {high:+.2f}) |")
 
 
 if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
