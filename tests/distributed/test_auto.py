@@ -200,3 +200,56 @@ def test_a_tuned_call_that_differs_on_a_subgroup_names_the_global_ranks_too():
         "(this is rank 0, global rank 1): rank 0 (global rank 1): "
     ), first
     assert "; rank 1 (global rank 2): " in first
+
+
+def _bad_tuned_calls(rank, world_size):
+    """Each bad tuned call's error, and how many exchanges the tuner made for it."""
+    import torch.distributed as dist
+
+    exchanges = []
+    gather_objects = dist.all_gather_object
+
+    def counted(*args, **kwargs):
+        exchanges.append(1)
+        return gather_objects(*args, **kwargs)
+
+    dist.all_gather_object = counted  # the tuner's agreement goes through it
+    outcomes = []
+    calls = (
+        lambda: cp.reduce_scatter_tensor(
+            torch.empty(8), torch.ones(16), algorithm="auto", residual=torch.zeros(3)
+        ),
+        lambda: cp.all_gather_into_tensor(
+            torch.empty(16, device="meta"), torch.empty(8, device="meta"), algorithm="auto"
+        ),
+    )
+    for call in calls:
+        exchanges.clear()
+        outcomes.append((_outcome(call), len(exchanges)))
+    return outcomes
+
+
+def test_a_bad_tuned_call_raises_before_the_tuner_exchanges_its_choice():
+    """The tuner agrees on its choice over the group: a residual of the wrong size, or a
+    device the group moves no tensors of, must be refused before that communication."""
+    for outcomes in run_distributed(_bad_tuned_calls, 2, timeout=60):
+        (residual, residual_exchanges), (meta, meta_exchanges) = outcomes
+        assert "residual must be a contiguous float32 tensor" in residual, residual
+        assert "inp is on meta" in meta, meta
+        assert residual_exchanges == meta_exchanges == 0
+
+
+def _told_the_same_again(rank, world_size):
+    tuner.configure(link="1gbit", algorithms=("native", "ring"))
+    shard, out = torch.full((256,), float(rank)), torch.empty(256 * world_size)
+    cp.all_gather_into_tensor(out, shard, codec="int8", algorithm="auto")
+    if rank == 0:  # the same values, on one rank: nothing its peers need to hear of
+        tuner.configure(link="1gbit", algorithms=("native", "ring"))
+    cp.all_gather_into_tensor(out, shard, codec="int8", algorithm="auto")
+    return out.tolist() == [float(r) for r in range(world_size) for _ in range(256)]
+
+
+def test_a_rank_told_the_same_settings_again_keeps_the_agreed_choices():
+    """The agreed choices were dropped each time ``tuner.configure`` ran: on the one rank
+    that ran it the next call exchanged its choice again, against its peer's all-gather."""
+    assert run_distributed(_told_the_same_again, 2, timeout=30) == [True, True]

@@ -29,6 +29,7 @@ from commpress.collectives.checks import (
     check_algorithm,
     check_device,
     check_flag,
+    check_moved,
     check_pair,
     check_same_result_on_every_rank,
     check_timeout,
@@ -73,6 +74,8 @@ def all_gather_into_tensor(
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
+    if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
+        check_moved(inp, group)
     algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm)
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
     check_device(algorithm, "all_gather", inp, group)

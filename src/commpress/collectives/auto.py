@@ -7,9 +7,9 @@ before it): ranks that chose differently would run different collectives, and a
 ``native`` one unchecked, so then every rank raises, naming the settings that differ (as
 every rank does where one could not choose). The agreed choice is kept per group and
 call, whatever a rank's environment says, until the tuner or the group's multicast options
-are set again (:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.
-multicast.configure`, on every rank of the group): whether a call exchanges must not
-depend on what one rank alone was told."""
+are set to other values (:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.
+multicast.configure`, on every rank of the group; compared by value): whether a call
+exchanges must not depend on what one rank alone was told."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def resolve(
     """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
     (for a reduce-scatter cut in pieces of ``chunk_bytes``), the same on every rank of
     ``group``, the group the call runs on (a multicast's options are its own)."""
-    if algorithm != AUTO and not tuner.is_auto(codec):
+    if not requested(codec, algorithm):
         return algorithm, codec
     call = _Call(op, inp.numel(), str(inp.dtype).removeprefix("torch."), _spec(codec), algorithm,
                  error_feedback, chunk_bytes, inp.device.type)  # fmt: skip
@@ -57,6 +57,11 @@ def resolve(
             planned = error
         choice = agreed[call] = _agree(group, inp.device, call, planned, _settings(group, call))
     return choice.algorithm, choice.codec
+
+
+def requested(codec, algorithm: str) -> bool:
+    """Whether the tuner chooses for a call given ``codec`` and ``algorithm``."""
+    return algorithm == AUTO or tuner.is_auto(codec)
 
 
 def _spec(codec) -> str:
@@ -74,7 +79,8 @@ def _agreed_on(group) -> dict:
     given alike (the tuner's configuration, the group's multicast options set in code)
     stay as they were."""
     key = dist.group.WORLD if group is None else group
-    settings = (tuner.generation(), multicast.options_set_for(group))
+    # by value: a rank told the same again keeps its agreed choices, as its peers do
+    settings = (tuner.configured(), multicast.options_set_for(group))
     found = _agreed.get(key)
     if found is None or found[0] != settings:
         found = _agreed[key] = (settings, {})

@@ -105,18 +105,7 @@ def check_device(
     compressed algorithm, tensors on a device no backend of the group moves (meta)."""
     if algorithm == NATIVE:
         return
-    device_type = tensor.device.type
-    if device_type not in ("cpu", "cuda") and backends.moves(group, device_type) is None:
-        raise ValueError(
-            f"{argument} is on {tensor.device}, and a {backends.name(group)} group moves no "
-            f"{device_type} tensors: use CPU or CUDA tensors"
-        )
-    on_cpu = device_type == "cpu"
-    if on_cpu and dist.get_world_size(group) > 1 and backends.moves(group, "cpu") is None:
-        raise ValueError(
-            f"{argument} is on the CPU, and a {backends.name(group)} group moves no CPU tensors: "
-            "use a gloo group for them, e.g. dist.new_group(backend='gloo'), or CUDA tensors"
-        )
+    check_moved(tensor, group, argument)
     if not get_algorithm(algorithm, op).host_transport:
         return
     if tensor.device.type not in ("cpu", "cuda"):
@@ -131,6 +120,24 @@ def check_device(
             f"tensors, which a {backend} group cannot move: use a gloo group for it, e.g. "
             "dist.new_group(backend='gloo') (CUDA tensors too: their payloads are staged "
             "through host memory), or algorithm 'ring' or 'backend'"
+        )
+
+
+def check_moved(tensor: torch.Tensor, group, argument: str = "inp") -> None:
+    """What every compressed algorithm needs of a tensor's device: a backend of ``group``
+    that moves it (not meta), and on a group of two ranks or more one that moves CPU
+    tensors if it is on the CPU (not NCCL alone)."""
+    device_type = tensor.device.type
+    if device_type not in ("cpu", "cuda") and backends.moves(group, device_type) is None:
+        raise ValueError(
+            f"{argument} is on {tensor.device}, and a {backends.name(group)} group moves no "
+            f"{device_type} tensors: use CPU or CUDA tensors"
+        )
+    on_cpu = device_type == "cpu"
+    if on_cpu and dist.get_world_size(group) > 1 and backends.moves(group, "cpu") is None:
+        raise ValueError(
+            f"{argument} is on the CPU, and a {backends.name(group)} group moves no CPU tensors: "
+            "use a gloo group for them, e.g. dist.new_group(backend='gloo'), or CUDA tensors"
         )
 
 
@@ -214,6 +221,11 @@ def check_residual(residual, inp: torch.Tensor, algorithm: str) -> None:
             f"all-to-all), got {algorithm!r}: only there is every rounding done on the rank "
             "that owns the data"
         )
+    check_residual_tensor(residual, inp)
+
+
+def check_residual_tensor(residual, inp: torch.Tensor) -> None:
+    """``residual`` (not None) can hold what the encoding of ``inp`` loses."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
     if (

@@ -35,10 +35,12 @@ from commpress.collectives.checks import (
     check_chunk_bytes,
     check_device,
     check_flag,
+    check_moved,
     check_op,
     check_pair,
     check_reduction_dtype,
     check_residual,
+    check_residual_tensor,
     check_timeout,
     outside_group,
 )
@@ -89,6 +91,10 @@ def reduce_scatter_tensor(
     check_pair(out, inp, world_size=world_size, gather=False)
     check_chunk_bytes(chunk_bytes)
     feedback = residual is not None
+    if feedback:
+        check_residual_tensor(residual, inp)
+    if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
+        check_moved(inp, group)
     algorithm, codec = auto.resolve(
         "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes
     )

@@ -117,20 +117,19 @@ class Choice:
 
 _lock = threading.Lock()
 _network: Network | None = None
+_configured: Network | None = None  # what configure() set, by value
 _choices: dict = {}
 _warned: set = set()
 _errors: dict[str, float] = {}
-_generation = 0  # configure() calls so far
 
 
 def configure(**fields) -> Network:
     """Set the network the tuner plans for (fields of :class:`Network`); forgets every
     cached choice and rereads the fit. Call it with the same values on every rank."""
-    global _network, _generation
+    global _network, _configured
     network = Network(**fields)
     with _lock:
-        _network = network
-        _generation += 1
+        _network = _configured = network
         _choices.clear()
         _warned.clear()
         _params.cache_clear()  # the fit file may have been rewritten since
@@ -154,9 +153,10 @@ def _warn_once_of_another_backend(setting: Network, backend: str, on_cpu: bool) 
     )  # fmt: skip
 
 
-def generation() -> int:
-    """How many times :func:`configure` has been called: choices made before are stale."""
-    return _generation
+def configured() -> Network | None:
+    """The network :func:`configure` set last (None where it has not been called): what
+    every rank is told alike, in code, unlike the environment one rank reads."""
+    return _configured
 
 
 def network() -> Network:
