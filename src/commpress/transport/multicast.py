@@ -311,8 +311,8 @@ class _Broadcast:
                 else f"the broadcast of rank {self._root} did not arrive"
             )
             raise RuntimeError(
-                f"multicast all-gather on rank {rank}: {what} within {limit} (a peer stopped, "
-                "or the network drops every datagram); "
+                f"multicast all-gather on rank {rank} timed out: {what} within {limit} (a "
+                "peer stopped, or the network drops every datagram); "
                 + posted._channel.engine.describe(posted.operation)
             )
 
