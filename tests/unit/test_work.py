@@ -204,6 +204,31 @@ def test_a_collective_pending_at_a_fork_completes_its_futures_with_the_error_in_
     assert pending.wait(timedelta(seconds=30)) and torch.equal(before.wait(), torch.zeros(1))
 
 
+def test_a_forked_child_that_does_not_use_commpress_runs_none_of_the_parents_callbacks(
+    tmp_path,
+):
+    """A data loader's worker forked while a collective was pending ran the parent's
+    callbacks (DDP's and FSDP's chains, on CUDA their stream guards) on a thread of its
+    own: the parent's futures fail in a child only once it uses commpress."""
+    release, marker = threading.Event(), tmp_path / "ran"
+    pending = launch(release.wait, async_op=True)
+    chained = pending.torch_future(torch.zeros(1)).then(
+        lambda _: marker.write_text(str(os.getpid()))
+    )
+    child = os.fork()
+    if child == 0:
+        import time
+
+        time.sleep(0.5)  # what a thread started at the fork would have done by now
+        os._exit(3 if marker.exists() else 0)
+    try:
+        assert _child_exit_code(child, seconds=20) == 0
+    finally:
+        release.set()
+    chained.wait()
+    assert marker.read_text() == str(os.getpid())  # the parent's callback ran in the parent
+
+
 def test_a_fork_while_the_native_build_lock_is_held_leaves_the_child_able_to_build():
     """A fork while another thread built the C kernels left the child's lock held: its
     first native kernel waited for good."""

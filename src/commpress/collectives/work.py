@@ -52,28 +52,34 @@ def _after_fork_in_child() -> None:
     parent counts a communication thread that is not there, and would queue every
     collective for it forever. The child starts its own (and a child forked from the
     communication thread is not on it any more). The parent's collectives still pending
-    never finish here: they fail (:func:`_fail_orphans`)."""
-    global _executor
+    never finish here: they fail once the child uses commpress (:func:`_fail_orphans`)."""
+    global _executor, _orphans
     _executor = _new_executor()
     _on_comm_thread.active = False
     _last_queued.clear()
-    orphans = list(_pending)
+    _orphans = (list(_pending), os.getppid())
     _pending.clear()
-    if orphans:
-        parent = os.getppid()
-        threading.Thread(
-            target=_fail_orphans, args=(orphans, parent), name="commpress-orphans", daemon=True
-        ).start()
 
 
-def _fail_orphans(orphans: list[concurrent.futures.Future], parent: int) -> None:
+def _fail_orphans() -> None:
     """Fail, in a forked child, the collectives its parent had pending at the fork, so that
-    their ``torch_future()`` completes (with the error); on a thread of its own, not in the
-    fork handler: their callbacks run where they fail."""
+    their ``torch_future()`` completes (with the error): at the child's first use of
+    commpress, on its thread, not in the fork handler nor in a child that never uses
+    commpress (a data loader's worker), where the parent's callbacks have no business."""
+    global _orphans
+    orphans, parent = _orphans
+    if not orphans:
+        return
+    _orphans = ([], parent)
     for future in orphans:
         # one may have finished as the parent forked
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             future.set_exception(_orphaned_error(parent))
+
+
+#: In a forked child, the parent's collectives pending at the fork (not failed yet), and
+#: the parent's process id.
+_orphans: tuple[list[concurrent.futures.Future], int] = ([], 0)
 
 
 def _orphaned_error(process: int) -> RuntimeError:
@@ -156,6 +162,7 @@ class CollectiveWork:
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         check_timeout(timeout)
+        _fail_orphans()
         if os.getpid() != self._process and not self._future.done():
             raise _orphaned_error(self._process)
         if getattr(_on_comm_thread, "active", False) and not self._future.done():
@@ -180,6 +187,7 @@ class CollectiveWork:
     def is_completed(self) -> bool:
         """Also in a child forked before it finished, where it never finishes (``wait()``
         raises)."""
+        _fail_orphans()
         return self._future.done() or os.getpid() != self._process
 
     def get_future(self) -> torch.futures.Future:
@@ -199,6 +207,7 @@ class CollectiveWork:
         records that completion event only on the devices of the tensors in ``value``, so on
         CUDA ``value`` must be a tensor on the collective's device (the output), or a list
         of them."""
+        _fail_orphans()
         order = self._order
         tensors = value if isinstance(value, list) else [value]
         if order is not None and not (
@@ -278,6 +287,7 @@ def launch(
             "thread (from a callback of another collective's future, say): it would wait "
             "for itself forever; call it with async_op=True, or from another thread"
         )
+    _fail_orphans()
     device = cuda_device(*tensors)
     order = StreamOrder(device, tensors) if device is not None else None
 
