@@ -22,9 +22,11 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   ``p - K`` is done (its END seen, or all its chunks here), a token passed by the
   broadcasts themselves;
 * each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s` of its
-  round's roots), so that the roots sending at once fill, and do not overflow, a
-  receiver's link or a rack's uplink; a round smaller than K (the last, where K does not
-  divide the ranks) sends faster, once every root of the rounds before is done.
+  round's roots), so that a round's roots fill, and do not overflow, a receiver's link or
+  a rack's uplink; a round smaller than K (the last, where K does not divide the ranks)
+  sends faster, once every root of the rounds before is done. The token passes root by
+  root, so the K roots sending at once may span two rounds, and with racks load one
+  uplink beyond its round's count (not paced for: the link drops the excess).
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
 are kept, up to a bound, and replayed when it is posted; datagrams of another channel,
