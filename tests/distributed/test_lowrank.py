@@ -182,10 +182,17 @@ def _layouts(rank, world_size):
 
 
 def test_gradients_of_any_layout_and_dtype_get_the_same_result():
+    mean = sum(gradients(rank, 0)["a"].bfloat16().float() for rank in range(2)) / 2
     for rank, layouts in enumerate(run_distributed(_layouts, 2, timeout=120)):
         assert not layouts["strided"].is_contiguous()
         # reduced, not left as they were (which would make every layout agree)
         assert not torch.allclose(layouts["contiguous"], gradients(rank, 0)["a"], atol=0.1)
+        # the mean projected on the rank-2 subspace PowerSGD found: not zeroed, negated or
+        # rescaled (each layout would still agree with the others)
+        reduced = layouts["contiguous"]
+        projected, kept = (reduced * mean).sum(), reduced.square().sum()
+        assert kept > 0.1 * mean.square().sum()
+        assert torch.isclose(projected, kept, rtol=1e-3), (projected, kept)
         assert torch.equal(layouts["strided"], layouts["contiguous"])
         assert torch.equal(layouts["bf16"], layouts["contiguous"].bfloat16())
 
