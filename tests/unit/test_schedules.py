@@ -578,6 +578,7 @@ def test_wire_bytes_plans_one_rank_not_every_rank(monkeypatch):
         return plan(op, algorithm, rank, *args)
 
     monkeypatch.setattr(wire, "plan", counting_plan)
+    wire._wire_bytes.cache_clear()  # a cached answer plans nothing, old code or new
     sent = wire.wire_bytes("all_gather", "ring", "none", 3, 509, torch.float32, 4096)
     assert sent == 508 * 3 * 4
-    assert len(planned) <= 1
+    assert planned == [0]
