@@ -17,7 +17,9 @@ different collective, and where one of them is ``native`` (which has no argument
 the ranks could hang, or one of them be ended by gloo. So a collective's ranks exchange
 their choices on its first call of each shape (:mod:`commpress.collectives.auto`): where
 they differ, or a rank could not choose, every rank raises, naming the settings that differ.
-Ranks whose arguments differ are still not told apart where the tuner gives one to torch.
+Ranks whose arguments differ raise :class:`~commpress.collectives.fingerprint.
+CollectiveMismatchError` on such a first call; on a later one, where the tuner gives the
+call to torch, they are not told apart (as with an explicit ``native``).
 
 The network comes from :func:`configure` or the environment: ``COMMPRESS_TUNE_TOPOLOGY``
 (``switch``, ``racks:count=2,uplink=500mbit``, ``fattree:radix=32``; default ``switch``),
