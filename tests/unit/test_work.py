@@ -291,3 +291,18 @@ def test_a_wait_that_times_out_says_so_and_the_collective_goes_on():
         work.wait(timeout=timedelta(milliseconds=50))
     release.set()
     assert work.wait() is True
+
+
+def test_the_work_fsdp_waits_on_takes_a_timeout():
+    """``FutureWork.wait(timeout)`` waited for good, whatever the timeout."""
+    from commpress.integrations.fsdp import FutureWork
+
+    release = threading.Event()
+    pending = launch(release.wait, async_op=True)
+    handed = FutureWork(pending.torch_future(torch.zeros(1)), pending)
+    try:
+        with pytest.raises(TimeoutError, match="did not complete within"):
+            handed.wait(timedelta(seconds=0.2))
+    finally:
+        release.set()
+    assert handed.wait(timedelta(seconds=30)) and handed.is_completed()

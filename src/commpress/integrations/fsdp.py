@@ -311,19 +311,22 @@ def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
     if not async_op:
         future.wait()
         return None
-    return FutureWork(future)
+    return FutureWork(future, work)
 
 
 class FutureWork(dist.Work):
     """The ``Work`` FSDP2 waits on: ``wait()`` re-raises the collective's error. (torch's
     ``_create_work_from_future`` returns True from ``wait()`` for a failed future too, and
-    FSDP2 then went on with the all-gather's uninitialised output.)"""
+    FSDP2 then went on with the all-gather's uninitialised output.) ``wait(timeout)`` raises
+    ``TimeoutError`` if ``work`` (the collective) has not finished within it."""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future, work: CollectiveWork) -> None:
         super().__init__()
-        self._future = future
+        self._future, self._work = future, work
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is not None:
+            self._work.wait(timeout)
         self._future.wait()
         return True
 
