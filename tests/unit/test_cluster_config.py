@@ -468,6 +468,32 @@ def test_a_rank_that_ended_after_reporting_is_not_taken_for_one_that_did_not(mon
         local._collect(ended, _QueueThatLags(None), timeout=10, allow_dead=False)
 
 
+class _Reports:
+    """A results queue holding the given reports, then empty."""
+
+    def __init__(self, *reports):
+        self.reports = list(reports)
+
+    def get(self, timeout=None):
+        if not self.reports:
+            raise queue.Empty
+        return self.reports.pop(0)
+
+
+def test_a_peer_that_failed_too_is_not_named_as_one_that_died(monkeypatch):
+    """Both ranks of ``commpress train`` failed on the same error; the second, which had
+    reported its failure and ended (exit code 0), was named ahead of the first's report as
+    the peer that died first: 'rank 1 died with exit code 0; rank 0 failed: ...'."""
+    from commpress.cluster import local
+
+    monkeypatch.setattr(local, "DEATH_LOOK_SECONDS", 0.05)
+    both_ended = [types.SimpleNamespace(exitcode=0)] * 2
+    failures = _Reports((0, False, "ValueError: same"), (1, False, "ValueError: same"))
+    with pytest.raises(local.DistributedError) as raised:
+        local._collect(both_ended, failures, timeout=10, allow_dead=False)
+    assert str(raised.value) == "rank 0 failed:\nValueError: same"
+
+
 def test_a_hang_up_stops_a_run_as_a_ctrl_c_does():
     """SIGHUP (a closed terminal, a dropped ssh session) ended the process at once, leaving
     the emulated cluster behind."""

@@ -226,8 +226,8 @@ def _ended_unreported(
         code = process.exitcode
         if rank in values or rank in dead or rank == failed or code is None:
             continue
-        if code == 0 and not failed_only:
-            ended.append((rank, f"rank {rank} ended (exit code 0) without reporting a result"))
-        else:
+        if code != 0:
             ended.append((rank, f"rank {rank} died with exit code {code}"))
+        elif not failed_only:
+            ended.append((rank, f"rank {rank} ended (exit code 0) without reporting a result"))
     return ended
