@@ -556,6 +556,26 @@ def test_train_checks_its_output_folder_before_training(tmp_path, capsys):
     assert "is not a writable folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["summary.json", "losses.csv", "loss.png", "."])
+def test_train_refuses_a_markdown_path_that_out_writes(name, tmp_path, monkeypatch, capsys):
+    """``--markdown OUT/summary.json`` replaced the summary with the table, exit 0;
+    ``--markdown OUT`` (a folder the run makes) ended the run in IsADirectoryError."""
+    from commpress.train import command
+
+    def started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(command, "run_distributed", started)
+    out = tmp_path / "results"
+    if name == ".":  # not made yet: --markdown's own check cannot see that it is one
+        markdown = out
+    else:
+        out.mkdir()
+        markdown = out / name
+    assert main(["train", "--out", str(out), "--markdown", str(markdown)]) == 2
+    assert "give the table a path of its own" in capsys.readouterr().err
+
+
 def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
     import subprocess

@@ -19,6 +19,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 from commpress.bench import report
@@ -59,6 +60,8 @@ LOWRANK_COLUMNS = (
 )
 #: Ranks of a run without the emulated cluster.
 LOCAL_PROCESSES = 2
+#: What ``--out`` gets: the loss curves, the summary and the plot.
+CURVES, SUMMARY, PLOT = "losses.csv", "summary.json", "loss.png"
 
 
 def config_from(args) -> TrainConfig:
@@ -79,6 +82,7 @@ def config_from(args) -> TrainConfig:
 
 
 def main(args) -> int:
+    _check_markdown_apart(args.markdown, args.out)
     config = config_from(args)
     _check_specs(config, wants_cluster(args))
     tuned = any(run.tuned for run in config.runs)
@@ -117,6 +121,19 @@ def main(args) -> int:
         report.write_markdown(args.markdown, title, results, columns)
     print(f"loss curves, summary and plot in {args.out}/")
     return 0
+
+
+def _check_markdown_apart(markdown: str | None, out: str) -> None:
+    """ValueError where ``--markdown`` names the ``--out`` folder or a file written there:
+    one output would replace the other, or the table would fail to be written after the run."""
+    if not markdown:
+        return
+    taken = [out] + [os.path.join(out, name) for name in (CURVES, SUMMARY, PLOT)]
+    if os.path.realpath(markdown) in map(os.path.realpath, taken):
+        raise ValueError(
+            f"--markdown {markdown!r} is --out {out!r} or one of the files written there "
+            f"({CURVES}, {SUMMARY}, {PLOT}): give the table a path of its own"
+        )
 
 
 def heading(config: TrainConfig, where: str) -> str:
@@ -171,7 +188,7 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
 
 def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "losses.csv", "w", newline="") as table:
+    with open(folder / CURVES, "w", newline="") as table:
         writer = csv.writer(table)
         writer.writerow(["run", "step", "loss", "step_s"])
         for row in results:
@@ -184,8 +201,8 @@ def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
         for row in results
     ]
     record = {"title": title, "provenance": report.provenance(), "runs": summary}
-    (folder / "summary.json").write_text(json.dumps(record, indent=2, allow_nan=False))
-    plot(folder / "loss.png", title, results)
+    (folder / SUMMARY).write_text(json.dumps(record, indent=2, allow_nan=False))
+    plot(folder / PLOT, title, results)
 
 
 def _json_value(value):
