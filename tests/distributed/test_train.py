@@ -227,3 +227,19 @@ def test_a_run_without_counters_reports_no_wire_bytes_rather_than_none():
     assert math.isnan(row["wire_bytes"]) and math.isnan(row["raw_bytes"])
     row.update(step_ms=10.0, speedup=1.0, eval_delta=0.0, wire_mb=row["wire_bytes"] / 2 / 1e6)
     assert format_table([row], COLUMNS).splitlines()[1].endswith(" -")
+
+
+def test_a_run_without_matplotlib_leaves_no_earlier_plot_beside_its_curves(tmp_path, monkeypatch):
+    """Without matplotlib the plot was skipped, but an earlier run's loss.png stayed in --out
+    beside the new curves and summary, and the run said 'loss curves, summary and plot in'."""
+    import sys
+
+    from commpress.train.command import write_outputs
+
+    results = [{"run": "plain", "losses": [5.0, 4.0], "step_times": [0.1, 0.1]}]
+    write_outputs(tmp_path, "earlier", results)
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    plotted = write_outputs(tmp_path, "later", results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["losses.csv", "summary.json"]
+    assert plotted is False  # so that the run does not say it wrote a plot

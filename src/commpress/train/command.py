@@ -10,7 +10,7 @@ bandwidth-optimal ring sends, as ``commpress bench`` counts ``native``: gloo's
 reduce-scatter sends twice that, so plain FSDP on gloo sends more); for low-rank hooks
 also the time the training thread waited for the hook per step, and the share of
 it the scheduler hides compared with the same spec ``@serial``. Writes a CSV of
-the loss curves, a JSON summary and a PNG plot.
+the loss curves, a JSON summary and, with matplotlib, a PNG plot.
 """
 
 from __future__ import annotations
@@ -116,10 +116,13 @@ def main(args) -> int:
     title = heading(config, where)
     print(f"# {title}")
     print(report.format_table(results, columns))
-    write_outputs(Path(args.out), title, results)
+    plotted = write_outputs(Path(args.out), title, results)
     if args.markdown:
         report.write_markdown(args.markdown, title, results, columns)
-    print(f"loss curves, summary and plot in {args.out}/")
+    if plotted:
+        print(f"loss curves, summary and plot in {args.out}/")
+    else:
+        print(f"loss curves and summary in {args.out}/ (no plot: pip install 'commpress[plot]')")
     return 0
 
 
@@ -186,7 +189,9 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
         )
 
 
-def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
+def write_outputs(folder: Path, title: str, results: list[dict]) -> bool:
+    """The loss curves, the summary and the plot written to ``folder``; whether the plot
+    was (not without matplotlib: an earlier run's is removed, not left beside these)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / CURVES, "w", newline="") as table:
         writer = csv.writer(table)
@@ -202,7 +207,10 @@ def write_outputs(folder: Path, title: str, results: list[dict]) -> None:
     ]
     record = {"title": title, "provenance": report.provenance(), "runs": summary}
     (folder / SUMMARY).write_text(json.dumps(record, indent=2, allow_nan=False))
-    plot(folder / PLOT, title, results)
+    if plot(folder / PLOT, title, results):
+        return True
+    (folder / PLOT).unlink(missing_ok=True)
+    return False
 
 
 def _json_value(value):
@@ -213,12 +221,12 @@ def _json_value(value):
     return value
 
 
-def plot(path: Path, title: str, results: list[dict]) -> None:
+def plot(path: Path, title: str, results: list[dict]) -> bool:
+    """The loss and step-time curves drawn to ``path``; False without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        print("(no plot: pip install 'commpress[plot]')")
-        return
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -236,6 +244,7 @@ def plot(path: Path, title: str, results: list[dict]) -> None:
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    return True
 
 
 def add_arguments(parser) -> None:
