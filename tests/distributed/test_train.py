@@ -243,3 +243,25 @@ def test_a_run_without_matplotlib_leaves_no_earlier_plot_beside_its_curves(tmp_p
     plotted = write_outputs(tmp_path, "later", results)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["losses.csv", "summary.json"]
     assert plotted is False  # so that the run does not say it wrote a plot
+
+
+def test_every_example_of_the_compare_help_is_accepted_by_its_strategy():
+    """--help gave int4@alltoall as 'a spec for both all-gather and reduce-scatter', before
+    any strategy was named: the default (FSDP) refused it, alltoall being no all-gather."""
+    import argparse
+    import re
+
+    from commpress.train import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    (action,) = [a for a in parser._actions if a.dest == "compare"]
+    names = "|".join(["plain", "auto", "none", "int8", "int4", "bf16", "torch-powersgd",
+                      "powersgd", "acpsgd"])  # fmt: skip
+    for_fsdp, _, for_ddp = action.help.partition("with --strategy ddp")
+    for strategy, text in (("fsdp", for_fsdp), ("ddp", for_ddp)):
+        examples = [e.rstrip(":,;.") for e in re.findall(rf"\b(?:{names})[\w:=,@/-]*", text)]
+        assert examples, text
+        runs = tuple(Run.parse(example, strategy) for example in examples)
+        config = TrainConfig(runs=runs, model=GPTConfig(), strategy=strategy)
+        command._check_specs(config, on_cluster=False)
