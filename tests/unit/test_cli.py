@@ -576,6 +576,21 @@ def test_train_refuses_a_markdown_path_that_out_writes(name, tmp_path, monkeypat
     assert "give the table a path of its own" in capsys.readouterr().err
 
 
+def test_train_refuses_a_context_longer_than_the_held_out_text(monkeypatch, capsys):
+    """Training ran to its last step, then the held-out evaluation raised 'random_ expects
+    from to be less than to' on every rank, losing the run."""
+    from commpress.train import command
+    from commpress.train.data import Corpus
+
+    def started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(command, "run_distributed", started)
+    held_out = len(Corpus.standard_library().validation)
+    assert main(["train", "--context", str(held_out - 1)]) == 2
+    assert f"at most {held_out - 2}" in capsys.readouterr().err
+
+
 def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
     import subprocess

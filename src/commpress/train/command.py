@@ -33,6 +33,7 @@ from commpress.cluster.commands import (
     wants_cluster,
 )
 from commpress.cluster.local import run_distributed
+from commpress.train.data import Corpus
 from commpress.train.loop import (
     COSINE_FLOOR,
     OPTIMIZERS,
@@ -85,6 +86,7 @@ def main(args) -> int:
     _check_markdown_apart(args.markdown, args.out)
     config = config_from(args)
     _check_specs(config, wants_cluster(args))
+    _check_context(config)
     tuned = any(run.tuned for run in config.runs)
     if not wants_cluster(args):
         nprocs = args.nprocs or LOCAL_PROCESSES
@@ -186,6 +188,18 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
             "reduce spec",
             gathers=not fsdp,  # DDP all-reduces: its second half gathers
             tunable=fsdp,
+        )
+
+
+def _check_context(config: TrainConfig) -> None:
+    """ValueError where a sequence is longer than the held-out text allows: the evaluation
+    after the last step could not draw one, and the whole run was lost."""
+    held_out = len(Corpus.standard_library(config.corpus_bytes).validation)
+    longest = held_out - 2  # batch() draws its starts below len - context - 1
+    if config.model.context > longest:
+        raise ValueError(
+            f"--context {config.model.context} is longer than the held-out text allows "
+            f"({held_out} bytes): at most {longest}"
         )
 
 
