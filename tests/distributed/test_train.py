@@ -105,6 +105,13 @@ def test_low_rank_runs_are_ddp_only_and_checked_early(capsys):
     assert "rank must be an int of at least 1" in capsys.readouterr().err
 
 
+def test_torch_powersgd_is_refused_with_serial_that_it_would_ignore():
+    """``torch-powersgd:rank=2@serial`` ran torch's hook as ever, under a label that said it
+    had no scheduler, beside the same run without @serial."""
+    with pytest.raises(ValueError, match="no @serial"):
+        Run.parse("torch-powersgd:rank=2,start_iter=2@serial", "ddp")
+
+
 def test_torch_powersgd_gets_every_option_or_refuses_it():
     """Only ``rank`` and ``start_iter`` reached torch's hook (the rest were dropped, and a
     ``start_iter`` below 2 raised to 2, silently)."""

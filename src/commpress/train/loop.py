@@ -62,6 +62,11 @@ class Run:
             if mode not in ("", "serial"):
                 raise ValueError(f"--compare {text!r}: only @serial may follow a low-rank spec")
             if name == TORCH_POWERSGD:
+                if mode:
+                    raise ValueError(
+                        f"--compare {text!r}: torch's PowerSGD hook has no scheduler of ours "
+                        "to leave out: no @serial"
+                    )
                 torch_powersgd_state(spec)  # options torch's hook cannot honour are refused
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE, spec, mode != "serial")
         gather, slash, scatter = text.partition("/")
