@@ -503,6 +503,8 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["sim", "--message-us", "inf"], "message_s out of range: inf"),
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
+        (["train", "--seed", str(2**64 - 1), "--steps", "1"], "seed must be within ±2**43"),
+        (["train", "--seed", str(-(2**43) - 1), "--steps", "1"], "seed must be within ±2**43"),
         (["codecs", "--codec", "none", "--codec", "none"], "--codec none given twice"),
         (
             ["codecs", "--codec", "none", "--numel", "8", "--repeats", "1", "--threads", "100000"],
@@ -533,8 +535,9 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
 def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
     """From bug hunts: infinite sizes were tracebacks (OverflowError), repeated list
     entries repeated rows (also one value written two ways: 1M and 1048576), a port above
-    65535 failed in every rank, infinite latencies and learning rates ran (to inf, to NaN),
-    100000 codec threads crashed torch (SIGSEGV)."""
+    65535 failed in every rank, as did a train --seed past 64 bits once scaled for the
+    ranks' batches (2**64 - 1, or a time in nanoseconds), infinite latencies and learning
+    rates ran (to inf, to NaN), 100000 codec threads crashed torch (SIGSEGV)."""
     try:
         code = main(argv)
     except SystemExit as exit_info:

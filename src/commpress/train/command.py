@@ -297,7 +297,9 @@ def add_arguments(parser) -> None:
         default="constant",
         help=f"learning rate: constant, or cosine decay to {COSINE_FLOOR:g} of it (constant)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of every configuration (0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of every configuration, within ±2**43 (0)"
+    )
     parser.add_argument("--bf16", action="store_true", help="FSDP: bf16 parameters, fp32 reduction")
     parser.add_argument("--nprocs", type=positive_int, help=f"local processes ({LOCAL_PROCESSES})")
     add_link_arguments(parser, required=False)

@@ -81,6 +81,10 @@ SGD_MOMENTUM = 0.9
 #: Learning-rate schedules: constant, or cosine decay to this share of the start over the run.
 SCHEDULES = ("constant", "cosine")
 COSINE_FLOOR = 0.1
+#: A rank draws its batches from ``seed * RANK_SEED_STRIDE + rank``, which torch takes
+#: within 64 bits: seeds within ``±SEED_LIMIT`` keep it there for any number of ranks.
+RANK_SEED_STRIDE = 1_000_003
+SEED_LIMIT = 1 << 43
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ class TrainConfig:
                 "--bf16 sets FSDP2's parameter dtype: it is for --strategy fsdp "
                 f"(a {self.strategy} run trains in fp32)"
             )
+        if not -SEED_LIMIT <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be within ±2**43, got {self.seed}")
         if self.learning_rate is not None and not 0 < self.learning_rate < math.inf:
             raise ValueError(f"learning rate must be positive and finite, got {self.learning_rate}")
         repeated = named_twice([run.label for run in self.runs])
@@ -255,7 +261,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig):
         model, counters = _wrap(GPT(config.model), config, run)
         optimizer = config.make_optimizer(model.parameters())
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_factor)
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
+        generator = torch.Generator().manual_seed(config.seed * RANK_SEED_STRIDE + rank)
         progress = Progress(run.label, config.steps, enabled=rank == 0)
         curves = Curves()
         for step in range(config.steps):
