@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from commpress.cluster.system import ClusterError
+from commpress.cluster.system import ClusterError, DistributedError
 
 #: name -> (help, module, the module's function that adds the arguments, handler or None
 #: where that function sets its own). A command's module is imported only when it runs:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, ImportError) as error:
         print(f"commpress {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except ClusterError as error:
+    except (ClusterError, DistributedError) as error:  # a rank's traceback is in the message
         print(f"commpress {args.command}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -594,6 +594,22 @@ def test_train_refuses_a_context_longer_than_the_held_out_text(monkeypatch, caps
     assert f"at most {held_out - 2}" in capsys.readouterr().err
 
 
+def test_a_failed_rank_ends_the_command_with_its_error_alone(monkeypatch, capsys):
+    """A rank's failure (or a job's timeout) left the command in a traceback of its own
+    (cli, command, run_distributed, _collect) around the rank's."""
+    from commpress.cluster.local import DistributedError
+    from commpress.train import command
+
+    def failed(*args, **kwargs):
+        raise DistributedError("rank 1 failed:\nTraceback ...\nValueError: the rank's own")
+
+    monkeypatch.setattr(command, "run_distributed", failed)
+    assert main(["train", "--compare", "plain"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("commpress train: rank 1 failed:\n")
+    assert err.count("Traceback") == 1 and err.count("the rank's own") == 1
+
+
 def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
     import subprocess

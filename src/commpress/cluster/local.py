@@ -34,7 +34,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commpress.cluster.rank import run_rank
-from commpress.cluster.system import deferred_signals, end_with, enter_namespace
+from commpress.cluster.system import (
+    DistributedError,
+    deferred_signals,
+    end_with,
+    enter_namespace,
+)
 from commpress.units import check_seconds
 
 POLL_SECONDS = 0.5
@@ -46,10 +51,6 @@ END_GRACE_SECONDS = 5.0
 FAILED_GRACE_SECONDS = 1.0
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
-
-
-class DistributedError(RuntimeError):
-    """A rank failed, died or timed out."""
 
 
 def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace, caller):

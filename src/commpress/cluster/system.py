@@ -25,6 +25,10 @@ class ClusterError(RuntimeError):
     """The emulated cluster cannot be built, used or removed; the message says what to do."""
 
 
+class DistributedError(RuntimeError):
+    """A rank failed, died or timed out; the message carries a failed rank's traceback."""
+
+
 #: Where ``ip netns`` keeps a handle on each namespace, and the files it shows the
 #: namespace's processes in place of those of /etc.
 NETNS_RUN = "/var/run/netns"
