@@ -610,6 +610,31 @@ def test_a_failed_rank_ends_the_command_with_its_error_alone(monkeypatch, capsys
     assert err.count("Traceback") == 1 and err.count("the rank's own") == 1
 
 
+@pytest.mark.parametrize(
+    ("strategy", "first", "second"),
+    [
+        ("fsdp", "plain", "none@native"),
+        ("fsdp", "int8", "int8:block=256@ring"),
+        ("fsdp", "int4", "int4/int4"),
+        ("fsdp", "plain", "int8@native"),  # torch's collective ignores the codec
+        ("ddp", "int8@alltoall", "int8:block=256@alltoall"),
+    ],
+)
+def test_train_refuses_one_configuration_written_two_ways(
+    strategy, first, second, monkeypatch, capsys
+):
+    """bench, sim and codecs refuse int8 beside int8:block=256 (rows repeated); train ran
+    such a configuration twice under two labels, as if they differed."""
+    from commpress.train import command
+
+    def started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(command, "run_distributed", started)
+    assert main(["train", "--strategy", strategy, "--compare", first, second]) == 2
+    assert f"{first!r} and {second!r} are the same configuration" in capsys.readouterr().err
+
+
 def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
     import subprocess

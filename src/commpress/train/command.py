@@ -166,29 +166,47 @@ def _add_hidden_share(results: list[dict]) -> None:
 
 
 def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
-    """Bad specs fail here, before any process starts; multicast needs the cluster."""
+    """Bad specs fail here, before any process starts; multicast needs the cluster; two
+    runs that are one configuration written two ways are refused."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations.spec import CollectiveSpec
     from commpress.lowrank import get_algorithm
 
+    label_of = {}
     for run in config.runs:
         if run.lowrank is not None:
             get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
             continue
         fsdp = config.strategy == "fsdp"  # cp.fsdp.compress takes auto specs
+        gather = None
         if fsdp:
             gather = CollectiveSpec.parse(
                 run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True, tunable=True
             )
             multicasts = gather.algorithm == "multicast"
             check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
-        CollectiveSpec.parse(
+        scatter = CollectiveSpec.parse(
             run.reduce_scatter,
             REDUCE_SCATTER_ALGORITHMS,
             "reduce spec",
             gathers=not fsdp,  # DDP all-reduces: its second half gathers
             tunable=fsdp,
         )
+        first = label_of.setdefault((_meaning(gather), _meaning(scatter)), run.label)
+        if first != run.label:
+            raise ValueError(
+                f"--compare {first!r} and {run.label!r} are the same configuration, "
+                "which would only run twice"
+            )
+
+
+def _meaning(spec) -> tuple[str, str] | None:
+    """What a parsed spec runs: torch's own collective ignores the codec."""
+    if spec is None:
+        return None
+    if spec.algorithm == "native":
+        return ("native", "none")
+    return (spec.algorithm, str(spec.codec))
 
 
 def _check_context(config: TrainConfig) -> None:
