@@ -189,8 +189,9 @@ if __name__ == "__main__":
 def test_no_rank_outlives_a_caller_that_is_stopped_or_killed(tmp_path, signum, whole_group):
     """SIGTERM, SIGINT, and a terminal's Ctrl-C (SIGINT to the whole process group, ranks
     included): the caller ends every rank, then raises KeyboardInterrupt, not a rank's
-    error. SIGKILL: the fork server outlives the caller while the ranks hold its pipe;
-    each rank, waiting on its caller's pidfd, kills itself."""
+    error, and removes its scratch folders. SIGKILL: the fork server outlives the caller
+    while the ranks hold its pipe; each rank, waiting on its caller's pidfd, kills itself
+    (the caller's scratch folders stay, under this test's TMPDIR: they were left in /tmp)."""
     import signal
     import time
 
@@ -198,8 +199,13 @@ def test_no_rank_outlives_a_caller_that_is_stopped_or_killed(tmp_path, signum, w
     script.write_text(STOPPED_WHILE_RANKS_RUN)
     folder = tmp_path / "pids"
     folder.mkdir()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     caller = subprocess.Popen(
-        [sys.executable, str(script), str(folder)], stderr=subprocess.PIPE, start_new_session=True
+        [sys.executable, str(script), str(folder)],
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     deadline = time.monotonic() + 60
     while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
@@ -214,6 +220,7 @@ def test_no_rank_outlives_a_caller_that_is_stopped_or_killed(tmp_path, signum, w
         _, stderr = caller.communicate(timeout=30)
         if signum != "SIGKILL":
             assert b"KeyboardInterrupt" in stderr and b"DistributedError" not in stderr, stderr
+            assert not os.listdir(scratch)
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
