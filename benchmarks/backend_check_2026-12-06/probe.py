@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import interleaved_rounds, paired_difference
+from commpress.bench.paired import interleaved_calls, paired_difference
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
@@ -80,18 +80,10 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
     }
 
 
-def _rounds(calls: dict, rounds: int) -> dict:
-    current = {}
-
-    def switch(variant):
-        current["call"] = calls[variant]
-        return lambda: None
-
-    return interleaved_rounds(lambda: current["call"](), VARIANTS, rounds, switch, WARMUP)
-
-
 def worker(rank, world_size, sizes, rounds):
-    return {size: _rounds(_calls(size, rank, world_size), rounds) for size in sizes}
+    return {
+        size: interleaved_calls(_calls(size, rank, world_size), rounds, WARMUP) for size in sizes
+    }
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import interleaved_calls
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 
@@ -50,13 +50,7 @@ def _calls(world_size: int) -> dict:
 
 
 def worker(rank, world_size, rounds):
-    calls, current = _calls(world_size), {}
-
-    def switch(variant):
-        current["call"] = calls[variant]
-        return lambda: None
-
-    return interleaved_rounds(lambda: current["call"](), VARIANTS, rounds, switch, 3)
+    return interleaved_calls(_calls(world_size), rounds)
 
 
 def main() -> None:

@@ -83,6 +83,23 @@ def test_interleaved_rounds_rotate_the_order_and_drop_the_warmup():
     assert kept == {"a": 2, "b": 2, "c": 2}
 
 
+def _calls_taken(rank, world_size):
+    from commpress.bench.paired import interleaved_calls
+
+    ran = []
+    calls = {variant: (lambda v=variant: ran.append(v)) for variant in ("a", "b", "c")}
+    times = interleaved_calls(calls, rounds=2, warmup=1)
+    return ran, {v: len(t) for v, t in times.items()}
+
+
+def test_interleaved_calls_run_each_variants_own_call():
+    from commpress.cluster.local import run_distributed
+
+    ((ran, kept),) = run_distributed(_calls_taken, 1, timeout=60)
+    assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert kept == {"a": 2, "b": 2, "c": 2}
+
+
 def test_paired_arguments_parse_lists_of_sizes_and_codecs(capsys):
     parser = paired_arguments("x", prefix="t", sizes="1M,4M", codecs="int8", rounds=5)
     defaults = parser.parse_args([])

@@ -129,6 +129,18 @@ def _child_exit_code(child: int, seconds: float = 60.0) -> int | None:
     return None
 
 
+def _child_passes(check, seconds: float = 30.0) -> bool:
+    """Fork; the child exits 0 where ``check()`` is true (2 where false, 1 where it
+    raises); whether it did so within ``seconds``."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os._exit(0 if check() else 2)
+        except BaseException:
+            os._exit(1)
+    return _child_exit_code(child, seconds) == 0
+
+
 def test_a_child_forked_from_the_communication_thread_is_not_on_it():
     """The child's one thread kept the communication thread's mark, and its synchronous
     collectives were refused as if called from a callback."""
@@ -153,17 +165,16 @@ def test_a_collective_pending_at_a_fork_raises_in_the_child_instead_of_hanging()
     communication thread stayed in the parent): waiting for it there hung for good."""
     release = threading.Event()
     pending = launch(release.wait, async_op=True)
-    child = os.fork()
-    if child == 0:
+
+    def raises_as_orphaned() -> bool:
         try:
             pending.wait()
-            os._exit(2)
         except RuntimeError as error:
-            os._exit(0 if "forked this one" in str(error) else 3)
-        except BaseException:
-            os._exit(1)
+            return "forked this one" in str(error)
+        return False
+
     try:
-        assert _child_exit_code(child, seconds=20) == 0
+        assert _child_passes(raises_as_orphaned, seconds=20)
     finally:
         release.set()
     assert pending.wait(timedelta(seconds=30))  # the parent's own wait is unaffected
@@ -188,17 +199,14 @@ def test_a_collective_pending_at_a_fork_completes_its_futures_with_the_error_in_
     release = threading.Event()
     pending = launch(release.wait, async_op=True)
     before = pending.torch_future(torch.zeros(1))
-    child = os.fork()
-    if child == 0:
-        try:
-            after = pending.torch_future(torch.zeros(1))
-            completed = pending.is_completed()
-            failed = _fails_as_orphaned(before) and _fails_as_orphaned(after)
-            os._exit(0 if completed and failed else 2)
-        except BaseException:
-            os._exit(1)
+
+    def fails_every_future() -> bool:
+        after = pending.torch_future(torch.zeros(1))
+        completed = pending.is_completed()
+        return completed and _fails_as_orphaned(before) and _fails_as_orphaned(after)
+
     try:
-        assert _child_exit_code(child, seconds=30) == 0
+        assert _child_passes(fails_every_future)
     finally:
         release.set()
     assert pending.wait(timedelta(seconds=30)) and torch.equal(before.wait(), torch.zeros(1))
@@ -215,14 +223,15 @@ def test_a_forked_child_that_does_not_use_commpress_runs_none_of_the_parents_cal
     chained = pending.torch_future(torch.zeros(1)).then(
         lambda _: marker.write_text(str(os.getpid()))
     )
-    child = os.fork()
-    if child == 0:
+
+    def runs_no_callback() -> bool:
         import time
 
         time.sleep(0.5)  # what a thread started at the fork would have done by now
-        os._exit(3 if marker.exists() else 0)
+        return not marker.exists()
+
     try:
-        assert _child_exit_code(child, seconds=20) == 0
+        assert _child_passes(runs_no_callback, seconds=20)
     finally:
         release.set()
     chained.wait()

@@ -85,6 +85,20 @@ def interleaved_rounds(
     return times
 
 
+def interleaved_calls(
+    calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """:func:`interleaved_rounds` of variants that are calls of their own: ``calls`` maps
+    each variant to what it runs. A collective: every rank must give the same variants."""
+    current: dict[str, Callable[[], object]] = {}
+
+    def switch(variant: str) -> Callable[[], None]:
+        current["call"] = calls[variant]
+        return lambda: None
+
+    return interleaved_rounds(lambda: current["call"](), list(calls), rounds, switch, warmup)
+
+
 def paired_arguments(
     description: str, *, prefix: str, sizes: str, codecs: str, rounds: int
 ) -> argparse.ArgumentParser:
