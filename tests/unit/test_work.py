@@ -314,4 +314,20 @@ def test_the_work_fsdp_waits_on_takes_a_timeout():
             handed.wait(timedelta(seconds=0.2))
     finally:
         release.set()
-    assert handed.wait(timedelta(seconds=30)) and handed.is_completed()
+    # a zero timeout is torch's "none", what its C++ passes for wait(): refused before
+    assert handed.wait(timedelta(0)) and handed.is_completed()
+
+
+def test_a_grandchild_fails_the_collectives_pending_at_its_grandparents_fork():
+    """A child that never used commpress and forked again handed its parent's pending
+    collectives to nobody: the grandchild's future of one stayed pending for good."""
+    release = threading.Event()
+    pending = launch(release.wait, async_op=True)
+
+    def grandchild_fails_it() -> bool:
+        return _child_passes(lambda: _fails_as_orphaned(pending.torch_future(torch.zeros(1))))
+
+    try:
+        assert _child_passes(grandchild_fails_it, seconds=40)
+    finally:
+        release.set()

@@ -57,7 +57,8 @@ def _after_fork_in_child() -> None:
     _executor = _new_executor()
     _on_comm_thread.active = False
     _last_queued.clear()
-    _orphans = (list(_pending), os.getppid())
+    # a child that never used commpress and forks again passes its parent's on
+    _orphans = (_orphans[0] + list(_pending), os.getppid())
     _pending.clear()
 
 
@@ -65,7 +66,9 @@ def _fail_orphans() -> None:
     """Fail, in a forked child, the collectives its parent had pending at the fork, so that
     their ``torch_future()`` completes (with the error): at the child's first use of
     commpress, on its thread, not in the fork handler nor in a child that never uses
-    commpress (a data loader's worker), where the parent's callbacks have no business."""
+    commpress (a data loader's worker), where the parent's callbacks have no business. A
+    torch future handed out before the fork and waited on in a child that has not used
+    commpress stays pending there."""
     global _orphans
     orphans, parent = _orphans
     if not orphans:

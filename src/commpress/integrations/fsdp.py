@@ -318,20 +318,20 @@ class FutureWork(dist.Work):
     """The ``Work`` FSDP2 waits on: ``wait()`` re-raises the collective's error. (torch's
     ``_create_work_from_future`` returns True from ``wait()`` for a failed future too, and
     FSDP2 then went on with the all-gather's uninitialised output.) ``wait(timeout)`` raises
-    ``TimeoutError`` if ``work`` (the collective) has not finished within it."""
+    ``TimeoutError`` if ``work`` (the collective) has not finished within it; a zero
+    timeout is torch's "none" (what its C++ passes for ``wait()``)."""
 
     def __init__(self, future: torch.futures.Future, work: CollectiveWork) -> None:
         super().__init__()
         self._future, self._work = future, work
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        if timeout is not None:
-            self._work.wait(timeout)
+        self._work.wait(timeout or None)  # also where a forked child must fail it
         self._future.wait()
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._work.is_completed() and self._future.done()
 
     def get_future(self) -> torch.futures.Future:
         return self._future
