@@ -127,7 +127,9 @@ _errors: dict[str, float] = {}
 
 def configure(**fields) -> Network:
     """Set the network the tuner plans for (fields of :class:`Network`); forgets every
-    cached choice and rereads the fit. Call it with the same values on every rank."""
+    cached choice and rereads the fit. Call it with the same values on every rank. Choices
+    already agreed over a group (:mod:`commpress.collectives.auto`) are kept while the
+    values stay the same: a fit rewritten at the same path counts for new call shapes only."""
     global _network, _configured
     network = Network(**fields)
     with _lock:
