@@ -19,3 +19,13 @@ def name_ranks(ranks: list[int], global_ranks: list[int] | None) -> str:
         return named
     world = ", ".join(str(global_ranks[r]) for r in ranks)
     return f"{named} (global {'ranks' if several else 'rank'} {world})"
+
+
+def by_rank(values: list, global_ranks: list[int] | None = None) -> str:
+    """'rank 0: a; ranks 1, 2: b' for the values of ranks 0, 1, 2, a None left out (on a
+    subgroup with its ``global_ranks``: 'rank 0 (global rank 3): a')."""
+    ranks_of: dict = {}
+    for rank, value in enumerate(values):
+        if value is not None:
+            ranks_of.setdefault(value, []).append(rank)
+    return "; ".join(f"{name_ranks(ranks, global_ranks)}: {v}" for v, ranks in ranks_of.items())

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from commpress.codecs import get_codec
 from commpress.collectives.fingerprint import CollectiveMismatchError
 from commpress.collectives.work import in_queue_order
-from commpress.ranks import name_ranks, this_rank
+from commpress.ranks import by_rank, this_rank
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
 
@@ -206,7 +206,7 @@ def _agree(group, device: torch.device, call: _Call, planned, settings) -> tuner
         this = this_rank(dist.get_rank(group), global_ranks)
         raise CollectiveMismatchError(
             f"ranks called a tuned collective with different arguments (this is {this}): "
-            f"{_by_rank([str(p.call) for p in everyone], global_ranks)}"
+            f"{by_rank([str(p.call) for p in everyone], global_ranks)}"
         )
     if failed and all(p.error == mine.error for p in everyone):
         raise planned  # every rank's own, as without the exchange
@@ -220,13 +220,13 @@ def _disagreement(everyone: list[_Planned], global_ranks: list[int] | None = Non
     """Why the ranks cannot run one choice ("" where they can)."""
     if any(p.error for p in everyone):
         said = [p.error or f"chose {p.ran}" for p in everyone]
-        return f"not every rank's tuner could choose ({_by_rank(said, global_ranks)})"
+        return f"not every rank's tuner could choose ({by_rank(said, global_ranks)})"
     if len({p.ran for p in everyone}) == 1:
         return ""
-    chose = _by_rank([p.ran for p in everyone], global_ranks)
+    chose = by_rank([p.ran for p in everyone], global_ranks)
     names = dict.fromkeys(name for p in everyone for name in p.settings)
     differing = [
-        f"{name} ({_by_rank([p.settings.get(name, 'none') for p in everyone], global_ranks)})"
+        f"{name} ({by_rank([p.settings.get(name, 'none') for p in everyone], global_ranks)})"
         for name in names
         if len({p.settings.get(name) for p in everyone}) > 1
     ]
@@ -235,15 +235,3 @@ def _disagreement(everyone: list[_Planned], global_ranks: list[int] | None = Non
         f"the ranks' tuners chose differently ({chose}), so they would run different "
         f"collectives: give every rank the same settings; these differ: {why}"
     )
-
-
-def _by_rank(values: list, global_ranks: list[int] | None = None) -> str:
-    """'rank 0: a; ranks 1, 2: b' for the values of ranks 0, 1, 2 (on a subgroup with
-    their ``global_ranks``: 'rank 0 (global rank 3): a')."""
-    ranks_of: dict[str, list[int]] = {}
-    for rank, value in enumerate(values):
-        ranks_of.setdefault(value, []).append(rank)
-    parts = []
-    for value, ranks in ranks_of.items():
-        parts.append(f"{name_ranks(ranks, global_ranks)}: {value}")
-    return "; ".join(parts)

@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from commpress.ranks import this_rank
+
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
 #: NCCL: "... before timing out").
 _TIMEOUT_WORDS = ("timed out", "timing out")
@@ -26,9 +28,7 @@ def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) 
     """'all_gather_into_tensor (int8@ring) on a group of 3 ranks (this is rank 0)'."""
     group = dist.group.WORLD if group is None else group
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    this = f"rank {rank}"
-    if dist.get_rank() != rank:
-        this += f", global rank {dist.get_rank()}"
+    this = this_rank(rank, dist.get_process_group_ranks(group))
     return f"{name} ({codec}@{algorithm}) on a group of {size} ranks (this is {this})"
 
 

@@ -32,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.ranks import name_ranks
+from commpress.ranks import by_rank
 from commpress.spec_options import parse_options
 from commpress.transport.reliable_broadcast import (
     OPERATION_IDS,
@@ -246,13 +246,9 @@ def _raise_failures(
     """Every rank raises the same error when any rank could not set up (``failures``: each
     rank's, or None), naming the ranks of each failure once; ``cause``: this rank's own,
     whose traceback it keeps."""
-    ranks_of: dict[str, list[int]] = {}
-    for rank, failure in enumerate(failures):
-        if failure:
-            ranks_of.setdefault(failure, []).append(rank)
-    if ranks_of:
-        said = [f"{name_ranks(ranks, global_ranks)}: {f}" for f, ranks in ranks_of.items()]
-        raise MulticastSetupError("multicast cannot be set up: " + "; ".join(said)) from cause
+    said = by_rank([failure or None for failure in failures], global_ranks)
+    if said:
+        raise MulticastSetupError("multicast cannot be set up: " + said) from cause
 
 
 #: torch's own default for a process group whose timeout cannot be read.
