@@ -122,6 +122,7 @@ def _one_rank_stalls(rank, world_size, algorithm, op, directory):
     [
         ("ring", "all_gather"),
         ("backend", "all_gather"),
+        ("multicast", "all_gather"),  # its channel's set-up, the first call's first step
         ("ring", "reduce_scatter"),
         ("alltoall", "reduce_scatter"),
     ],
@@ -198,3 +199,40 @@ def test_tensors_made_under_inference_mode_are_written_as_torch_writes_them():
     "Inplace update to inference tensor outside InferenceMode" after communicating."""
     for same, after in run_distributed(_under_inference_mode, 2, timeout=120):
         assert same and after == list(range(6)) * 2
+
+
+def _multicast_setup_with_a_stalled_peer(rank, world_size, directory):
+    from commpress.transport import multicast
+
+    if rank == 1:
+        stall(directory, (0, 2), STALL_SECONDS)
+        return None
+    start = time.monotonic()
+    try:
+        multicast.channel_for(None, TIMEOUT)
+    except RuntimeError as error:
+        return str(error)[:300], time.monotonic() - start
+    finally:
+        report(directory, rank)
+    return "no error", time.monotonic() - start
+
+
+def test_a_multicast_channel_set_up_gives_up_within_the_call_timeout(tmp_path):
+    """The set-up's exchanges of addresses waited for the process group's timeout (30
+    minutes by default), whatever the call's ``timeout``."""
+    results = run_distributed(_multicast_setup_with_a_stalled_peer, 3, str(tmp_path), timeout=60)
+    for message, elapsed in (results[0], results[2]):
+        assert "timed out" in message.lower(), message
+        assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
+
+
+def _objects_of_every_rank(rank, world_size):
+    from commpress.transport.objects import all_gather_objects
+
+    mine = {"rank": rank, "text": "x" * (100 * rank), "none": None}  # of different lengths
+    return all_gather_objects(mine, None, TIMEOUT)
+
+
+def test_the_timed_object_exchange_gives_every_rank_every_object_in_rank_order():
+    expected = [{"rank": r, "text": "x" * (100 * r), "none": None} for r in range(3)]
+    assert run_distributed(_objects_of_every_rank, 3) == [expected] * 3

@@ -889,12 +889,12 @@ def _set_up_as_rank_0_of_2(monkeypatch, network, peer_reports) -> list:
 
     peer_reports, sent = iter(peer_reports), []
 
-    def all_gather_object(into, value, group=None):
+    def all_gather_objects(value, group, timeout):
         sent.append(value)
         peer = next(peer_reports)
         if isinstance(peer, BaseException):
             raise peer
-        into[:] = [value, peer]
+        return [value, peer]
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_ADDRESS", "10.1.2.3")
     monkeypatch.setattr(multicast, "UdpNetwork", network)
@@ -902,7 +902,7 @@ def _set_up_as_rank_0_of_2(monkeypatch, network, peer_reports) -> list:
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [0, 1])
-    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(multicast, "all_gather_objects", all_gather_objects)
     return sent
 
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from commpress.ranks import by_rank
 from commpress.spec_options import parse_options
+from commpress.transport.objects import all_gather_objects
 from commpress.transport.reliable_broadcast import (
     OPERATION_IDS,
     Engine,
@@ -132,8 +133,9 @@ def _environment_options(text: str) -> Options | str:
         return f"{ENVIRONMENT}: {error}"
 
 
-def channel_for(group: dist.ProcessGroup | None) -> Channel:
-    """The group's channel, set up on first use (collectively: call on every rank)."""
+def channel_for(group: dist.ProcessGroup | None, timeout: timedelta | None = None) -> Channel:
+    """The group's channel, set up on first use (collectively: call on every rank; a peer
+    that does not join within ``timeout``, None: the group's, makes it raise)."""
     group = _group(group)
     channel = _channels.get(group)
     if channel is None:
@@ -142,7 +144,7 @@ def channel_for(group: dist.ProcessGroup | None) -> Channel:
             options = options_of(group)
         except ValueError as error:  # every rank must hear of it, not wait
             problem = str(error)
-        channel = _channels[group] = Channel(group, options, problem)
+        channel = _channels[group] = Channel(group, options, problem, timeout)
     return channel
 
 
@@ -152,8 +154,15 @@ class Channel:
     sockets, the engines; after each, a failure anywhere is raised everywhere); its thread
     and sockets go when it is garbage-collected, closed, or at exit."""
 
-    def __init__(self, group: dist.ProcessGroup, options: Options, problem: str | None = None):
-        """``problem``: why this rank has no options (every rank raises it)."""
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        options: Options,
+        problem: str | None = None,
+        timeout: timedelta | None = None,
+    ):
+        """``problem``: why this rank has no options (every rank raises it); ``timeout``:
+        how long each exchange waits for the slowest peer (None: the group's)."""
         global _created
         self.options = options
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -171,8 +180,7 @@ class Channel:
                 chosen = _choose_group(index) if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = str(error)
-        addresses = [None] * self.world_size
-        dist.all_gather_object(addresses, (local, chosen, failure), group=group)
+        addresses = all_gather_objects((local, chosen, failure), group, timeout)
         ranks = dist.get_process_group_ranks(group)
         _raise_failures([f for _, _, f in addresses], ranks)
         self.group_address, channel_number = addresses[0][1]
@@ -189,12 +197,11 @@ class Channel:
             )
         except Exception as error:  # noqa: BLE001 - every rank must hear of it, not wait
             failure, cause = _described(error), error
-        reports = [None] * self.world_size
         report = (failure, None) if network is None else (None, network.unicast_address)
         mtu = None if network is None else network.mtu
         engine = None
         try:
-            dist.all_gather_object(reports, (*report, mtu), group=group)
+            reports = all_gather_objects((*report, mtu), group, timeout)
             _raise_failures([f for f, _, _ in reports], ranks, cause)
             try:
                 network.connect([address for _, address, _ in reports])
@@ -202,8 +209,7 @@ class Channel:
                 engine = Engine(network, channel_number, options)
             except Exception as error:  # noqa: BLE001 - not a peer waiting at the first operation
                 failure, cause = _described(error), error
-            outcomes = [None] * self.world_size
-            dist.all_gather_object(outcomes, failure, group=group)
+            outcomes = all_gather_objects(failure, group, timeout)
             _raise_failures(outcomes, ranks, cause)
         except BaseException:  # a peer gone, or setup failed elsewhere: no sockets left bound
             if engine is not None:
@@ -272,7 +278,7 @@ class Broadcasts:
                     f"multicast moves CPU tensors only; the payload of rank {root} is on "
                     f"{buffer.device}"
                 )
-        self._channel = channel_for(group)
+        self._channel = channel_for(group, timeout)
         rank = self._channel.rank
         views = {root: memoryview(buffer.numpy()).cast("B") for root, buffer in buffers.items()}
         own = views.pop(rank)
