@@ -253,3 +253,20 @@ def test_a_rank_told_the_same_settings_again_keeps_the_agreed_choices():
     """The agreed choices were dropped each time ``tuner.configure`` ran: on the one rank
     that ran it the next call exchanged its choice again, against its peer's all-gather."""
     assert run_distributed(_told_the_same_again, 2, timeout=30) == [True, True]
+
+
+def _reduce_ops_that_differ(rank, world_size):
+    import torch.distributed as dist
+
+    tuner.configure(link="1gbit", algorithms=("native",))
+    op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.AVG
+    out = torch.empty(4)
+    return _outcome(lambda: cp.reduce_scatter_tensor(out, torch.ones(8), op, algorithm="auto"))
+
+
+def test_a_tuned_reduce_scatter_with_another_op_on_each_rank_raises_on_every_rank():
+    """The op was not exchanged: with native chosen, rank 0 summed and rank 1 averaged,
+    and each went on with its own result."""
+    for outcome in run_distributed(_reduce_ops_that_differ, 2, timeout=60):
+        assert outcome.startswith("CollectiveMismatchError: ranks called a tuned collective")
+        assert "op=SUM" in outcome and "op=AVG" in outcome, outcome

@@ -42,14 +42,18 @@ def resolve(
     algorithm: str,
     error_feedback: bool = False,
     chunk_bytes: int | None = None,
+    reduce_op: dist.ReduceOp.RedOpType | None = None,
 ) -> tuple[str, object]:
     """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
     (for a reduce-scatter cut in pieces of ``chunk_bytes``), the same on every rank of
-    ``group``, the group the call runs on (a multicast's options are its own)."""
+    ``group``, the group the call runs on (a multicast's options are its own). A
+    reduction's ``reduce_op`` (checked) is exchanged with the call: torch's collective,
+    if chosen, would not compare it."""
     if not requested(codec, algorithm):
         return algorithm, codec
+    reduction = "" if reduce_op is None else reduce_op.name
     call = _Call(op, inp.numel(), str(inp.dtype).removeprefix("torch."), _spec(codec), algorithm,
-                 error_feedback, chunk_bytes, inp.device.type)  # fmt: skip
+                 error_feedback, chunk_bytes, inp.device.type, reduction)  # fmt: skip
     agreed = _agreed_on(group)
     choice = agreed.get(call)
     if choice is None:
@@ -147,12 +151,15 @@ class _Call:
     error_feedback: bool
     chunk_bytes: int | None
     device: str
+    reduction: str = ""  # the reduce op's name, for a reduction
 
     def __str__(self) -> str:
         said = (
             f"{self.op} of {self.numel} {self.dtype} elements on {self.device} with "
             f"codec={self.codec!r}, algorithm={self.algorithm!r}"
         )
+        if self.reduction:
+            said += f", op={self.reduction}"
         if self.error_feedback:
             said += ", error feedback"
         return said if self.chunk_bytes is None else f"{said}, chunk_bytes={self.chunk_bytes}"

@@ -285,12 +285,14 @@ def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) 
                     raise ValueError(f"module {name!r} {op.replace('_', '-')}: {error}") from None
 
 
-def _resolve(spec: CollectiveSpec, op, tensor, group, groups: OwnGroups, feedback=False):
+def _resolve(
+    spec: CollectiveSpec, op, tensor, group, groups: OwnGroups, feedback=False, reduce_op=None
+):
     """``spec``'s ``(algorithm, codec)`` for one call on FSDP's ``group``; a tuned spec is
     resolved on commpress's twin, where its compressed collectives run (a multicast with
-    the twin's own options) and where its ranks agree on the choice."""
+    the twin's own options) and where its ranks agree on the choice (and ``reduce_op``)."""
     where = groups.twin(group) if spec.tuned else group
-    return spec.resolve(op, tensor, where, feedback)
+    return spec.resolve(op, tensor, where, feedback, reduce_op)
 
 
 def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
@@ -385,7 +387,7 @@ class CompressedReduceScatter(ReduceScatter):
         op = _sum_or_average(op, self.module_name)
         feedback = self.error_feedback
         algorithm, codec = _resolve(
-            self.spec, "reduce_scatter", input_tensor, group, self.groups, feedback
+            self.spec, "reduce_scatter", input_tensor, group, self.groups, feedback, op
         )
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)

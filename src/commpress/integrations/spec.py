@@ -20,10 +20,13 @@ class CollectiveSpec:
     def tuned(self) -> bool:
         return self.algorithm == auto.AUTO or tuner.is_auto(self.codec)
 
-    def resolve(self, op: str, tensor, group, error_feedback=False) -> tuple[str, Codec]:
-        """``(algorithm, codec)`` of one call on ``tensor`` (the rank's input)."""
+    def resolve(
+        self, op: str, tensor, group, error_feedback=False, reduce_op=None
+    ) -> tuple[str, Codec]:
+        """``(algorithm, codec)`` of one call on ``tensor`` (the rank's input); a
+        reduction's ``reduce_op`` is agreed on with the choice."""
         algorithm, codec = auto.resolve(
-            op, tensor, group, self.codec, self.algorithm, error_feedback
+            op, tensor, group, self.codec, self.algorithm, error_feedback, reduce_op=reduce_op
         )
         return algorithm, get_codec(codec)
 
