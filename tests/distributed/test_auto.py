@@ -270,3 +270,32 @@ def test_a_tuned_reduce_scatter_with_another_op_on_each_rank_raises_on_every_ran
     for outcome in run_distributed(_reduce_ops_that_differ, 2, timeout=60):
         assert outcome.startswith("CollectiveMismatchError: ranks called a tuned collective")
         assert "op=SUM" in outcome and "op=AVG" in outcome, outcome
+
+
+def _many_call_shapes(rank, world_size):
+    """Which of a sequence of tuned all-gathers exchanged, with two choices kept."""
+    import torch.distributed as dist
+
+    tuner.configure(link="1gbit", algorithms=("native",))
+    auto.KEPT_CHOICES = 2
+    exchanged = []
+    gather_objects = dist.all_gather_object
+
+    def counted(*args, **kwargs):
+        exchanged[-1] = True
+        return gather_objects(*args, **kwargs)
+
+    dist.all_gather_object = counted
+    for numel in (1, 2, 1, 3, 1, 2):  # 3 drops 2, the least recently used; then 2 drops 3
+        exchanged.append(False)
+        shard = torch.full((numel,), float(rank))
+        cp.all_gather_into_tensor(torch.empty(numel * world_size), shard, algorithm="auto")
+    kept = [call.numel for call in auto._agreed_on(None)]
+    return exchanged, kept
+
+
+def test_a_group_keeps_a_bounded_number_of_agreed_choices_and_every_rank_drops_the_same():
+    """Every distinct call shape's choice was kept for the group's lifetime."""
+    for exchanged, kept in run_distributed(_many_call_shapes, 2, timeout=60):
+        assert exchanged == [True, True, False, True, False, True]
+        assert kept == [1, 2]

@@ -8,13 +8,15 @@ the order of the communication thread's queue (behind the compressed collectives
 before it): ranks that chose differently would run different collectives, and a
 ``native`` one unchecked, so then every rank raises, naming the settings that differ (as
 every rank does where one could not choose). The agreed choice is kept per group and
-call, whatever a rank's environment says, until the tuner or the group's multicast options
-are set to other values (:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.
-multicast.configure`, on every rank of the group; compared by value): whether a call
-exchanges must not depend on what one rank alone was told."""
+call (of the :data:`KEPT_CHOICES` most recently used), whatever a rank's environment says,
+until the tuner or the group's multicast options are set to other values
+(:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.multicast.configure`,
+on every rank of the group; compared by value): whether a call exchanges must not depend
+on what one rank alone was told."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import weakref
@@ -32,6 +34,9 @@ from commpress.transport import backends, multicast
 AUTO = tuner.AUTO
 #: Per group: the settings its choices were agreed under, and the choice of each call.
 _agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: How many calls' choices a group keeps; past that the least recently used is dropped,
+#: and its next call exchanges again: every rank drops the same, given the same calls.
+KEPT_CHOICES = 1024
 
 
 def resolve(
@@ -55,13 +60,14 @@ def resolve(
     call = _Call(op, inp.numel(), str(inp.dtype).removeprefix("torch."), _spec(codec), algorithm,
                  error_feedback, chunk_bytes, inp.device.type, reduction)  # fmt: skip
     agreed = _agreed_on(group)
-    choice = agreed.get(call)
+    choice = _recalled(agreed, call)
     if choice is None:
         try:
             planned = _choose(call, codec, inp.dtype, group)
         except ValueError as error:  # every rank must hear of it, not wait
             planned = error
-        choice = agreed[call] = _agree(group, inp.device, call, planned, _settings(group, call))
+        choice = _agree(group, inp.device, call, planned, _settings(group, call))
+        _remember(agreed, call, choice)
     return choice.algorithm, choice.codec
 
 
@@ -80,7 +86,21 @@ def _spec(codec) -> str:
         return repr(codec)
 
 
-def _agreed_on(group) -> dict:
+def _recalled(agreed: collections.OrderedDict, call: _Call) -> tuner.Choice | None:
+    """The choice agreed for ``call``, now the most recently used; None if none is kept."""
+    choice = agreed.get(call)
+    if choice is not None:
+        agreed.move_to_end(call)
+    return choice
+
+
+def _remember(agreed: collections.OrderedDict, call: _Call, choice: tuner.Choice) -> None:
+    agreed[call] = choice
+    while len(agreed) > KEPT_CHOICES:
+        agreed.popitem(last=False)
+
+
+def _agreed_on(group) -> collections.OrderedDict:
     """The choices ``group``'s ranks agreed on, by call, while the settings every rank is
     given alike (the tuner's configuration, the group's multicast options set in code)
     stay as they were."""
@@ -89,7 +109,7 @@ def _agreed_on(group) -> dict:
     settings = (tuner.configured(), multicast.options_set_for(group))
     found = _agreed.get(key)
     if found is None or found[0] != settings:
-        found = _agreed[key] = (settings, {})
+        found = _agreed[key] = (settings, collections.OrderedDict())
     return found[1]
 
 
