@@ -236,3 +236,31 @@ def _objects_of_every_rank(rank, world_size):
 def test_the_timed_object_exchange_gives_every_rank_every_object_in_rank_order():
     expected = [{"rank": r, "text": "x" * (100 * r), "none": None} for r in range(3)]
     assert run_distributed(_objects_of_every_rank, 3) == [expected] * 3
+
+
+def _first_tuned_call_with_a_stalled_peer(rank, world_size, directory):
+    from commpress.sim import tuner
+
+    if rank == 1:
+        stall(directory, (0, 2), STALL_SECONDS)
+        return None
+    tuner.configure(link="1gbit", algorithms=("native", "ring"))
+    out, inp = torch.empty(64 * world_size), torch.ones(64)
+    start = time.monotonic()
+    try:
+        cp.all_gather_into_tensor(out, inp, algorithm="auto", timeout=TIMEOUT)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:300], time.monotonic() - start
+    finally:
+        report(directory, rank)
+    return "no error", "", time.monotonic() - start
+
+
+def test_a_first_tuned_call_gives_up_within_its_timeout(tmp_path):
+    """The tuner's exchange of its choice, the first call's first communication, waited
+    for the process group's timeout (30 minutes by default), whatever the call's."""
+    results = run_distributed(_first_tuned_call_with_a_stalled_peer, 3, str(tmp_path), timeout=60)
+    for kind, message, elapsed in (results[0], results[2]):
+        assert kind == "CollectiveTimeoutError", (kind, message)
+        assert message.startswith("commpress all_gather_into_tensor (int8@auto) on a group of 3")
+        assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)

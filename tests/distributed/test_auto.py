@@ -204,16 +204,15 @@ def test_a_tuned_call_that_differs_on_a_subgroup_names_the_global_ranks_too():
 
 def _bad_tuned_calls(rank, world_size):
     """Each bad tuned call's error, and how many exchanges the tuner made for it."""
-    import torch.distributed as dist
 
     exchanges = []
-    gather_objects = dist.all_gather_object
+    gather_objects = auto.all_gather_objects
 
     def counted(*args, **kwargs):
         exchanges.append(1)
         return gather_objects(*args, **kwargs)
 
-    dist.all_gather_object = counted  # the tuner's agreement goes through it
+    auto.all_gather_objects = counted  # the tuner's agreement goes through it
     outcomes = []
     calls = (
         lambda: cp.reduce_scatter_tensor(
@@ -274,18 +273,17 @@ def test_a_tuned_reduce_scatter_with_another_op_on_each_rank_raises_on_every_ran
 
 def _many_call_shapes(rank, world_size):
     """Which of a sequence of tuned all-gathers exchanged, with two choices kept."""
-    import torch.distributed as dist
 
     tuner.configure(link="1gbit", algorithms=("native",))
     auto.KEPT_CHOICES = 2
     exchanged = []
-    gather_objects = dist.all_gather_object
+    gather_objects = auto.all_gather_objects
 
     def counted(*args, **kwargs):
         exchanged[-1] = True
         return gather_objects(*args, **kwargs)
 
-    dist.all_gather_object = counted
+    auto.all_gather_objects = counted
     for numel in (1, 2, 1, 3, 1, 2):  # 3 drops 2, the least recently used; then 2 drops 3
         exchanged.append(False)
         shard = torch.full((numel,), float(rank))

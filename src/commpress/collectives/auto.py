@@ -20,16 +20,19 @@ import collections
 import contextlib
 import dataclasses
 import weakref
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from commpress.codecs import get_codec
+from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import CollectiveMismatchError
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import by_rank, this_rank
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
+from commpress.transport.objects import all_gather_objects
 
 AUTO = tuner.AUTO
 #: Per group: the settings its choices were agreed under, and the choice of each call.
@@ -37,6 +40,8 @@ _agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: How many calls' choices a group keeps; past that the least recently used is dropped,
 #: and its next call exchanges again: every rank drops the same, given the same calls.
 KEPT_CHOICES = 1024
+#: The collective a tuned call's errors name.
+PUBLIC_NAMES = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
 
 
 def resolve(
@@ -48,12 +53,14 @@ def resolve(
     error_feedback: bool = False,
     chunk_bytes: int | None = None,
     reduce_op: dist.ReduceOp.RedOpType | None = None,
+    timeout: timedelta | None = None,
 ) -> tuple[str, object]:
     """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
     (for a reduce-scatter cut in pieces of ``chunk_bytes``), the same on every rank of
     ``group``, the group the call runs on (a multicast's options are its own). A
     reduction's ``reduce_op`` (checked) is exchanged with the call: torch's collective,
-    if chosen, would not compare it."""
+    if chosen, would not compare it. A peer that does not join the first call's exchange
+    within ``timeout`` (None: the group's) makes it raise, as the collective would."""
     if not requested(codec, algorithm):
         return algorithm, codec
     reduction = "" if reduce_op is None else reduce_op.name
@@ -66,7 +73,7 @@ def resolve(
             planned = _choose(call, codec, inp.dtype, group)
         except ValueError as error:  # every rank must hear of it, not wait
             planned = error
-        choice = _agree(group, inp.device, call, planned, _settings(group, call))
+        choice = _agree(group, inp.device, call, planned, _settings(group, call), timeout)
         _remember(agreed, call, choice)
     return choice.algorithm, choice.codec
 
@@ -215,17 +222,22 @@ def _settings(group, call: _Call) -> dict[str, str]:
     return settings
 
 
-def _agree(group, device: torch.device, call: _Call, planned, settings) -> tuner.Choice:
+def _agree(
+    group, device: torch.device, call: _Call, planned, settings, timeout: timedelta | None
+) -> tuner.Choice:
     """The choice every rank of ``group`` runs: this rank's, once every rank has said it
     chose the same; else every rank raises ``ValueError`` saying why."""
     failed = isinstance(planned, ValueError)
     mine = _Planned(call, None if failed else planned, str(planned) if failed else None, settings)
-    everyone: list = [None] * dist.get_world_size(group)
+    everyone: list = []
 
     def exchange() -> None:
         place = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-        with place:
-            dist.all_gather_object(everyone, mine, group=group)
+        with (
+            place,
+            named_failures(PUBLIC_NAMES[call.op], call.codec, call.algorithm, group, timeout),
+        ):
+            everyone.extend(all_gather_objects(mine, group, timeout))
 
     in_queue_order(exchange)
     global_ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)

@@ -96,7 +96,7 @@ def reduce_scatter_tensor(
     if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
         check_moved(inp, group)
     algorithm, codec = auto.resolve(
-        "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes, op
+        "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes, op, timeout
     )
     check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS)
     check_residual(residual, inp, algorithm)

@@ -286,13 +286,20 @@ def _check_tuned(name, group, dtypes, reduced, gather, scatter, error_feedback) 
 
 
 def _resolve(
-    spec: CollectiveSpec, op, tensor, group, groups: OwnGroups, feedback=False, reduce_op=None
+    spec: CollectiveSpec,
+    op,
+    tensor,
+    group,
+    groups: OwnGroups,
+    timeout,
+    feedback=False,
+    reduce_op=None,
 ):
     """``spec``'s ``(algorithm, codec)`` for one call on FSDP's ``group``; a tuned spec is
     resolved on commpress's twin, where its compressed collectives run (a multicast with
     the twin's own options) and where its ranks agree on the choice (and ``reduce_op``)."""
     where = groups.twin(group) if spec.tuned else group
-    return spec.resolve(op, tensor, where, feedback, reduce_op)
+    return spec.resolve(op, tensor, where, feedback, reduce_op, timeout)
 
 
 def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
@@ -349,7 +356,9 @@ class CompressedAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
-        algorithm, codec = _resolve(self.spec, "all_gather", input_tensor, group, self.groups)
+        algorithm, codec = _resolve(
+            self.spec, "all_gather", input_tensor, group, self.groups, self.timeout
+        )
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
@@ -387,7 +396,14 @@ class CompressedReduceScatter(ReduceScatter):
         op = _sum_or_average(op, self.module_name)
         feedback = self.error_feedback
         algorithm, codec = _resolve(
-            self.spec, "reduce_scatter", input_tensor, group, self.groups, feedback, op
+            self.spec,
+            "reduce_scatter",
+            input_tensor,
+            group,
+            self.groups,
+            self.timeout,
+            feedback,
+            op,
         )
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)

@@ -21,13 +21,14 @@ class CollectiveSpec:
         return self.algorithm == auto.AUTO or tuner.is_auto(self.codec)
 
     def resolve(
-        self, op: str, tensor, group, error_feedback=False, reduce_op=None
+        self, op: str, tensor, group, error_feedback=False, reduce_op=None, timeout=None
     ) -> tuple[str, Codec]:
         """``(algorithm, codec)`` of one call on ``tensor`` (the rank's input); a
-        reduction's ``reduce_op`` is agreed on with the choice."""
+        reduction's ``reduce_op`` is agreed on with the choice, within ``timeout``."""
         algorithm, codec = auto.resolve(
-            op, tensor, group, self.codec, self.algorithm, error_feedback, reduce_op=reduce_op
-        )
+            op, tensor, group, self.codec, self.algorithm, error_feedback,
+            reduce_op=reduce_op, timeout=timeout,
+        )  # fmt: skip
         return algorithm, get_codec(codec)
 
     @classmethod
