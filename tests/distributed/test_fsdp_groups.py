@@ -274,3 +274,35 @@ def test_a_rank_whose_checks_fail_alone_makes_every_rank_raise():
     assert theirs.startswith("module '0' reduce-scatter: no algorithm of []")
     assert mine.startswith("cp.fsdp.compress failed on another rank, so on every rank (rank 1: ")
     assert theirs in mine
+
+
+def _compress_with_a_stalled_peer(rank, world_size, directory):
+    import time
+    from datetime import timedelta
+
+    from commpress.testing.stall import report, stall
+
+    model = _model(False)
+    if rank == 1:
+        stall(directory, (0, 2), 15.0)
+        return None
+    start = time.monotonic()
+    try:
+        cp.fsdp.compress(model, timeout=timedelta(seconds=3))
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:200], time.monotonic() - start
+    finally:
+        report(directory, rank)
+    return "no error", "", time.monotonic() - start
+
+
+def test_compress_gives_up_on_a_peer_that_never_calls_it_within_its_timeout(tmp_path):
+    """Its exchange of each rank's checks waited for the process group's timeout (30
+    minutes by default), whatever ``timeout`` said."""
+    results = run_distributed(_compress_with_a_stalled_peer, 3, str(tmp_path), timeout=60)
+    for rank in (0, 2):
+        kind, message, elapsed = results[rank]
+        assert kind == "CollectiveTimeoutError", (kind, message)
+        assert message.startswith(f"commpress fsdp.compress on 3 ranks (this is rank {rank}) "
+                                  "timed out after 3.")  # fmt: skip
+        assert 2.5 < elapsed < 13, elapsed

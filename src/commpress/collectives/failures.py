@@ -42,6 +42,13 @@ def named_failures(
     a ``RuntimeError`` that says when; either with the backend's error as its cause. One of
     a subclass of ``RuntimeError`` keeps its type (commpress's own, which say what they
     are; a backend's own, NCCL's: the same words added as a note)."""
+    with named_as(describe(name, codec, algorithm, group), timeout):
+        yield
+
+
+@contextlib.contextmanager
+def named_as(call: str, timeout: timedelta | None) -> Iterator[None]:
+    """:func:`named_failures` for any communication that ``call`` describes."""
     start = time.monotonic()
     try:
         yield
@@ -49,7 +56,7 @@ def named_failures(
         timed_out = _timed_out(error)
         if type(error) is not RuntimeError and not timed_out:
             raise
-        call, seconds = describe(name, codec, algorithm, group), time.monotonic() - start
+        seconds = time.monotonic() - start
         if not timed_out:
             raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
         limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"

@@ -35,7 +35,7 @@ from commpress.collectives.checks import (
 )
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
-from commpress.integrations.groups import OwnGroups
+from commpress.integrations.groups import OwnGroups, exchange_with_every_rank
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
@@ -106,6 +106,8 @@ def compress(
     every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
+    ``timeout``: how long each compressed collective, and ``compress``'s own exchanges
+    with the other ranks, wait for a peer that stalls or dies (None: the process group's).
 
     ``unshard_async_op``: FSDP2 calls a module's all-gathers with ``async_op=False``
     unless told otherwise, and a compressed one, run on the communication thread, then
@@ -151,7 +153,7 @@ def compress(
         unsupported = _check_modules(modules, gather, scatter, error_feedback, on_unsupported)
     except (ValueError, TypeError) as error:
         problem = error
-    _raise_on_every_rank(problem)
+    _raise_on_every_rank(problem, timeout)
     fsdp_groups = [
         pg
         for _, m in modules
@@ -207,14 +209,12 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
     return unsupported
 
 
-def _raise_on_every_rank(problem: Exception | None) -> None:
+def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -> None:
     """Every rank raises where any rank's checks failed (a collective call, before the
     twins' set-up, which would leave the others waiting for a rank that failed alone: one
     given tuner settings of its own, say); this rank raises its own error as it is."""
-    said: list = [None] * dist.get_world_size()
-    dist.all_gather_object(
-        said, None if problem is None else f"{type(problem).__name__}: {problem}"
-    )
+    mine = None if problem is None else f"{type(problem).__name__}: {problem}"
+    said = exchange_with_every_rank(mine, timeout)
     if problem is not None:
         raise problem
     failed = [f"rank {rank}: {what}" for rank, what in enumerate(said) if what]

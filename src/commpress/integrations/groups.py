@@ -13,6 +13,17 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from commpress.collectives.failures import named_as
+from commpress.transport.objects import all_gather_objects
+
+
+def exchange_with_every_rank(mine: object, timeout: timedelta | None) -> list:
+    """Every rank's ``mine``, exchanged by ``cp.fsdp.compress`` before it sets anything up:
+    a peer that does not call it within ``timeout`` makes it raise, naming it."""
+    this = f"rank {dist.get_rank()}"
+    with named_as(f"fsdp.compress on {dist.get_world_size()} ranks (this is {this})", timeout):
+        return all_gather_objects(mine, None, timeout)
+
 
 class OwnGroups:
     """A twin of every process group in ``groups``, created collectively on every rank.
@@ -24,8 +35,7 @@ class OwnGroups:
 
     def __init__(self, groups: list[dist.ProcessGroup], timeout: timedelta | None = None):
         mine = {(tuple(dist.get_process_group_ranks(g)), dist.get_backend(g)) for g in groups}
-        published: list = [None] * dist.get_world_size()
-        dist.all_gather_object(published, sorted(mine))
+        published = exchange_with_every_rank(sorted(mine), timeout)
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
         self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {}
         for ranks, backend in everyone:
