@@ -731,3 +731,17 @@ def test_two_outputs_naming_one_file_are_refused(argv, tmp_path, capsys):
     assert main([*argv, "--json", str(path), "--markdown", f"{tmp_path}/./out"]) == 2
     assert "--json and --markdown name the same file" in capsys.readouterr().err
     assert not path.exists()
+
+
+@pytest.mark.parametrize("command", ["bench", "train"])
+def test_nprocs_is_refused_past_the_most_local_processes(command, monkeypatch, capsys):
+    """``bench --nprocs 1025`` forked 1025 ranks (on 2 cores) before anything failed."""
+    from commpress.bench import collectives
+    from commpress.train import command as train
+
+    for module in (collectives, train):
+        monkeypatch.setattr(module, "run_distributed", lambda *a, **k: pytest.fail("forked"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--nprocs", "255"])
+    assert exit_info.value.code == 2
+    assert "argument --nprocs: 255 local processes: at most 254" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 
+from commpress.cluster.layout import MAX_HOSTS
 from commpress.units import DTYPES, check_seconds
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -16,6 +17,22 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+#: The most local processes a command starts: as many as an emulated cluster's hosts, for
+#: which the local ones stand in (each holds a connection to every other, and its memory).
+MAX_LOCAL_PROCESSES = MAX_HOSTS
+
+
+def local_processes(text: str) -> int:
+    """``--nprocs``: 1 to :data:`MAX_LOCAL_PROCESSES`."""
+    value = positive_int(text)
+    if value > MAX_LOCAL_PROCESSES:  # argparse shows an ArgumentTypeError's reason
+        raise argparse.ArgumentTypeError(
+            f"{value} local processes: at most {MAX_LOCAL_PROCESSES}, an emulated "
+            "cluster's most hosts"
+        )
     return value
 
 

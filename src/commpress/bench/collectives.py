@@ -50,9 +50,11 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench import correctness, report
 from commpress.bench.arguments import (
+    MAX_LOCAL_PROCESSES,
     byte_size,
     comma_list,
     dtype_list,
+    local_processes,
     non_negative_int,
     output_path,
     plot_path,
@@ -540,7 +542,11 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "-w", "--warmup", type=non_negative_int, default=1, help="warm-up iterations (1)"
     )
-    parser.add_argument("--nprocs", type=positive_int, help="local gloo processes (4)")
+    parser.add_argument(
+        "--nprocs",
+        type=local_processes,
+        help=f"local gloo processes, at most {MAX_LOCAL_PROCESSES} (4)",
+    )
     add_link_arguments(parser, required=False)
     parser.add_argument(
         "--roots", type=positive_int, default=2, help="multicast: broadcasts at once (2)"

@@ -23,7 +23,14 @@ import os
 from pathlib import Path
 
 from commpress.bench import report
-from commpress.bench.arguments import output_folder, output_path, positive_int, seconds
+from commpress.bench.arguments import (
+    MAX_LOCAL_PROCESSES,
+    local_processes,
+    output_folder,
+    output_path,
+    positive_int,
+    seconds,
+)
 from commpress.cluster.commands import (
     add_link_arguments,
     check_multicast_on_cluster,
@@ -319,7 +326,11 @@ def add_arguments(parser) -> None:
         "--seed", type=int, default=0, help="seed of every configuration, within ±2**43 (0)"
     )
     parser.add_argument("--bf16", action="store_true", help="FSDP: bf16 parameters, fp32 reduction")
-    parser.add_argument("--nprocs", type=positive_int, help=f"local processes ({LOCAL_PROCESSES})")
+    parser.add_argument(
+        "--nprocs",
+        type=local_processes,
+        help=f"local processes, at most {MAX_LOCAL_PROCESSES} ({LOCAL_PROCESSES})",
+    )
     add_link_arguments(parser, required=False)
     parser.add_argument(
         "--timeout", type=seconds, default=3600.0, help="seconds for the job (3600)"
