@@ -499,8 +499,14 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["bench", "--algorithm", "ring,ring"], "names ring twice"),
         (["launch", "--hosts", "2", "--port", "70000", "--", "true"], "invalid port value"),
         (["launch", "--hosts", "2", "--port", "0", "--", "true"], "invalid port value"),
-        (["sim", "--latency-us", "inf"], "latency_s out of range: inf"),
-        (["sim", "--message-us", "inf"], "message_s out of range: inf"),
+        (["sim", "--latency-us", "inf"], "argument --latency-us: 'inf': must be finite"),
+        (["sim", "--message-us", "inf"], "argument --message-us: 'inf': must be finite"),
+        (["sim", "--latency-us", "-1"], "argument --latency-us: '-1': must be finite and at"),
+        (["sim", "--message-us", "nan"], "argument --message-us: 'nan': must be finite and at"),
+        (["sim", "--latency-us", "1us"], "argument --latency-us: '1us' is not a number"),
+        (["sim", "--efficiency", "2"], "argument --efficiency: '2': must be above 0 and at most"),
+        (["sim", "--uplink-efficiency", "0"], "argument --uplink-efficiency: '0': must be above"),
+        (["sim", "--exchange-efficiency", "-1"], "argument --exchange-efficiency: '-1': must"),
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
         (["train", "--seed", str(2**64 - 1), "--steps", "1"], "seed must be within ±2**43"),
@@ -537,7 +543,8 @@ def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
     entries repeated rows (also one value written two ways: 1M and 1048576), a port above
     65535 failed in every rank, as did a train --seed past 64 bits once scaled for the
     ranks' batches (2**64 - 1, or a time in nanoseconds), infinite latencies and learning
-    rates ran (to inf, to NaN), 100000 codec threads crashed torch (SIGSEGV)."""
+    rates ran (to inf, to NaN), 100000 codec threads crashed torch (SIGSEGV); sim's times
+    and efficiencies out of range were named by the model's fields (latency_s, -1e-06)."""
     try:
         code = main(argv)
     except SystemExit as exit_info:

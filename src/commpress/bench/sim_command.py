@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -87,17 +88,17 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--link", type=comma_list, default=["100gbit"], help="host link rates, comma list (100gbit)"
     )
-    parser.add_argument("--latency-us", type=float, help="per link crossed (1)")
-    parser.add_argument("--message-us", type=float, help="per message (10)")
-    parser.add_argument("--efficiency", type=float, help="fraction of link rate reached (1)")
+    parser.add_argument("--latency-us", type=_microseconds, help="per link crossed (1)")
+    parser.add_argument("--message-us", type=_microseconds, help="per message (10)")
+    parser.add_argument("--efficiency", type=_fraction, help="fraction of link rate reached (1)")
     parser.add_argument(
         "--uplink-efficiency",
-        type=float,
+        type=_fraction,
         help="the same on the links above the hosts': uplinks, edge and core (--efficiency)",
     )
     parser.add_argument(
         "--exchange-efficiency",
-        type=float,
+        type=_fraction,
         help="the same on host links in steps where each rank exchanges with a single peer, "
         "as every step on two ranks does (--efficiency)",
     )
@@ -243,6 +244,29 @@ def size_label(size: int) -> str:
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
     return f"{size} B"
+
+
+def _microseconds(text: str) -> float:
+    """A finite time of at least 0 (the model's range, named as the option gives it)."""
+    value = _number(text)
+    if not 0 <= value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r}: must be finite and at least 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An efficiency: above 0, at most 1."""
+    value = _number(text)
+    if not 0 < value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0 and at most 1")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def _int_list(text: str) -> list[int]:
