@@ -507,6 +507,11 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["sim", "--efficiency", "2"], "argument --efficiency: '2': must be above 0 and at most"),
         (["sim", "--uplink-efficiency", "0"], "argument --uplink-efficiency: '0': must be above"),
         (["sim", "--exchange-efficiency", "-1"], "argument --exchange-efficiency: '-1': must"),
+        (  # the same rule and words as `commpress cluster up --hosts 8 --racks 3`
+            ["sim", "--topology", "racks:count=3", "--nodes", "6,8"],
+            "--topology racks:count=3 --nodes 8: racks must divide hosts (every rack holds as "
+            "many hosts): racks=3, hosts=8",
+        ),
         (["train", "--lr", "inf"], "learning rate must be positive and finite"),
         (["train", "--compare", "plain", "int8", "plain"], "--compare names plain twice"),
         (["train", "--seed", str(2**64 - 1), "--steps", "1"], "seed must be within ±2**43"),
@@ -544,7 +549,8 @@ def test_malformed_values_are_refused_naming_the_option(argv, message, capsys):
     65535 failed in every rank, as did a train --seed past 64 bits once scaled for the
     ranks' batches (2**64 - 1, or a time in nanoseconds), infinite latencies and learning
     rates ran (to inf, to NaN), 100000 codec threads crashed torch (SIGSEGV); sim's times
-    and efficiencies out of range were named by the model's fields (latency_s, -1e-06)."""
+    and efficiencies out of range were named by the model's fields (latency_s, -1e-06), and
+    it modelled racks of unequal size, which the emulated cluster refuses."""
     try:
         code = main(argv)
     except SystemExit as exit_info:

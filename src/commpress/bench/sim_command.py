@@ -30,6 +30,7 @@ from commpress.bench.arguments import (
     same_twice,
     spec_list,
 )
+from commpress.cluster.layout import check_racks
 from commpress.codecs import get_codec
 from commpress.schedules.registry import (
     NATIVE,
@@ -41,7 +42,7 @@ from commpress.schedules.registry import (
 )
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
-from commpress.sim.topology import parse_topology
+from commpress.sim.topology import Racks, Topology, parse_topology
 from commpress.units import parse_rate_bits
 
 COLUMNS = (
@@ -63,7 +64,8 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--topology",
         default="switch",
-        help="switch, racks:count=2,uplink=500mbit, fattree:radix=32 (switch)",
+        help="switch, racks:count=2,uplink=500mbit (count dividing every --nodes, as in "
+        "`commpress cluster`), fattree:radix=32 (switch)",
     )
     parser.add_argument("--nodes", type=_int_list, default=[8], help="comma list (8)")
     parser.add_argument(
@@ -159,6 +161,7 @@ def main(args) -> int:
         if algorithm == NATIVE and codec != args.codec[0]:
             continue  # native ignores the codec: one row
         topology = parse_topology(args.topology, nodes, parse_rate_bits(link, "--link"))
+        _check_racks_hold_as_many(topology, args.topology)
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
         row.update(link=link, asked_bytes=size)  # size_bytes moved: it varies with nodes
         rows.append(row)
@@ -168,6 +171,15 @@ def main(args) -> int:
         print(f"skipped: {reason}", file=sys.stderr)
     report.publish(rows, COLUMNS, f"commpress sim, {args.topology}", args, plot)
     return 0
+
+
+def _check_racks_hold_as_many(topology: Topology, text: str) -> None:
+    """As an emulated cluster's (``commpress cluster up``), every rack holds as many hosts."""
+    if isinstance(topology, Racks):
+        try:
+            check_racks(topology.count, topology.nodes)
+        except ValueError as error:
+            raise ValueError(f"--topology {text} --nodes {topology.nodes}: {error}") from None
 
 
 def _params(args) -> Params:
