@@ -9,6 +9,13 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
+def split_spec(spec: str) -> tuple[str, str]:
+    """``(NAME, options text)`` of ``NAME[:key=value,...]``: the name without the
+    whitespace around it, as every option's key and value are read."""
+    name, _, options = spec.partition(":")
+    return name.strip(), options
+
+
 def parse_options(text: str, types: Mapping[str, type], spec: str, owner: str) -> dict:
     """``text`` (what follows the ``:``) as keyword arguments; ``types`` maps each known
     option to ``bool``, ``int``, ``float`` or ``str``; ``owner`` names the thing in errors."""

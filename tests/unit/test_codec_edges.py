@@ -52,6 +52,28 @@ def test_a_float_option_round_trips_through_the_canonical_spec(rate):
     assert sent == codec.wire_bytes(numel, torch.float32) == payload.numel()
 
 
+@pytest.mark.parametrize(("before", "after"), [(" ", ""), ("\t", " "), (" ", "  ")])
+def test_whitespace_around_a_specs_name_is_read_as_around_its_options(before, after):
+    """``"int8 :block=4"`` was an unknown codec 'int8 ', where ``"int8: block=4"`` was
+    read: the spaces around the name now count as little as those around each option, in
+    every spec with options (codecs, the tuner's auto, topologies, low-rank algorithms)."""
+    from commpress.lowrank.registry import get_algorithm
+    from commpress.sim import tuner
+    from commpress.sim.topology import check_topology
+    from commpress.train.loop import Run
+
+    def spaced(name, options):
+        return f"{after}{name}{before}:{after}{options}"
+
+    assert cp.get_codec(spaced("int8", "block=128")) == cp.get_codec("int8:block=128")
+    auto = spaced("auto", "max_rel_err=1e-2")
+    assert tuner.is_auto(auto) and tuner.budget(auto)[0] == 1e-2
+    assert check_topology(spaced("racks", "count=4")) == ("racks", {"count": 4})
+    lowrank = spaced("powersgd", "rank=2")
+    assert get_algorithm(lowrank).rank == 2
+    assert Run.parse(lowrank, "ddp").lowrank == lowrank
+
+
 def test_unknown_codec_lists_known_names():
     with pytest.raises(ValueError, match=r"unknown codec 'int3'.*'int8'"):
         cp.get_codec("int3")

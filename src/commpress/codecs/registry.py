@@ -17,7 +17,7 @@ import threading
 import typing
 
 from commpress.codecs.base import Codec, CodecBase
-from commpress.spec_options import parse_options
+from commpress.spec_options import parse_options, split_spec
 
 _REGISTRY: dict[str, type[CodecBase]] = {}
 #: The shared instance of each codec value, and of each spec text seen.
@@ -60,7 +60,7 @@ def get_codec(spec: str | Codec) -> Codec:
 
 
 def _build(spec: str) -> Codec:
-    name, _, option_text = spec.strip().partition(":")
+    name, option_text = split_spec(spec)
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown codec {name!r} in spec {spec!r}; known: {list_codecs()}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from commpress.lowrank.acpsgd import ACPSGD
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.powersgd import PowerSGD
-from commpress.spec_options import parse_options
+from commpress.spec_options import parse_options, split_spec
 
 ALGORITHMS: dict[str, type[LowRankAlgorithm]] = {"powersgd": PowerSGD, "acpsgd": ACPSGD}
 _TYPES = {"rank": int, "start_iter": int, "min_compression_rate": float, "seed": int,
@@ -15,7 +15,7 @@ _TYPES = {"rank": int, "start_iter": int, "min_compression_rate": float, "seed":
 def get_algorithm(spec: str) -> LowRankAlgorithm:
     if not isinstance(spec, str):
         raise TypeError(f"low-rank spec must be a string such as 'powersgd:rank=4', got {spec!r}")
-    name, _, options = spec.partition(":")
+    name, options = split_spec(spec)
     if name not in ALGORITHMS:
         raise ValueError(f"unknown low-rank algorithm {name!r}; known: {sorted(ALGORITHMS)}")
     return ALGORITHMS[name](**parse_options(options, _TYPES, spec, f"algorithm {name!r}"))

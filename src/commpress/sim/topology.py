@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from commpress.spec_options import parse_options
+from commpress.spec_options import parse_options, split_spec
 from commpress.units import parse_rate_bits
 
 WAYS = ("up", "down")
@@ -214,7 +214,7 @@ def check_topology(text: str) -> tuple[str, dict]:
     what is wrong."""
     if not isinstance(text, str):
         raise TypeError(f"topology must be a string, got {text!r}")
-    kind, _, rest = text.strip().partition(":")
+    kind, rest = split_spec(text)
     known = {"switch": {}, "racks": {"count": int, "uplink": str}, "fattree": {"radix": int}}
     if kind not in known:
         raise ValueError(f"unknown topology {kind!r}; known: switch, racks:count=R,uplink=RATE, "

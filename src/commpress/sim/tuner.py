@@ -57,7 +57,7 @@ from commpress.schedules.registry import (
 from commpress.sim import calibrate
 from commpress.sim.model import Params, simulate
 from commpress.sim.topology import check_topology, parse_topology
-from commpress.spec_options import parse_options
+from commpress.spec_options import parse_options, split_spec
 from commpress.transport.reliable_broadcast import Options
 from commpress.units import parse_rate_bits
 
@@ -173,7 +173,7 @@ def network() -> Network:
 
 
 def is_auto(codec) -> bool:
-    return isinstance(codec, str) and codec.strip().partition(":")[0] == AUTO
+    return isinstance(codec, str) and split_spec(codec)[0] == AUTO
 
 
 def choose(
@@ -378,7 +378,7 @@ def _growth(op: str, algorithm: str, world_size: int, spec: str) -> float:
 
 def budget(codec: str) -> tuple[float, tuple[str, ...]]:
     """``(max_rel_err, candidate codecs)`` of an ``auto[:max_rel_err=E][,codecs=a+b]`` spec."""
-    _, _, text = codec.strip().partition(":")
+    _, text = split_spec(codec)
     options = parse_options(text, {"max_rel_err": float, "codecs": str}, codec, "codec 'auto'")
     limit = options.get("max_rel_err", DEFAULT_MAX_REL_ERR)
     if not limit >= 0:  # NaN too

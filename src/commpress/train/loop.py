@@ -18,6 +18,7 @@ import commpress as cp
 from commpress.bench.arguments import named_twice
 from commpress.lowrank.registry import ALGORITHMS
 from commpress.sim import tuner
+from commpress.spec_options import split_spec
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
 from commpress.transport import multicast
@@ -54,7 +55,7 @@ class Run:
     def parse(cls, text: str, strategy: str) -> Run:
         if text == UNCOMPRESSED:
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE)
-        name = text.partition(":")[0]
+        name = split_spec(text)[0]
         if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
             if strategy != "ddp":
                 raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
