@@ -758,3 +758,20 @@ def test_nprocs_is_refused_past_the_most_local_processes(command, monkeypatch, c
         main([command, "--nprocs", "255"])
     assert exit_info.value.code == 2
     assert "argument --nprocs: 255 local processes: at most 254" in capsys.readouterr().err
+
+
+def test_every_train_option_says_what_it_does():
+    """``commpress train --help`` listed ``--strategy {fsdp,ddp}`` with no word on either."""
+    import argparse
+
+    from commpress import cli
+
+    (commands,) = (
+        action
+        for action in cli.build_parser(["train"])._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    options = [action for action in commands.choices["train"]._actions if action.option_strings]
+    assert [action.option_strings for action in options if not action.help] == []
+    (strategy,) = (action.help for action in options if "--strategy" in action.option_strings)
+    assert "fsdp: FSDP2" in strategy and "ddp: DistributedDataParallel" in strategy

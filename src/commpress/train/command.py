@@ -287,7 +287,14 @@ def plot(path: Path, title: str, results: list[dict]) -> bool:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--strategy", choices=("fsdp", "ddp"), default="fsdp")
+    parser.add_argument(
+        "--strategy",
+        choices=("fsdp", "ddp"),
+        default="fsdp",
+        help="fsdp: FSDP2 (fully_shard), whose all-gathers and reduce-scatters the specs "
+        "compress; ddp: DistributedDataParallel, whose gradient all-reduce a comm hook "
+        "compresses, or a low-rank one (fsdp)",
+    )
     parser.add_argument(
         "--compare",
         nargs="+",
