@@ -422,3 +422,14 @@ def test_the_multicast_environment_is_parsed_once_per_value(monkeypatch):
         "rate=123mbit,roots=4,seed=987",
         "roots=some,seed=987",
     ]
+
+
+def test_an_auto_codec_is_named_alike_however_it_is_spaced_or_written():
+    """Two ranks given 'auto :max_rel_err=1e-2' and 'auto:max_rel_err=0.01' were told they
+    called the tuned collective with different arguments."""
+    from commpress.collectives import auto
+
+    same = {auto._spec(s) for s in ("auto :max_rel_err=1e-2", "auto:max_rel_err=0.01 ")}
+    assert len(same) == 1
+    assert auto._spec("auto:max_rel_err=1e-3") not in same
+    assert auto._spec("auto:max_rel_err=1e-2,codecs=int8") not in same

@@ -84,9 +84,14 @@ def requested(codec, algorithm: str) -> bool:
 
 
 def _spec(codec) -> str:
-    """``codec`` as every rank that was given the same one names it."""
+    """``codec`` as every rank that was given the same one names it (an auto spec by its
+    budget and candidates, however it was spaced)."""
     if tuner.is_auto(codec):
-        return codec.strip()
+        try:
+            limit, candidates = tuner.budget(codec)
+        except ValueError:  # the tuner refuses it, on every rank given it
+            return codec.strip()
+        return f"auto:max_rel_err={limit!r},codecs={'+'.join(candidates)}"
     try:
         return str(get_codec(codec))
     except (TypeError, ValueError):  # the tuner refuses it, on every rank given it
