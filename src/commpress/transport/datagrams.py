@@ -6,7 +6,7 @@ Every datagram starts with a 26-byte header (little-endian)::
     | chunk u32 | count u32 | payload length u16 | CRC-32 of the header before it and payload
 
 26 bytes keep a full-size datagram at MTU 1500 within 5% of its payload on the wire
-(1440 + 26 + UDP, IP and Ethernet headers). ``channel`` is a random number every rank of
+(1446 + 26 + UDP, IP and Ethernet headers). ``channel`` is a random number every rank of
 one communicator shares, so datagrams of another communicator (or another program on the
 same group and port) are told apart;
 ``operation`` numbers the communicator's broadcasts; ``root`` is the rank whose payload
