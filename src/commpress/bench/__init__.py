@@ -1,1 +1,2 @@
-"""Benchmarks: codec throughput now; collectives in later releases."""
+"""Benchmarks: the codecs (``commpress codecs``), the collectives (``commpress bench``), the
+schedules printed (``commpress schedule``) and the cost model's sweeps (``commpress sim``)."""

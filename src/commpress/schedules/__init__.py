@@ -2,7 +2,8 @@
 
 Pure functions of (rank, world size, sizes, codec); nothing here touches
 torch.distributed or a tensor. The executor (:mod:`commpress.collectives.executor`) runs
-them; the byte counts (:mod:`commpress.schedules.wire`) read them; so will the cost model.
+them; the byte counts (:mod:`commpress.schedules.wire`) and the cost model (:mod:`commpress.sim`)
+read them.
 """
 
 from commpress.schedules.payloads import (
