@@ -105,6 +105,23 @@ def test_a_world_of_one_needs_no_model():
     assert tuner.choose("all_gather", 10, torch.float32, 1, "auto").algorithm == "native"
 
 
+@pytest.mark.parametrize(
+    "op, codec, algorithm, refusal",
+    [
+        ("all_gather", "auto:max_rel_err=-1", "auto", "max_rel_err must be at least 0"),
+        ("reduce_scatter", "auto:codecs=int8+int3", "auto", "unknown codec 'int3'"),
+        ("reduce_scatter", "auto", "tree", "unknown algorithm 'tree'"),
+        ("reduce_scatter", "auto", "multicast", "unknown algorithm 'multicast' for reduce_scatter"),
+    ],
+)
+def test_a_world_of_one_refuses_what_a_larger_one_refuses(op, codec, algorithm, refusal):
+    """A world of one ran torch's collective for any request: a program tried on one rank
+    passed, and failed at scale."""
+    for world_size in (1, 4):
+        with pytest.raises(ValueError, match=refusal):
+            tuner.choose(op, 1024, torch.float32, world_size, codec, algorithm)
+
+
 def test_the_error_budget_admits_only_codecs_that_measure_within_it():
     for limit in (0.0, 1e-3, 1e-2, 0.2):
         choice = tuner.choose(

@@ -140,6 +140,15 @@ def configure(**fields) -> Network:
     return network
 
 
+def _check_request(op: str, codec, algorithm: str) -> None:
+    """Refuse what no world size can run, on a world of one too (which runs torch's
+    collective whatever was asked)."""
+    if is_auto(codec):
+        budget(codec)
+    if algorithm not in (AUTO, NATIVE):
+        get_algorithm(algorithm, op)
+
+
 def _warn_once_of_another_backend(setting: Network, backend: str, on_cpu: bool) -> None:
     """A fit is made from ``commpress bench`` rows, which run on gloo: its efficiencies
     (the two-rank exchanges' above all) describe gloo, not another backend. A group of
@@ -203,6 +212,7 @@ def choose(
     network)."""
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
+    _check_request(op, codec, algorithm)
     request = (str(codec) if is_auto(codec) else str(get_codec(codec)), algorithm)
     # the network in the key: a choice made while configure() replaced it on another
     # thread is stored under the old network's key, never served under the new one
