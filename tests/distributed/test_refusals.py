@@ -384,6 +384,26 @@ def test_an_algorithm_of_another_collective_is_not_called_unknown():
         checks.check_algorithm("auto", ("native", "ring"))  # all_reduce's (no tuner there)
 
 
+def _auto_codec_on_all_reduce(rank, world_size):
+    tensor = torch.ones(8)
+    return _errors_without_communication(
+        {
+            codec: lambda codec=codec: cp.all_reduce(tensor, codec=codec)
+            for codec in ("auto", "auto:max_rel_err=1e-2")
+        }
+    )
+
+
+def test_an_auto_codec_on_all_reduce_is_not_called_unknown():
+    """``cp.all_reduce(t, codec="auto")`` said "unknown codec 'auto'", a spec the other two
+    collectives take."""
+    for errors in run_distributed(_auto_codec_on_all_reduce, 2):
+        assert set(errors) == {"auto", "auto:max_rel_err=1e-2"}
+        for kind, message in errors.values():
+            assert kind == "ValueError"
+            assert "'auto' chooses for all_gather_into_tensor and reduce_scatter_tensor" in message
+
+
 def _reduce_ops(rank, world_size):
     average = torch.full((4,), float(rank))
     cp.all_reduce(average, dist.ReduceOp(dist.ReduceOp.AVG), codec="none")

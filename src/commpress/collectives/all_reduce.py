@@ -16,6 +16,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
+    check_codec_has_no_tuner,
     check_device,
     check_flag,
     check_op,
@@ -62,6 +63,7 @@ def all_reduce(
     if algorithm == "native":
         start = lambda: collective.all_reduce(tensor, op, group)  # noqa: E731
         return run_native(start, group, async_op, timeout, (tensor,))
+    check_codec_has_no_tuner(codec)
     codec = get_codec(codec)
     check_reduction_dtype(tensor.dtype, "tensor.dtype")  # first: it names the way out
     codec.check_dtype(tensor.dtype, "tensor.dtype")

@@ -95,6 +95,15 @@ def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
 
 
+def check_codec_has_no_tuner(codec) -> None:
+    """``codec="auto..."`` is the tuner's, which chooses for all-gathers and reduce-scatters."""
+    if isinstance(codec, str) and codec.strip().partition(":")[0] == "auto":
+        raise ValueError(
+            f"codec {codec!r}: 'auto' chooses for all_gather_into_tensor and "
+            "reduce_scatter_tensor only, not all_reduce: name a codec, such as 'int8'"
+        )
+
+
 def check_device(
     algorithm: str, op: str, tensor: torch.Tensor, group, argument: str = "inp"
 ) -> None:
