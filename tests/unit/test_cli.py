@@ -760,18 +760,33 @@ def test_nprocs_is_refused_past_the_most_local_processes(command, monkeypatch, c
     assert "argument --nprocs: 255 local processes: at most 254" in capsys.readouterr().err
 
 
-def test_every_train_option_says_what_it_does():
-    """``commpress train --help`` listed ``--strategy {fsdp,ddp}`` with no word on either."""
+def _options_of(parser, path: str):
+    """Every (command path, option) of ``parser`` and its subcommands, depth first."""
     import argparse
 
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                yield from _options_of(command, f"{path} {name}".strip())
+        elif action.option_strings and action.dest != "help":
+            yield path, action
+
+
+@pytest.mark.parametrize("command", sorted(__import__("commpress.cli").cli.COMMANDS))
+def test_every_option_of_every_command_says_what_it_does(command):
+    """``train --strategy``, ``bench --op/--json/--markdown``, ``sim --json/--markdown``,
+    ``schedule --op/--dtype`` and ``codecs --seed`` were listed in --help with no word."""
     from commpress import cli
 
-    (commands,) = (
-        action
-        for action in cli.build_parser(["train"])._actions
-        if isinstance(action, argparse._SubParsersAction)
-    )
-    options = [action for action in commands.choices["train"]._actions if action.option_strings]
-    assert [action.option_strings for action in options if not action.help] == []
+    options = list(_options_of(cli.build_parser([command]), ""))
+    assert any(path.split()[0] == command for path, _ in options)
+    assert [(path, a.option_strings) for path, a in options if not a.help] == []
+
+
+def test_train_strategy_says_what_each_runs():
+    """``commpress train --help`` listed ``--strategy {fsdp,ddp}`` with no word on either."""
+    from commpress import cli
+
+    options = [a for path, a in _options_of(cli.build_parser(["train"]), "") if path == "train"]
     (strategy,) = (action.help for action in options if "--strategy" in action.option_strings)
     assert "fsdp: FSDP2" in strategy and "ddp: DistributedDataParallel" in strategy

@@ -172,7 +172,7 @@ def add_arguments(parser) -> None:
         default=1,
         help="torch intra-op threads, at most the cores (default: 1)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the test data (0)")
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
     )

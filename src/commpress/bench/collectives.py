@@ -518,7 +518,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "-f", "--stepfactor", type=size_factor, default=2, help="size multiplier (2)"
     )
-    parser.add_argument("--op", choices=OPS, default="all_gather")
+    parser.add_argument(
+        "--op", choices=OPS, default="all_gather", help="the collective to time (all_gather)"
+    )
     parser.add_argument(
         "--dtype",
         type=dtype_list,
@@ -565,6 +567,10 @@ def add_arguments(parser) -> None:
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
     )
     parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds for the sweep")
-    parser.add_argument("--json", type=output_path, metavar="PATH")
-    parser.add_argument("--markdown", type=output_path, metavar="PATH")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
+    )
+    parser.add_argument(
+        "--markdown", type=output_path, metavar="PATH", help="also write a markdown report"
+    )
     parser.add_argument("--plot", type=plot_path, metavar="PATH", help="PNG of busbw vs size")

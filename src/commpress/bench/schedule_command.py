@@ -19,7 +19,7 @@ from commpress.units import DTYPES, torch_dtype
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--op", choices=OPS, required=True)
+    parser.add_argument("--op", choices=OPS, required=True, help="the collective to schedule")
     parser.add_argument(
         "--algorithm",
         required=True,
@@ -33,7 +33,12 @@ def add_arguments(parser) -> None:
         default=1 << 20,
         help="the rank's input: an all-gather's shard, a reduction's whole tensor (1048576)",
     )
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float",
+        help="element type the bytes are counted for (float)",
+    )
     parser.add_argument("--codec", default="none", help="codec spec, e.g. int8:block=128 (none)")
     parser.add_argument(
         "--chunk-bytes",

@@ -72,7 +72,7 @@ def add_arguments(parser) -> None:
         "--op",
         type=comma_list,
         default=["all_gather"],
-        help="all_gather, reduce_scatter (all_gather)",
+        help="comma list of all_gather, reduce_scatter (all_gather)",
     )
     parser.add_argument(
         "--algorithm",
@@ -126,8 +126,12 @@ def add_arguments(parser) -> None:
         "--save-fit", type=output_path, metavar="FIT.json", help="where --calibrate saves its fit"
     )
     parser.add_argument("--fit", metavar="FIT.json", help="use a fit saved by --save-fit")
-    parser.add_argument("--json", type=output_path, metavar="PATH")
-    parser.add_argument("--markdown", type=output_path, metavar="PATH")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
+    )
+    parser.add_argument(
+        "--markdown", type=output_path, metavar="PATH", help="also write the table as markdown"
+    )
     parser.add_argument(
         "--plot", type=plot_path, metavar="PATH", help="time against nodes (needs matplotlib)"
     )

@@ -304,7 +304,8 @@ def add_arguments(parser) -> None:
         "collective (int8, int8@ring-hop; with FSDP also auto, int8@auto: the tuner chooses, "
         "for the cluster's links); with FSDP also AG_SPEC/RS_SPEC (none/int4@alltoall: "
         "alltoall is a reduce-scatter's); with --strategy ddp also int4@alltoall, "
-        "powersgd:rank=4 / acpsgd:rank=4 (@serial: no scheduler), torch-powersgd:rank=4",
+        "powersgd:rank=4 / acpsgd:rank=4 (@serial: no scheduler), torch-powersgd:rank=4 "
+        "(plain int8 int4)",
     )
     parser.add_argument("--steps", type=positive_int, default=200, help="optimizer steps (200)")
     parser.add_argument("--batch", type=positive_int, default=8, help="sequences per rank (8)")
