@@ -483,6 +483,7 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     kind, message = errors["unknown codec"]
     assert kind == "ValueError" and message.startswith("all_gather='int9': unknown codec 'int9'")
     assert "reduce_scatter='int8@tree'" in errors["unknown algorithm"][1]
+    assert errors["unknown algorithm"][1].endswith("'auto')")  # the tuner's, taken here too
     assert "Sequential has no FSDP modules" in errors["no fsdp"][1]
     assert (
         errors["twice"][0] == "ValueError"

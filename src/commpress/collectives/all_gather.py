@@ -77,7 +77,7 @@ def all_gather_into_tensor(
     if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
         check_moved(inp, group)
     algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm, timeout=timeout)
-    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS)
+    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, tunable=True)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
         start = lambda: collective.all_gather(out, inp, group)  # noqa: E731

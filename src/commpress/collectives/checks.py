@@ -81,8 +81,12 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
         )
 
 
-def check_algorithm(algorithm: str, known: tuple[str, ...]) -> None:
+def check_algorithm(algorithm: str, known: tuple[str, ...], tunable: bool = False) -> None:
+    """``algorithm`` must be one of ``known``; the message lists ``auto`` too where the
+    call is ``tunable`` (the tuner chooses for it)."""
     if algorithm not in known:
+        if tunable:
+            known = (*known, "auto")
         if algorithm == "auto":  # the tuner's: all_reduce has none
             raise ValueError(
                 "algorithm 'auto' chooses for all_gather_into_tensor and reduce_scatter_tensor "

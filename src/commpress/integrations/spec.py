@@ -56,7 +56,7 @@ class CollectiveSpec:
             return cls._tuned(spec, codec_text, algorithm or auto.AUTO, algorithms, argument)
         algorithm = algorithm or "ring"
         try:
-            check_algorithm(algorithm, algorithms)
+            check_algorithm(algorithm, algorithms, tunable)
             codec = get_codec(codec_text)
             if gathers:
                 check_same_result_on_every_rank(codec, algorithm)
@@ -68,7 +68,7 @@ class CollectiveSpec:
     def _tuned(cls, spec, codec_text, algorithm, algorithms, argument) -> CollectiveSpec:
         try:
             if algorithm != auto.AUTO:
-                check_algorithm(algorithm, algorithms)
+                check_algorithm(algorithm, algorithms, tunable=True)
             if tuner.is_auto(codec_text):
                 tuner.budget(codec_text)
                 codec = codec_text
