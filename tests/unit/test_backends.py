@@ -102,3 +102,19 @@ def test_cpu_tensors_on_a_group_that_moves_none_are_refused_up_front(
     else:
         checks.check_device("ring", op, tensor, None, argument)
     checks.check_device("native", op, tensor, None, argument)  # torch's own says it itself
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda m: m.configure(rate_bits=10**9), lambda m: m.options_of(None),
+     lambda m: m.options_set_for(None), lambda m: m.channel_for(None)],
+)  # fmt: skip
+def test_the_multicast_options_of_the_default_group_before_init_process_group(call):
+    """Before ``init_process_group`` the default group is None, which the weak dictionaries
+    of options and channels cannot key: "cannot create weak reference to 'NoneType'
+    object", instead of saying that the process group is not initialised."""
+    from commpress.transport import multicast
+
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        call(multicast)

@@ -331,3 +331,16 @@ def test_a_grandchild_fails_the_collectives_pending_at_its_grandparents_fork():
         assert _child_passes(grandchild_fails_it, seconds=40)
     finally:
         release.set()
+
+
+def test_a_native_call_before_init_process_group_says_so():
+    """The check for a compressed call queued before it looked the default group up in a
+    weak dictionary, where there is none yet: "cannot create weak reference to 'NoneType'
+    object", instead of torch's own word."""
+    import torch.distributed as dist
+
+    import commpress as cp
+
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        cp.all_reduce(torch.ones(1), algorithm="native")

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from commpress.collectives.checks import check_timeout
+from commpress.transport import backends
 from commpress.transport.p2p import wait as wait_work
 
 #: ``active`` on the communication thread: whatever runs there (a collective, or a
@@ -361,4 +361,4 @@ def _behind_queued(group) -> bool:
 
 
 def _group_key(group):
-    return dist.group.WORLD if group is None else group
+    return backends.or_world(group)

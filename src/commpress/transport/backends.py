@@ -24,3 +24,18 @@ def name(group: dist.ProcessGroup | None) -> str:
     device:backend pairs ("cuda:nccl" where a GPU is visible, "cpu:gloo" where not)."""
     backend = dist.get_backend(group)
     return dist.get_backend_config(group) if backend == dist.Backend.UNDEFINED else backend
+
+
+def or_world(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``group``, or for None the default group; torch's own ValueError where
+    ``init_process_group`` has not run (or the group was destroyed): state kept per group
+    by weak reference cannot be keyed by the None torch then has."""
+    if group is not None:
+        return group
+    world = dist.group.WORLD
+    if world is None:
+        raise ValueError(
+            "Default process group has not been initialized, please make sure to call "
+            "init_process_group."
+        )
+    return world

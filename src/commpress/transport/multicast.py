@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from commpress.ranks import by_rank
 from commpress.spec_options import parse_options
+from commpress.transport import backends
 from commpress.transport.objects import all_gather_objects
 from commpress.transport.reliable_broadcast import (
     OPERATION_IDS,
@@ -373,4 +374,4 @@ def _choose_group(index: int) -> tuple[tuple[str, int], int]:
 
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    return dist.group.WORLD if group is None else group
+    return backends.or_world(group)
