@@ -91,6 +91,33 @@ def test_async_handles_give_the_same_results_as_synchronous_calls():
         assert flags == [True, True, True]
 
 
+def _queued_across_a_new_world(rank, world_size, store_path):
+    from commpress.collectives.work import launch
+
+    before = torch.full((8,), 100.0)
+    if rank == 0:  # given to the first world, still queued when it is destroyed
+        launch(lambda: time.sleep(0.5), async_op=True)
+        work = cp.all_reduce(before, codec="none", async_op=True)
+    dist.destroy_process_group()
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    after = torch.full((8,), rank + 1.0)
+    cp.all_reduce(after, codec="none", timeout=timedelta(seconds=10))
+    if rank == 0:
+        with pytest.raises(ValueError, match="not registered"):
+            work.wait()
+    return after[0].item(), before[0].item()
+
+
+def test_a_call_on_a_destroyed_world_does_not_run_on_the_next_one(tmp_path):
+    """A call given with ``group=None`` found the default group when it ran, not when it
+    was given: one still queued when the world was destroyed ran on the world initialised
+    after, against a peer's next call (whose result it summed into, 102 for 3), and that
+    rank's own next call then failed."""
+    store = str(tmp_path / "second-world")
+    assert run_distributed(_queued_across_a_new_world, 2, store) == [(3.0, 100.0)] * 2
+
+
 STALL_SECONDS = 15.0  # the longest the stalled peer stays away
 TIMEOUT = timedelta(seconds=3)
 

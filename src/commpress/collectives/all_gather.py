@@ -41,7 +41,7 @@ from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
 from commpress.collectives.work import launch, queued_on, run_native, writable, write_into
 from commpress.schedules import algorithms, plan
-from commpress.transport import collective
+from commpress.transport import backends, collective
 
 ALL_GATHER_ALGORITHMS = algorithms("all_gather")
 
@@ -71,6 +71,7 @@ def all_gather_into_tensor(
     """
     if outside_group(group, "all_gather_into_tensor"):
         return None
+    group = backends.or_world(group)  # the default group now, not when the call runs
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)

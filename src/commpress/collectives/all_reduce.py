@@ -32,7 +32,7 @@ from commpress.collectives.work import launch, queued_on, run_native, write_into
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
-from commpress.transport import collective
+from commpress.transport import backends, collective
 
 ALL_REDUCE_ALGORITHMS = algorithms("all_reduce")
 
@@ -51,6 +51,7 @@ def all_reduce(
     :func:`torch.distributed.all_reduce`, plus ``codec``, ``algorithm`` and ``timeout``."""
     if outside_group(group, "all_reduce"):
         return None
+    group = backends.or_world(group)  # the default group now, not when the call runs
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)

@@ -50,7 +50,7 @@ from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
 from commpress.collectives.work import launch, queued_on, run_native, write_into
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
-from commpress.transport import collective
+from commpress.transport import backends, collective
 
 REDUCE_SCATTER_ALGORITHMS = algorithms("reduce_scatter")
 
@@ -84,6 +84,7 @@ def reduce_scatter_tensor(
     """
     if outside_group(group, "reduce_scatter_tensor"):
         return None
+    group = backends.or_world(group)  # the default group now, not when the call runs
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     world_size = dist.get_world_size(group)
