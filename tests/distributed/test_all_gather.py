@@ -247,6 +247,31 @@ def test_the_guard_catches_a_call_that_communicates():
         assert attempted
 
 
+#: Words in the name of every torch.distributed function that moves data or waits for peers.
+COMMUNICATING = ("gather", "scatter", "broadcast", "reduce", "send", "recv", "barrier", "to_all")
+
+
+def test_the_guard_refuses_every_communicating_function_of_torch_distributed():
+    """The object collectives (``broadcast_object_list``, ``gather_object``, ...), the
+    coalesced ones and ``monitored_barrier`` passed the guard: a call that exchanged its
+    values through one of them was taken for one that does not communicate. ``isend`` and
+    ``irecv`` stay (``P2POp`` checks their identity; ``batch_isend_irecv`` is refused)."""
+    names = [
+        name
+        for name in dir(dist)
+        if any(word in name for word in COMMUNICATING)
+        and not name.startswith("_")
+        and name[0].islower()
+        and callable(getattr(dist, name))
+        and name not in ("isend", "irecv")
+    ]
+    assert "broadcast_object_list" in names
+    for name in names:
+        with forbid_communication() as attempted, pytest.raises(CommunicationAttempted):
+            getattr(dist, name)()
+        assert attempted == [name]
+
+
 def _raises(rank, world_size):
     if rank == 1:
         raise RuntimeError("boom on rank 1")
