@@ -75,6 +75,11 @@ def test_error_feedback_invariant_and_uncompressed_tensors(name):
             )
             if name == "powersgd":
                 torch.testing.assert_close(sent[0], decoded, atol=1e-5, rtol=1e-5)
+            else:  # each rank sent its own grad + e_old projected onto the kept factor
+                for own, whole in zip(sent, compressed, strict=True):
+                    torch.testing.assert_close(
+                        (own * whole).sum(), own.square().sum(), rtol=1e-4, atol=0
+                    )
             assert torch.linalg.matrix_rank(sent[0], atol=1e-4) <= 2  # rank-2 compression
             assert not torch.allclose(decoded, average[key].reshape(decoded.shape), atol=1e-3)
     assert stats.compressed_steps == 3 and stats.compression_ratio > 2
