@@ -9,6 +9,7 @@ from commpress.cluster.local import run_distributed
 from commpress.collectives import auto
 from commpress.collectives.fingerprint import CollectiveMismatchError
 from commpress.sim import tuner
+from commpress.testing.silence import CommunicationAttempted, forbid_communication
 
 
 def _auto_against_the_choice(rank, world_size):
@@ -203,16 +204,8 @@ def test_a_tuned_call_that_differs_on_a_subgroup_names_the_global_ranks_too():
 
 
 def _bad_tuned_calls(rank, world_size):
-    """Each bad tuned call's error, and how many exchanges the tuner made for it."""
-
-    exchanges = []
-    gather_objects = auto.all_gather_objects
-
-    def counted(*args, **kwargs):
-        exchanges.append(1)
-        return gather_objects(*args, **kwargs)
-
-    auto.all_gather_objects = counted  # the tuner's agreement goes through it
+    """Each bad tuned call's error, and the torch.distributed operations it attempted (the
+    guard refuses every one, so that an agreement moved to another primitive is seen)."""
     outcomes = []
     calls = (
         lambda: cp.reduce_scatter_tensor(
@@ -223,19 +216,27 @@ def _bad_tuned_calls(rank, world_size):
         ),
     )
     for call in calls:
-        exchanges.clear()
-        outcomes.append((_outcome(call), len(exchanges)))
+        with forbid_communication() as attempted:
+            outcome = _guarded_outcome(call)
+        outcomes.append((outcome, attempted))
     return outcomes
+
+
+def _guarded_outcome(call):
+    try:
+        return _outcome(call)
+    except CommunicationAttempted as error:
+        return f"communicated: {error}"
 
 
 def test_a_bad_tuned_call_raises_before_the_tuner_exchanges_its_choice():
     """The tuner agrees on its choice over the group: a residual of the wrong size, or a
     device the group moves no tensors of, must be refused before that communication."""
     for outcomes in run_distributed(_bad_tuned_calls, 2, timeout=60):
-        (residual, residual_exchanges), (meta, meta_exchanges) = outcomes
+        (residual, residual_attempts), (meta, meta_attempts) = outcomes
         assert "residual must be a contiguous float32 tensor" in residual, residual
         assert "inp is on meta" in meta, meta
-        assert residual_exchanges == meta_exchanges == 0
+        assert residual_attempts == meta_attempts == []
 
 
 def _told_the_same_again(rank, world_size):
