@@ -495,3 +495,24 @@ def test_bf16_rounds_fp32_subnormals_to_its_own_spacing():
     error = (codec.decode(codec.encode(x), 3, torch.float32) - x).abs()
     assert (error > x.abs() * 2.0**-8).all()
     assert (error <= x.abs() * 2.0**-8 + 2.0**-134).all()
+
+
+ONE_AS_FP32 = [0, 0, 128, 63]  # the block's absmax, 1.0, little-endian
+
+
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+@pytest.mark.parametrize(
+    ("name", "codes"),
+    [
+        ("int8", [127, 256 - 32, 0, 256 - 127]),  # q = round(x * 127), two's complement
+        ("int4", [15 | 6 << 4, 8 | 1 << 4]),  # q + 8 = 15, 6, 8, 1; element 2i low nibble
+        ("fp8", [0x7E, 0xEE, 0x00, 0xFE]),  # e4m3 of x * 448: 448, -112, 0, -448
+    ],
+)
+def test_payloads_are_laid_out_as_documented(name, codes, impl):
+    """Scales first, then the codes, as the codecs' docstrings give them. A layout changed
+    on both sides (int4's nibbles swapped in encode and decode) decodes to the same values,
+    so no round trip shows it; a peer of another version would decode garbage."""
+    codec = cp.get_codec(f"{name}:impl={impl},block=4")
+    payload = codec.encode(torch.tensor([1.0, -0.25, 0.0, -1.0]))
+    assert payload.tolist() == ONE_AS_FP32 + codes
