@@ -146,6 +146,31 @@ def test_all_reduce(run):
                 assert torch.all((lossy.double() - exact).abs() <= bound), (algorithm, numel)
 
 
+def _small_values_all_reduced(rank, world_size):
+    small = contribution(rank, 7) * 1e-4  # 7: one of the 8 padded elements is padding
+    results = {}
+    for algorithm in COMPRESSED:
+        all_reduce(torch.full((8,), 1e3), codec="int8", algorithm=algorithm)  # in the workspace
+        results[algorithm] = small.clone()
+        all_reduce(results[algorithm], codec="int8", algorithm=algorithm)
+    return results
+
+
+def test_all_reduce_padding_leaves_small_values_their_precision():
+    """all_reduce pads the tensor to whole chunks with zeros: padding of any other value (or
+    a previous call's values left in the workspace) is summed and encoded in the last
+    block with the real values, and its absmax rounds values much smaller than it to zero
+    (padding of 1 passed test_all_reduce, whose values are large enough to hide it)."""
+    world_size = 2
+    codec = cp.get_codec("int8")
+    parts = [contribution(r, 7) * 1e-4 for r in range(world_size)]
+    exact = sum(part.double() for part in parts)
+    bound = world_size * codec.error_bound(sum(part.abs() for part in parts)).double() * 1.01
+    for results in run_distributed(_small_values_all_reduced, world_size):
+        for algorithm, result in results.items():
+            assert torch.all((result.double() - exact).abs() <= bound), algorithm
+
+
 def _bad_arguments(rank, world_size):
     if rank != 0:  # the peer never enters a collective: a call that communicated would hang
         return None
