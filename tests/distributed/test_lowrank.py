@@ -270,6 +270,9 @@ DDP_RUNS = [
     ("powersgd:rank=2,start_iter=2", True),
     ("powersgd:rank=2,start_iter=2", False),
     ("acpsgd:rank=2,start_iter=2", True),
+    # no error buffers: each part in flight stacks its matrices in scratch of its own slot
+    ("powersgd:rank=2,start_iter=2,error_feedback=false", True),
+    ("powersgd:rank=2,start_iter=2,error_feedback=false", False),
 ]
 
 
@@ -302,6 +305,17 @@ def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
     assert all(
         torch.equal(a, b) for a, b in zip(with_scheduler[0][1], with_scheduler[1][1], strict=True)
     )
+
+
+def test_the_scheduler_keeps_the_scratch_of_each_part_in_flight_apart(ddp_runs):
+    """Without error feedback each part stacks its matrices in a scratch buffer of its
+    slot; the scheduler keeps several parts in flight, and with one slot for all of them
+    (the 64 x 64 layers share a shape) a newer bucket overwrote an older one's matrices
+    before its second all-reduce: only a run without error feedback shows it."""
+    spec = "powersgd:rank=2,start_iter=2,error_feedback=false"
+    for with_scheduler, without in zip(ddp_runs[spec, True], ddp_runs[spec, False], strict=True):
+        assert with_scheduler[0] == without[0]
+        assert all(torch.equal(a, b) for a, b in zip(with_scheduler[1], without[1], strict=True))
 
 
 LEARN_STEPS = 40
