@@ -9,6 +9,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.collectives import all_reduce, reduce_scatter_tensor
+from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.testing.silence import forbid_communication
 
 WORLD_SIZES = [2, 3, 4]
@@ -231,7 +232,7 @@ def test_nan_propagates_through_reduce_scatter_and_all_reduce():
             assert torch.isnan(results[rank][algorithm][1][400 + 17]), (algorithm, rank)
 
 
-def _error_feedback(rank, world_size):
+def _error_feedback(rank, world_size, algorithm):
     numel = 3 * 1000
     generator = torch.Generator().manual_seed(rank)
     residual = torch.zeros(numel)
@@ -240,7 +241,7 @@ def _error_feedback(rank, world_size):
         inp = torch.randn(numel, generator=generator)
         before = residual.clone()
         out = torch.empty(numel // world_size)
-        reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", residual=residual)
+        reduce_scatter_tensor(out, inp, codec="int8", algorithm=algorithm, residual=residual)
         history.append((inp, before, residual.clone(), out))
     try:
         reduce_scatter_tensor(
@@ -251,11 +252,12 @@ def _error_feedback(rank, world_size):
     return history, None
 
 
-def test_error_feedback_residual_holds_exactly_what_the_encoding_lost():
+@pytest.mark.parametrize("algorithm", ERROR_FEEDBACK_ALGORITHMS)
+def test_error_feedback_residual_holds_exactly_what_the_encoding_lost(algorithm):
     """``inp + residual_before == sent + residual_after``: summing what was sent reproduces
     the output, and the own chunk is never encoded (its residual stays zero)."""
     world_size = 3
-    results = run_distributed(_error_feedback, world_size, timeout=120)
+    results = run_distributed(_error_feedback, world_size, algorithm, timeout=120)
     histories = [history for history, _ in results]
     assert "residual (error feedback) needs algorithm='alltoall' or 'backend'" in results[0][1]
     chunk = 1000
