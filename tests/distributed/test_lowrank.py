@@ -425,6 +425,36 @@ def test_a_peer_that_stalls_or_dies_makes_every_other_rank_raise(scheduler, fail
             assert elapsed > 2.5, (rank, elapsed, message)
 
 
+def _on_the_group_ddp_uses(rank, world_size):
+    """DDP with find_unused_parameters all-reduces its map of used parameters on its own
+    group right after the last bucket's hook; the hook here runs on that group too."""
+    import torch.distributed as dist
+
+    runs = []
+    for scheduler in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)])
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+        ddp.register_comm_hook(
+            *cp.lowrank.ddp_hook(
+                "powersgd:rank=2,start_iter=0", model=model, group=dist.group.WORLD,
+                scheduler=scheduler,
+            )
+        )  # fmt: skip
+        sgd_steps(ddp, 4, rank, features=32, batch=8, seed_stride=10)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    return runs
+
+
+def test_the_scheduler_shares_the_group_ddp_uses():
+    """With the group DDP runs on, the scheduler's all-reduces of the last bucket raced
+    DDP's all-reduce of unused parameters, in another order on each rank: gloo aborted
+    the processes ("Received data size doesn't match expected size")."""
+    (scheduled, serial), (other, _) = run_distributed(_on_the_group_ddp_uses, 2, timeout=120)
+    assert all(torch.equal(a, b) for a, b in zip(scheduled, serial, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(scheduled, other, strict=True))
+
+
 def test_bad_timeout_is_rejected():
     with pytest.raises(TypeError, match="timeout must be a datetime.timedelta"):
         Reducer(PowerSGD(), timeout=3)

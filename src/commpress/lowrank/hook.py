@@ -41,6 +41,8 @@ class LowRankHookState:
     names: dict
     worker: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     pipeline: "Pipeline | None" = field(default=None, repr=False)
+    #: The caller's group, which may be the one DDP itself uses (see ``ddp_hook``).
+    shared_group: bool = False
 
     @property
     def scheduler(self) -> bool:
@@ -66,8 +68,12 @@ def ddp_hook(
     ``algorithm``: a :class:`LowRankAlgorithm` or a spec (``"powersgd:rank=4"``).
     ``model`` (the module DDP wraps) names the state of each parameter, which
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
-    one for the hook's all-reduces. ``timeout``: a peer that dies or stalls makes the
-    step raise on every other rank after at most this long (default: the group's).
+    one for the hook's all-reduces. A ``group`` given may be the one DDP runs its own
+    collectives on (with ``find_unused_parameters=True``, one right after the last
+    bucket's hook): the scheduler then finishes each step's last bucket before the hook
+    returns, so that every rank issues DDP's collective after the hook's. ``timeout``: a
+    peer that dies or stalls makes the step raise on every other rank after at most this
+    long (default: the group's).
     """
     check_group(group, member=True)
     check_flag(scheduler, "scheduler")
@@ -77,7 +83,7 @@ def ddp_hook(
     if group is None:
         reducer.group = dist.new_group(timeout=timeout)
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
-    state = LowRankHookState(reducer, names)
+    state = LowRankHookState(reducer, names, shared_group=group is not None)
     if scheduler:
         state.worker = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="commpress-lowrank"
@@ -112,7 +118,9 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
         with state.pipeline.side_stream(written):
             state.pipeline.submit(pairs, future, buffer, last, handed)
 
-    state.worker.submit(submit)
+    handing_over = state.worker.submit(submit)
+    if last and state.shared_group:
+        handing_over.result()
     return for_ddp(future)
 
 
