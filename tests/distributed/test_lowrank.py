@@ -656,6 +656,41 @@ def test_empty_parameters_float64_defaults_and_mismatched_checkpoints():
             assert retried == "retried"
 
 
+def _saved_by_each_rank(rank, world_size):
+    saved = {}
+    for error_feedback in (True, False):
+        reducer = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=error_feedback))
+        reducer.reduce([("a", gradients(rank, 0)["a"])])
+        saved[error_feedback] = reducer.state_dict()
+    return saved
+
+
+def _loaded_in_another_world(rank, world_size, saved):
+    outcomes = {}
+    for error_feedback, state in saved.items():
+        reducer = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=error_feedback))
+        try:
+            reducer.load_state_dict(state)
+            outcomes[error_feedback] = "loaded"
+        except ValueError as error:
+            outcomes[error_feedback] = str(error)
+    return outcomes
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_when_it_holds_error_feedback():
+    """Error buffers are one rank's own: a world of 2 ranks' checkpoint loaded into a world
+    of 3 without a word, each rank taking some other rank's residuals. The factors alone
+    (no error feedback) are the same on every rank, and load anywhere."""
+    saved = run_distributed(_saved_by_each_rank, 2, timeout=120)[0]
+    for outcomes in run_distributed(_loaded_in_another_world, 3, saved, timeout=120):
+        assert "saved by one of 2 ranks, this reducer averages over 3" in outcomes[True]
+        assert outcomes[False] == "loaded"
+    assert run_distributed(_loaded_in_another_world, 2, saved, timeout=120)[1] == {
+        True: "loaded",
+        False: "loaded",
+    }
+
+
 def _a_key_first_seen_later(rank, world_size, name):
     algorithm = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name](rank=2, start_iter=0)
     reducer = Reducer(algorithm)

@@ -254,6 +254,7 @@ class Reducer:
             "algorithm": self.algorithm.name,
             "rank": self.algorithm.rank,
             "error_feedback": self.algorithm.error_feedback,
+            "world_size": _world_size(self.group),
             "step": self.step,
             "generator": self._generator.get_state(),
             "states": {k: {n: t.clone() for n, t in s.items()} for k, s in self.states.items()},
@@ -273,11 +274,23 @@ class Reducer:
                 f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
                 f"error_feedback={self.algorithm.error_feedback}"
             )
+        world_size = state.get("world_size")  # checkpoints before it was saved: unknown
+        if saved and fed_back and world_size not in (None, _world_size(self.group)):
+            raise ValueError(
+                f"checkpoint was saved by one of {world_size} ranks, this reducer averages "
+                f"over {_world_size(self.group)}: its error feedback is that rank's own "
+                f"(save and load one checkpoint per rank, in a world of the same size)"
+            )
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._error_stacks.clear()
         self._keys_this_step.clear()
+
+
+def _world_size(group) -> int | None:
+    """The group's size; None before the process group is initialized."""
+    return dist.get_world_size(group) if dist.is_initialized() else None
 
 
 def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
