@@ -691,6 +691,40 @@ def test_a_checkpoint_of_another_world_size_is_refused_when_it_holds_error_feedb
     }
 
 
+def _hook_checkpoint_into_another_model(rank, world_size):
+    def hooked(model):
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", model=model)
+        ddp.register_comm_hook(state, hook)
+        return ddp, state
+
+    torch.manual_seed(0)
+    wide = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    ddp, state = hooked(wide)
+    sgd_steps(ddp, 1, rank, features=32, batch=8, seed_stride=10)
+    saved = state.state_dict()
+    outcomes = []
+    for other in (
+        torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10)),  # same names
+        torch.nn.Sequential(torch.nn.Linear(32, 10)),  # "1.weight" is not there
+    ):
+        try:
+            hooked(other)[1].load_state_dict(saved)
+            outcomes.append("loaded")
+        except ValueError as error:
+            outcomes.append(str(error))
+    return outcomes
+
+
+def test_a_hook_checkpoint_of_another_model_is_refused():
+    """A checkpoint whose parameter names the model lacks (another model, or the DDP
+    wrapper's ``module.`` names) loaded without a word: its state was kept but never used,
+    and every parameter of the model started afresh."""
+    for same, other in run_distributed(_hook_checkpoint_into_another_model, 2, timeout=120):
+        assert same == "loaded"
+        assert "state for parameters this model does not have: '1.weight'" in other
+
+
 def _a_key_first_seen_later(rank, world_size, name):
     algorithm = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name](rank=2, start_iter=0)
     reducer = Reducer(algorithm)

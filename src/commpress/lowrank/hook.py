@@ -52,6 +52,16 @@ class LowRankHookState:
         return self.reducer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Refuses a checkpoint with state for parameters the model (given to ``ddp_hook``)
+        does not have: one of another model."""
+        if self.names:
+            unknown = sorted(set(state["states"]) - set(self.names.values()))
+            if unknown:
+                raise ValueError(
+                    f"checkpoint has low-rank state for parameters this model does not have: "
+                    f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''} "
+                    f"(a checkpoint of another model?)"
+                )
         self.reducer.load_state_dict(state)
 
 
