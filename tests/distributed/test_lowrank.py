@@ -725,6 +725,34 @@ def test_a_hook_checkpoint_of_another_model_is_refused():
         assert "state for parameters this model does not have: '1.weight'" in other
 
 
+def _sparse_gradients(rank, world_size):
+    messages = []
+    sparse = torch.sparse_coo_tensor([[0, 3]], torch.ones(2, 16), (50, 16))
+    try:
+        Reducer(PowerSGD(rank=2, start_iter=0)).reduce([("emb", sparse)])
+    except TypeError as error:
+        messages.append(str(error))
+    for scheduler in (True, False):
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 16, sparse=True), torch.nn.Linear(16, 4))
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(*cp.lowrank.ddp_hook("powersgd", model=model, scheduler=scheduler))
+        try:
+            ddp(torch.tensor([[1, 2, 3]])).sum().backward()
+        except TypeError as error:
+            messages.append(str(error))
+    return messages
+
+
+def test_sparse_gradients_are_refused_saying_so():
+    """A sparse gradient raised "reshape is not implemented for sparse tensors" from the
+    reducer, and from the hook "zip() argument 2 is shorter than argument 1" (DDP gives a
+    sparse bucket no gradients)."""
+    for messages in run_distributed(_sparse_gradients, 2, timeout=120):
+        assert len(messages) == 3, messages
+        for message, name in zip(messages, ["emb", "0.weight", "0.weight"], strict=True):
+            assert f"gradient {name!r} is a torch.sparse_coo tensor" in message, message
+
+
 def _a_key_first_seen_later(rank, world_size, name):
     algorithm = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name](rank=2, start_iter=0)
     reducer = Reducer(algorithm)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.lowrank.algorithm import LowRankAlgorithm
-from commpress.lowrank.reducer import Part, Reducer
+from commpress.lowrank.reducer import Part, Reducer, not_dense
 from commpress.transport import collective
 
 
@@ -103,6 +103,10 @@ def ddp_hook(
 
 
 def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    if bucket.buffer().layout != torch.strided:  # DDP gives a sparse bucket no gradients()
+        (parameter,) = bucket.parameters()
+        key = state.names.get(id(parameter), f"of shape {tuple(parameter.shape)}")
+        raise TypeError(not_dense(key, bucket.buffer().layout))
     pairs = [
         (state.names.get(id(parameter), parameter), gradient)
         for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True)

@@ -132,6 +132,8 @@ class Reducer:
         for key, gradient in gradients:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
+            if gradient.layout != torch.strided:
+                raise TypeError(not_dense(key, gradient.layout))
         keys = [key for key, _ in gradients]
         if len(set(keys)) != len(keys):
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
@@ -286,6 +288,13 @@ class Reducer:
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._error_stacks.clear()
         self._keys_this_step.clear()
+
+
+def not_dense(key, layout) -> str:
+    return (
+        f"gradient {key!r} is a {layout} tensor: low-rank compression averages dense "
+        f"gradients only (nn.Embedding(sparse=True) and the like: use dense gradients)"
+    )
 
 
 def _world_size(group) -> int | None:
