@@ -413,6 +413,29 @@ def test_a_stopped_or_closed_engine_fails_at_once():
         all_gather_one(engine, 0, shards, 1, wait=False)
 
 
+def test_close_stops_the_lingering_thread_before_closing_the_network(monkeypatch):
+    """The thread answers ENDs for 10 retries after a close: with a retry interval that
+    made that longer than close's wait (retry=0.6 lingered 6 s, close waited 5), close
+    returned with the thread alive and closed the network under it (a UDP network's
+    selector gone: the thread failed, or read from a descriptor reused meanwhile). The
+    linger ends within close's wait, which is not stretched to 10 retries of any length."""
+    monkeypatch.setattr(reliable_broadcast, "CLOSE_S", 0.5)
+    used_after_close = []
+
+    class Strict(Endpoint):
+        def receive(self, timeout, handle):
+            if self.closed:
+                used_after_close.append(timeout)
+            super().receive(timeout, handle)
+
+    engine = Engine(Strict(Hub(2), 0), CHANNEL, Options(**{**FAST, "retry_s": 1.0}))
+    started = time.monotonic()
+    engine.close()
+    assert time.monotonic() - started < 5, "close waited out ten retries of 1 s"
+    assert not engine._thread.is_alive(), "close returned while the thread still ran"
+    assert used_after_close == [], "the thread used the network after it was closed"
+
+
 def test_an_operation_posted_as_the_thread_stops_fails_at_once():
     """Another thread posts after the closing engine took its last requests, while its
     thread stops: the post was queued, never taken, and the operation waited for its

@@ -84,11 +84,12 @@ PACE_MARGIN = 0.95
 MAX_BURST_BYTES = 1 << 20
 #: Operation ids are 32-bit on the wire and wrap around: "newer" is serial arithmetic.
 OPERATION_IDS = 2**32
-#: How long :meth:`Engine.close` waits for the thread to stop.
+#: How long :meth:`Engine.close` waits for the thread to stop, beyond its linger.
 CLOSE_S = 5.0
 #: A closing engine keeps answering the ENDs of operations it finished, this long (and at
-#: least 10 retries): a root whose ACK from this rank was lost would otherwise wait for it
-#: in vain once this process has moved on or exited (TCP's TIME-WAIT, for the same reason).
+#: least 10 retries, up to :data:`CLOSE_S`): a root whose ACK from this rank was lost would
+#: otherwise wait for it in vain once this process has moved on or exited (TCP's
+#: TIME-WAIT, for the same reason).
 LINGER_S = 0.2
 
 
@@ -393,8 +394,13 @@ class Engine:
         """Stop the thread (operations still running or waiting fail) and the network."""
         if self._thread.is_alive():
             self._request(("close", None), wait=True)
-            self._thread.join(CLOSE_S)
+            self._thread.join(self._linger_s() + CLOSE_S)
         self.network.close()
+
+    def _linger_s(self) -> float:
+        """How long the thread answers ENDs once closed (:data:`LINGER_S`), within what
+        :meth:`close` waits for it."""
+        return min(max(LINGER_S, 10 * self.options.retry_s), CLOSE_S)
 
     def _request(self, request, wait: bool = False) -> None:
         """Hand ``request`` to the thread; with ``wait``, until it has been taken. Raises
@@ -486,7 +492,7 @@ class Engine:
                     self._waiting.remove(operation)
             else:  # close: fail what is left, then linger (see LINGER_S)
                 self._closing = True
-                self._linger_until = time.monotonic() + max(LINGER_S, 10 * self.options.retry_s)
+                self._linger_until = time.monotonic() + self._linger_s()
                 if self._running is not None:
                     self._retire(abandoned=not self._running.done)
                 self._fail_all(self._stopped())
