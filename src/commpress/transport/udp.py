@@ -24,6 +24,7 @@ import os
 import selectors
 import socket
 import struct
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,9 @@ _IFF_UP, _IFF_MULTICAST = 0x1, 0x1000
 #: Receive buffer asked for each socket: several milliseconds of a fast link, so that a
 #: burst from the roots sending at once waits there rather than being dropped.
 RECEIVE_BUFFER_BYTES = 8 << 20
+#: SO_RCVBUF past net.core.rmem_max, where the process may (root): Linux's, which Python's
+#: socket module does not name.
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform == "linux" else None)
 _DRAIN_AT_MOST = 512  # datagrams handled per socket and wait before the caller gets to send
 # UDP segmentation offload (Linux 4.18+): one sendmsg of several equal datagrams back to
 # back, which the kernel cuts (in the NIC, where it can) instead of each taking its own
@@ -167,7 +171,7 @@ class UdpNetwork:
         self._sockets.append(sock)
         with contextlib.suppress(OSError):  # an older kernel: one datagram per read
             sock.setsockopt(_SOL_UDP, _UDP_GRO, 1)
-        for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        for option in (_SO_RCVBUFFORCE, socket.SO_RCVBUF):
             if option is None:
                 continue
             try:  # FORCE passes net.core.rmem_max where we may (as root)
