@@ -791,6 +791,35 @@ def test_root_gets_the_receive_buffers_it_asks_for_whatever_rmem_max(monkeypatch
         network.close()
 
 
+def _rmem_max() -> int | None:
+    try:
+        with open("/proc/sys/net/core/rmem_max") as limit:
+            return int(limit.read())
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(
+    not (_rmem_max() or math.inf) < 64 << 20, reason="needs Linux's net.core.rmem_max, not huge"
+)
+def test_receive_buffers_capped_to_half_the_ask_are_warned_of(monkeypatch):
+    """Linux reports twice the size it grants: the check compared that report with the
+    size asked for, so a buffer capped at half of it (not root, net.core.rmem_max 4 MiB
+    for the 8 asked) passed without a word."""
+    import warnings
+
+    from commpress.transport import udp
+
+    ask = 2 * _rmem_max()
+    monkeypatch.setattr(udp, "interface_of", lambda address: ("lo", 65536))
+    monkeypatch.setattr(udp, "_SO_RCVBUFFORCE", None)  # as where not root
+    monkeypatch.setattr(udp, "RECEIVE_BUFFER_BYTES", ask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match=f"receive buffers are {ask // 2} bytes"):
+            UdpNetwork(0, 2, "127.0.0.1", ("239.255.77.3", 0))
+
+
 def test_a_coalesced_read_is_cut_at_the_size_its_control_message_gives():
     assert _segment_size([(17, 104, struct.pack("i", 1472))]) == 1472
     assert _segment_size([]) is None

@@ -149,7 +149,7 @@ class UdpNetwork:
             self._wake_read, self._wake_write = os.pipe()
             os.set_blocking(self._wake_read, False)
             os.set_blocking(self._wake_write, False)
-            if self.receive_buffer_bytes < RECEIVE_BUFFER_BYTES:  # Linux reports twice the grant
+            if self.receive_buffer_bytes < RECEIVE_BUFFER_BYTES:
                 warnings.warn(  # raises where warnings are errors: the sockets close below
                     f"commpress multicast: receive buffers are {self.receive_buffer_bytes} "
                     f"bytes, not {RECEIVE_BUFFER_BYTES} (not root, and net.core.rmem_max is "
@@ -199,7 +199,9 @@ class UdpNetwork:
 
     @property
     def receive_buffer_bytes(self) -> int:
-        return self._joined.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        """What the kernel granted of :data:`RECEIVE_BUFFER_BYTES` (Linux reports twice it)."""
+        reported = self._joined.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        return reported // 2 if sys.platform == "linux" else reported
 
     def connect(self, peers: list[tuple[str, int]]) -> None:
         if len(peers) != self.world_size:
