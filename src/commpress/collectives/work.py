@@ -2,10 +2,8 @@
 
 Every compressed collective, synchronous or not, is queued on the same single
 thread, so commpress operations run in the order the program issued them on
-every rank; a synchronous one on CPU tensors given while nothing is queued runs on the
-calling thread instead, as that thread would run it (one collective at a time either
-way), without waking another thread. Integrations give commpress its own process
-groups, so torch's own collectives on the user's groups never interleave with ours.
+every rank. Integrations give commpress its own process groups, so torch's own
+collectives on the user's groups never interleave with ours.
 
 On CUDA, commpress keeps torch.distributed's stream contract: a collective is
 ordered after the work already queued on the caller's current stream (an event
@@ -49,20 +47,14 @@ def _new_executor() -> concurrent.futures.ThreadPoolExecutor:
 _executor = _new_executor()
 
 
-#: Held while a collective runs: by the communication thread, or by a caller running a
-#: synchronous one itself (:func:`launch`), so that never two run at once.
-_running = threading.Lock()
-
-
 def _after_fork_in_child() -> None:
     """A forked child has only the thread that forked: the executor inherited from the
     parent counts a communication thread that is not there, and would queue every
     collective for it forever. The child starts its own (and a child forked from the
     communication thread is not on it any more). The parent's collectives still pending
     never finish here: they fail once the child uses commpress (:func:`_fail_orphans`)."""
-    global _executor, _orphans, _running
+    global _executor, _orphans
     _executor = _new_executor()
-    _running = threading.Lock()  # another thread of the parent may have held it
     _on_comm_thread.active = False
     _last_queued.clear()
     # a child that never used commpress and forks again passes its parent's on
@@ -302,17 +294,10 @@ def launch(
     device = cuda_device(*tensors)
     order = StreamOrder(device, tensors) if device is not None else None
 
-    if not async_op and order is None and _may_run_here():
-        try:
-            _run_as_the_communication_thread(run)
-        finally:
-            _running.release()
-        return None
-
     def on_thread() -> None:
         # collectives are not differentiable: an output that requires grad (a parameter,
         # say) is written in place, as torch's all_reduce writes it
-        with _running, torch.no_grad():
+        with torch.no_grad():
             if order is None:
                 run()
                 return
@@ -325,25 +310,6 @@ def launch(
         return work
     work.wait()
     return None
-
-
-def _may_run_here() -> bool:
-    """Whether the calling thread may run a collective itself: nothing is queued on the
-    communication thread, and nothing runs there (then it holds :data:`_running` until
-    released)."""
-    return not _pending and _running.acquire(blocking=False)
-
-
-def _run_as_the_communication_thread(run: Callable[[], None]) -> None:
-    """``run`` on the calling thread in the state the communication thread runs it in:
-    outside inference mode and grad mode (inference tensors it made would be refused
-    in place on the thread later), and taken for that thread by what it calls."""
-    _on_comm_thread.active = True
-    try:
-        with torch.inference_mode(False), torch.no_grad():
-            run()
-    finally:
-        _on_comm_thread.active = False
 
 
 def in_queue_order(run: Callable[[], None]) -> None:
