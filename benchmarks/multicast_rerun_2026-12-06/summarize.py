@@ -1,0 +1,51 @@
+"""Ring time over multicast time (above 1: multicast is faster), the median of each
+algorithm's times over the invocations ``measure.sh`` made, per network, size and codec.
+
+    python benchmarks/multicast_rerun_2026-12-06/summarize.py
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+from pathlib import Path
+
+HERE = Path(__file__).parent
+NETWORKS = (
+    "racks_1g_500m_mtu1500",
+    "racks_1g_500m_mtu9000",
+    "switch4_1g_mtu9000_roots4",
+    "switch8_1g_mtu9000_roots8",
+)
+
+
+def times_of(network: str) -> dict[tuple[int, str, str], list[float]]:
+    """(size, algorithm, codec) -> time per call (ms) of every invocation."""
+    times = collections.defaultdict(list)
+    for path in sorted(HERE.glob(f"{network}_run*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            key = row["size_bytes"], row["algorithm"], row["codec"]
+            times[key].append(row["time_us"] / 1e3)
+    return times
+
+
+def main() -> None:
+    print("| network | size | codec | ring (ms) | multicast (ms) | ring / multicast | runs |")
+    print("|---|---:|---|---:|---:|---:|---|")
+    for network in NETWORKS:
+        times = times_of(network)
+        for size, algorithm, codec in sorted(times):
+            if algorithm != "ring":
+                continue
+            ring, multicast = times[size, "ring", codec], times[size, "multicast", codec]
+            ratios = ", ".join(f"{r / m:.2f}" for r, m in zip(ring, multicast))
+            ring_ms, multicast_ms = statistics.median(ring), statistics.median(multicast)
+            print(
+                f"| {network} | {size >> 20} MiB | {codec} | {ring_ms:.1f} | "
+                f"{multicast_ms:.1f} | {ring_ms / multicast_ms:.2f} | {ratios} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
