@@ -20,9 +20,10 @@ RANKS = 4
 
 def relative_efficiencies(path: str) -> list[tuple[int, str, str, float]]:
     times = {}
-    for line in open(path):
-        if match := ROW.match(line):
-            times[int(match[1]), match[2], match[3]] = float(match[4])
+    with open(path) as lines:
+        for line in lines:
+            if match := ROW.match(line):
+                times[int(match[1]), match[2], match[3]] = float(match[4])
     rows = []
     for (mib, spec, variant), time in sorted(times.items()):
         if variant == "native":
@@ -39,4 +40,5 @@ if __name__ == "__main__":
     print("|---|---:|---|---|---:|")
     for path in sys.argv[1:]:
         for mib, spec, variant, relative in relative_efficiencies(path):
-            print(f"| {path.rsplit('/', 1)[-1]} | {mib} MiB | {spec} | {variant} | {relative:.3f} |")
+            name = path.rsplit("/", 1)[-1]
+            print(f"| {name} | {mib} MiB | {spec} | {variant} | {relative:.3f} |")

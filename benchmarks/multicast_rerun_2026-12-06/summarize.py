@@ -39,7 +39,7 @@ def main() -> None:
             if algorithm != "ring":
                 continue
             ring, multicast = times[size, "ring", codec], times[size, "multicast", codec]
-            ratios = ", ".join(f"{r / m:.2f}" for r, m in zip(ring, multicast))
+            ratios = ", ".join(f"{r / m:.2f}" for r, m in zip(ring, multicast, strict=True))
             ring_ms, multicast_ms = statistics.median(ring), statistics.median(multicast)
             print(
                 f"| {network} | {size >> 20} MiB | {codec} | {ring_ms:.1f} | "
