@@ -691,6 +691,15 @@ def test_a_checkpoint_of_another_world_size_is_refused_when_it_holds_error_feedb
     }
 
 
+def test_a_checkpoint_loaded_before_the_process_group_exists_is_not_refused():
+    """The module loads checkpoints without the process group; the world-size check took
+    'no group yet' for a world of another size ("averages over None")."""
+    saved = run_distributed(_saved_by_each_rank, 2, timeout=120)[0]
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=True))
+    reducer.load_state_dict(saved[True])
+    assert reducer.step == saved[True]["step"]
+
+
 def _hook_checkpoint_into_another_model(rank, world_size):
     def hooked(model):
         ddp = DistributedDataParallel(model)

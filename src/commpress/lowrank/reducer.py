@@ -276,11 +276,12 @@ class Reducer:
                 f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
                 f"error_feedback={self.algorithm.error_feedback}"
             )
-        world_size = state.get("world_size")  # checkpoints before it was saved: unknown
-        if saved and fed_back and world_size not in (None, _world_size(self.group)):
+        # unknown: a checkpoint from before it was saved, or a load before init_process_group
+        saved_size, size = state.get("world_size"), _world_size(self.group)
+        if saved and fed_back and None not in (saved_size, size) and saved_size != size:
             raise ValueError(
-                f"checkpoint was saved by one of {world_size} ranks, this reducer averages "
-                f"over {_world_size(self.group)}: its error feedback is that rank's own "
+                f"checkpoint was saved by one of {saved_size} ranks, this reducer averages "
+                f"over {size}: its error feedback is that rank's own "
                 f"(save and load one checkpoint per rank, in a world of the same size)"
             )
         self.step = state["step"]
