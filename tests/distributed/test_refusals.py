@@ -389,7 +389,7 @@ def _auto_codec_on_all_reduce(rank, world_size):
     return _errors_without_communication(
         {
             codec: lambda codec=codec: cp.all_reduce(tensor, codec=codec)
-            for codec in ("auto", "auto:max_rel_err=1e-2")
+            for codec in ("auto", "auto:max_rel_err=1e-2", "auto :max_rel_err=1e-2")
         }
     )
 
@@ -398,7 +398,7 @@ def test_an_auto_codec_on_all_reduce_is_not_called_unknown():
     """``cp.all_reduce(t, codec="auto")`` said "unknown codec 'auto'", a spec the other two
     collectives take."""
     for errors in run_distributed(_auto_codec_on_all_reduce, 2):
-        assert set(errors) == {"auto", "auto:max_rel_err=1e-2"}
+        assert set(errors) == {"auto", "auto:max_rel_err=1e-2", "auto :max_rel_err=1e-2"}
         for kind, message in errors.values():
             assert kind == "ValueError"
             assert "'auto' chooses for all_gather_into_tensor and reduce_scatter_tensor" in message
