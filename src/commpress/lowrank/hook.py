@@ -80,8 +80,10 @@ def ddp_hook(
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
     one for the hook's all-reduces. A ``group`` given may be the one DDP runs its own
     collectives on (with ``find_unused_parameters=True``, one right after the last
-    bucket's hook): the scheduler then finishes each step's last bucket before the hook
-    returns, so that every rank issues DDP's collective after the hook's. ``timeout``: a
+    bucket's hook): with any ``group`` given, the scheduler finishes each step's last
+    bucket before the hook returns, so that every rank issues DDP's collective after the
+    hook's (the default, a group of the hook's own, keeps that bucket's work overlapped
+    with the rest of backward). ``timeout``: a
     peer that dies or stalls makes the step raise on every other rank after at most this
     long (default: the group's).
     """
