@@ -16,6 +16,14 @@ def split_spec(spec: str) -> tuple[str, str]:
     return name.strip(), options
 
 
+def split_algorithm(spec: str) -> tuple[str, str, str]:
+    """``(CODEC, "@", ALGORITHM)`` of ``CODEC[:options][@ALGORITHM]`` (``"@"`` and the
+    algorithm empty without one): the algorithm without the whitespace around it, as a
+    spec's name and options are read."""
+    codec, at, algorithm = spec.partition("@")
+    return codec, at, algorithm.strip()
+
+
 def parse_options(text: str, types: Mapping[str, type], spec: str, owner: str) -> dict:
     """``text`` (what follows the ``:``) as keyword arguments; ``types`` maps each known
     option to ``bool``, ``int``, ``float`` or ``str``; ``owner`` names the thing in errors."""

@@ -516,3 +516,16 @@ def test_payloads_are_laid_out_as_documented(name, codes, impl):
     codec = cp.get_codec(f"{name}:impl={impl},block=4")
     payload = codec.encode(torch.tensor([1.0, -0.25, 0.0, -1.0]))
     assert payload.tolist() == ONE_AS_FP32 + codes
+
+
+@pytest.mark.parametrize("spaced", ["int8@ ring-hop", "int8 @ring-hop ", "int8@\tring-hop"])
+def test_whitespace_around_a_specs_algorithm_is_read_as_around_its_name(spaced):
+    """``"int8@ ring-hop"`` was refused as an unknown algorithm ' ring-hop', where the
+    spaces around the codec's name and options are left out."""
+    from commpress.integrations.spec import CollectiveSpec
+    from commpress.schedules import algorithms
+    from commpress.train.loop import Run
+
+    spec = CollectiveSpec.parse(spaced, algorithms("all_gather"), "spec", gathers=True)
+    assert (spec.algorithm, str(spec.codec)) == ("ring-hop", str(cp.get_codec("int8")))
+    assert Run.parse("powersgd:rank=2 @ serial", "ddp").scheduler is False

@@ -8,6 +8,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives import auto
 from commpress.collectives.checks import check_algorithm, check_same_result_on_every_rank
 from commpress.sim import tuner
+from commpress.spec_options import split_algorithm
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class CollectiveSpec:
         """
         if not isinstance(spec, str):
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
-        codec_text, at, algorithm = spec.partition("@")
+        codec_text, at, algorithm = split_algorithm(spec)
         if at and not algorithm:
             raise ValueError(f"{argument}={spec!r}: no algorithm after '@'; known: {algorithms}")
         if tuner.is_auto(codec_text) or algorithm == auto.AUTO:

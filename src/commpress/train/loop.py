@@ -18,7 +18,7 @@ import commpress as cp
 from commpress.bench.arguments import named_twice
 from commpress.lowrank.registry import ALGORITHMS
 from commpress.sim import tuner
-from commpress.spec_options import split_spec
+from commpress.spec_options import split_algorithm, split_spec
 from commpress.train.data import Corpus, batch
 from commpress.train.model import GPT, GPTConfig
 from commpress.transport import multicast
@@ -47,7 +47,7 @@ class Run:
         return any(
             tuner.is_auto(codec) or algorithm == tuner.AUTO
             for codec, _, algorithm in (
-                s.partition("@") for s in (self.all_gather, self.reduce_scatter)
+                split_algorithm(s) for s in (self.all_gather, self.reduce_scatter)
             )
         )
 
@@ -59,7 +59,7 @@ class Run:
         if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
             if strategy != "ddp":
                 raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
-            spec, _, mode = text.partition("@")
+            spec, _, mode = split_algorithm(text)
             if mode not in ("", "serial"):
                 raise ValueError(f"--compare {text!r}: only @serial may follow a low-rank spec")
             if name == TORCH_POWERSGD:
