@@ -118,3 +118,18 @@ def test_the_multicast_options_of_the_default_group_before_init_process_group(ca
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="init_process_group"):
         call(multicast)
+
+
+def test_objects_are_exchanged_on_the_group_s_device(monkeypatch):
+    """A group that moves no CPU tensors exchanges them on this process's accelerator, as
+    torch's own object collectives do (it assumed CUDA)."""
+    import torch
+
+    from commpress.transport import objects
+
+    monkeypatch.setattr(objects.backends, "moves", lambda group, kind: None)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("xpu"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 3)
+    assert objects._device(None) == torch.device("xpu", 3)
+    monkeypatch.setattr(objects.backends, "moves", lambda group, kind: "gloo")
+    assert objects._device(None) == torch.device("cpu")

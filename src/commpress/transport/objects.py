@@ -40,7 +40,14 @@ def all_gather_objects(
 
 
 def _device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where ``group`` moves tensors: the CPU where it can (gloo), else this process's GPU."""
+    """Where ``group`` moves tensors: the CPU where it can (gloo), else this process's
+    current accelerator (NCCL: the GPU ``torch.cuda.set_device`` chose), as torch's own
+    object collectives choose."""
     if backends.moves(group, "cpu"):
         return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None:
+        raise RuntimeError(
+            f"{backends.name(group)} moves no CPU tensors, and no accelerator is here"
+        )
+    return torch.device(accelerator.type, torch.accelerator.current_device_index())
