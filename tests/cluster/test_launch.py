@@ -261,3 +261,11 @@ def test_cluster_up_status_down_from_the_command_line(prefix):
     assert down.returncode == 0 and f"{prefix}-br" in down.stdout
     assert "nothing to remove" in cli("down").stdout
     assert f"no cluster named '{prefix}'" in cli("status").stdout
+
+
+@pytest.mark.parametrize("port", ["29500", 0, 65536, True])
+def test_a_bad_port_is_refused_before_any_rank_starts(port):
+    """It was passed on as every rank's MASTER_PORT, to fail (or hang) at the rendezvous."""
+    nowhere = type("NoHosts", (), {"hosts": 0})()
+    with pytest.raises((TypeError, ValueError), match="port must be"):
+        launching.launch(nowhere, ["true"], port=port, output=io.StringIO())

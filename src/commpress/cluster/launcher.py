@@ -101,6 +101,7 @@ def launch(
         raise TypeError(f"nproc_per_host must be an int, got {nproc_per_host!r}")
     if nproc_per_host < 1:
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
+    _check_port(port)
     if timeout is not None:
         check_seconds(timeout)
     lines = _Lines(output or sys.stdout)
@@ -121,6 +122,14 @@ def launch(
     if lines.reader_gone and status == 0:
         raise BrokenPipeError(errno.EPIPE, "the reader of the job's output has gone")
     return status
+
+
+def _check_port(port) -> None:
+    """``port`` is the rendezvous port every rank is given as ``MASTER_PORT``."""
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"port must be an int, got {port!r}")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {port}")
 
 
 class _Lines:
