@@ -269,3 +269,11 @@ def test_a_bad_port_is_refused_before_any_rank_starts(port):
     nowhere = type("NoHosts", (), {"hosts": 0})()
     with pytest.raises((TypeError, ValueError), match="port must be"):
         launching.launch(nowhere, ["true"], port=port, output=io.StringIO())
+
+
+@pytest.mark.parametrize("env", [{"STEPS": 10}, {1: "x"}])
+def test_an_environment_variable_that_is_no_string_is_named(env):
+    """Popen's "expected str, bytes or os.PathLike object, not int" named neither."""
+    nowhere = type("NoHosts", (), {"hosts": 0})()
+    with pytest.raises(TypeError, match=f"env must map str to str, got {next(iter(env))!r}"):
+        launching.launch(nowhere, ["true"], env=env, output=io.StringIO())

@@ -102,6 +102,7 @@ def launch(
     if nproc_per_host < 1:
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
     _check_port(port)
+    _check_environment(env)
     if timeout is not None:
         check_seconds(timeout)
     lines = _Lines(output or sys.stdout)
@@ -130,6 +131,13 @@ def _check_port(port) -> None:
         raise TypeError(f"port must be an int, got {port!r}")
     if not 1 <= port <= 65535:
         raise ValueError(f"port must be between 1 and 65535, got {port}")
+
+
+def _check_environment(env) -> None:
+    """``env``'s names and values are strings, as a process's environment holds."""
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str to str, got {name!r}: {value!r}")
 
 
 class _Lines:
