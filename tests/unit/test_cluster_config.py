@@ -515,3 +515,19 @@ def test_a_hang_up_stops_a_run_as_a_ctrl_c_does():
         assert received == [] and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, ignored)
+
+
+def test_removing_a_cluster_leaves_an_etc_netns_it_found_empty(tmp_path, monkeypatch):
+    """``cluster down`` of a prefix that was not up deleted an empty /etc/netns it had not
+    made; the folder goes only when the cluster's own folders were its last."""
+    from commpress.cluster import emulated
+
+    etc = tmp_path / "netns"
+    etc.mkdir()
+    monkeypatch.setattr(emulated, "NETNS_ETC", str(etc))
+    monkeypatch.setattr(emulated, "present", lambda layout: [])
+    emulated.remove(Layout("hq"))
+    assert etc.is_dir()
+    (etc / "hq-h0").mkdir()
+    emulated.remove(Layout("hq"))
+    assert not etc.exists()

@@ -390,10 +390,11 @@ def remove(layout: Layout) -> list[str]:
         for name in removed:  # ports may outlive namespaces; one end of an uplink takes both
             if layout.host_of(name) is None and "/" not in name:
                 _quietly(system.ip, "link", "del", name)
-        for folder in _etc_folders(layout):
+        folders = _etc_folders(layout)
+        for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-        if os.path.isdir(NETNS_ETC) and not os.listdir(NETNS_ETC):
-            os.rmdir(NETNS_ETC)  # made by us (ip netns does not need it)
+        if folders and not os.listdir(NETNS_ETC):  # left empty by us: made by us too
+            os.rmdir(NETNS_ETC)
     return removed
 
 
