@@ -1135,3 +1135,28 @@ def test_channel_numbers_are_drawn_whatever_the_processes_seeds(monkeypatch, fix
         torch.set_rng_state(torch_state)
     assert all(1 <= channel <= CHANNELS for channel in channels)
     assert len(set(channels)) > 1
+
+
+def test_a_wake_racing_a_close_writes_to_its_own_pipe_or_not_at_all(monkeypatch):
+    """wake() read the pipe's number, close() closed it meanwhile, and wake() wrote to a
+    closed descriptor (EBADF) or to whatever file had reused its number."""
+    import os
+    import threading
+    import time
+
+    from commpress.transport import udp
+
+    network = UdpNetwork.__new__(UdpNetwork)
+    network._sockets = []
+    network._wake_read, network._wake_write = os.pipe()
+    real_write, closer = os.write, threading.Thread(target=network.close)
+
+    def slow_write(descriptor, data):
+        closer.start()  # close() runs while this write is under way
+        time.sleep(0.2)
+        return real_write(descriptor, data)
+
+    monkeypatch.setattr(udp.os, "write", slow_write)
+    network.wake()  # raised OSError (EBADF) when close() got there first
+    closer.join(5)
+    assert network._wake_write is None and not closer.is_alive()

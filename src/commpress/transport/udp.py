@@ -25,6 +25,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,6 +115,10 @@ class UdpNetwork:
     bound its sockets: ``UdpNetwork(...)``, then :meth:`connect` with every rank's
     ``(address, port)`` (:attr:`unicast_address`).
     """
+
+    #: Orders :meth:`wake`'s write with :meth:`close`'s closing of the pipe (one for every
+    #: network: both are rare and short).
+    _wake_lock = threading.Lock()
 
     def __init__(
         self,
@@ -274,10 +279,11 @@ class UdpNetwork:
                 handled += -(-size // segment) if segment else 1
 
     def wake(self) -> None:
-        if self._wake_write is None:  # closed
-            return
-        with contextlib.suppress(BlockingIOError):  # already woken
-            os.write(self._wake_write, b"x")
+        with self._wake_lock:  # not while close() closes the pipe: its number may be reused
+            if self._wake_write is None:  # closed
+                return
+            with contextlib.suppress(BlockingIOError):  # already woken
+                os.write(self._wake_write, b"x")
 
     def close(self) -> None:
         if getattr(self, "_selector", None) is not None:
@@ -286,11 +292,12 @@ class UdpNetwork:
         for sock in self._sockets:
             sock.close()
         self._sockets = []
-        for name in ("_wake_read", "_wake_write"):
-            descriptor = getattr(self, name, None)
-            if descriptor is not None:
-                os.close(descriptor)
-                setattr(self, name, None)
+        with self._wake_lock:
+            for name in ("_wake_read", "_wake_write"):
+                descriptor = getattr(self, name, None)
+                if descriptor is not None:
+                    os.close(descriptor)
+                    setattr(self, name, None)
 
 
 def _kernel_segments(sock: socket.socket) -> bool:
