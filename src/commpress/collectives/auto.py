@@ -116,7 +116,7 @@ def _agreed_on(group) -> collections.OrderedDict:
     """The choices ``group``'s ranks agreed on, by call, while the settings every rank is
     given alike (the tuner's configuration, the group's multicast options set in code)
     stay as they were."""
-    key = dist.group.WORLD if group is None else group
+    key = backends.or_world(group)
     # by value: a rank told the same again keeps its agreed choices, as its peers do
     settings = (tuner.configured(), multicast.options_set_for(group))
     found = _agreed.get(key)
@@ -245,7 +245,7 @@ def _agree(
             everyone.extend(all_gather_objects(mine, group, timeout))
 
     in_queue_order(exchange)
-    global_ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
+    global_ranks = dist.get_process_group_ranks(backends.or_world(group))
     if len({p.call for p in everyone}) > 1:
         this = this_rank(dist.get_rank(group), global_ranks)
         raise CollectiveMismatchError(

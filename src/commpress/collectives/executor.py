@@ -35,7 +35,7 @@ from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.workspace import workspace
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
 from commpress.schedules.wire import carries_check
-from commpress.transport import collective, multicast, p2p
+from commpress.transport import backends, collective, multicast, p2p
 
 #: Output bytes from which a chain whose writes to the output are held (an all-gather)
 #: on :data:`EARLY_VERDICT_MIN_RANKS` ranks or more also takes an all-reduce's verdict, to
@@ -195,7 +195,7 @@ def _execute_multicast(
     step (``native`` takes no number). CUDA payloads travel through host buffers
     (:func:`stages_through_host`)."""
     if call is None:  # an unchecked call still takes its number in the group's sequence
-        call = fingerprints.next_sequence(dist.group.WORLD if group is None else group)
+        call = fingerprints.next_sequence(backends.or_world(group))
     beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
     if settle is not None and payloads.encodes_change_state:
         settle()

@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from commpress.ranks import this_rank
+from commpress.transport import backends
 
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
 #: NCCL: "... before timing out").
@@ -26,7 +27,7 @@ class CollectiveTimeoutError(RuntimeError):
 
 def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) -> str:
     """'all_gather_into_tensor (int8@ring) on a group of 3 ranks (this is rank 0)'."""
-    group = dist.group.WORLD if group is None else group
+    group = backends.or_world(group)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     this = this_rank(rank, dist.get_process_group_ranks(group))
     return f"{name} ({codec}@{algorithm}) on a group of {size} ranks (this is {this})"

@@ -162,7 +162,7 @@ class Agreement:
         timeout: timedelta | None,
         device: torch.device,
     ):
-        group = dist.group.WORLD if group is None else group
+        group = backends.or_world(group)
         self._group, self._timeout = group, timeout
         self._world_size = dist.get_world_size(group)
         self.sequence = next_sequence(group)  # this call's, on the group

@@ -67,7 +67,7 @@ from commpress.collectives.fingerprint import CollectiveMismatchError, Fingerpri
 from commpress.collectives.workspace import workspace
 from commpress.schedules.ring import neighbours
 from commpress.schedules.wire import HEADER_BYTES, wire_bytes
-from commpress.transport import collective, p2p
+from commpress.transport import backends, collective, p2p
 
 #: The largest first message; every rank's first receive is posted this large.
 FIRST_MESSAGE_BYTES = 8 << 20
@@ -152,7 +152,7 @@ class Check:
         is known while the rest is on the wire. All four, and :data:`FIRST_MESSAGE_BYTES`,
         are part of the digest: ranks whose digests agree exchange messages of the sizes
         each expects, so no poison can follow."""
-        self.group = dist.group.WORLD if group is None else group
+        self.group = backends.or_world(group)
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.left, self.right = neighbours(self.rank, self.world_size)

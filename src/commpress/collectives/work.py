@@ -327,7 +327,7 @@ def queued_on(group, work: CollectiveWork | None) -> CollectiveWork | None:
     """``work``, what :func:`launch` returned for a compressed collective on ``group``; an
     asynchronous one is remembered while it has not finished (:func:`run_native`)."""
     if work is not None:
-        key, future = _group_key(group), work._future
+        key, future = backends.or_world(group), work._future
         _last_queued[key] = future
         group_ref = weakref.ref(key)  # the handle keeps its callbacks: not the group
         future.add_done_callback(lambda done: _forget(group_ref(), done))
@@ -356,9 +356,5 @@ def run_native(
 def _behind_queued(group) -> bool:
     if getattr(_on_comm_thread, "active", False):  # what was given before has run
         return False
-    future = _last_queued.get(_group_key(group))
+    future = _last_queued.get(backends.or_world(group))
     return future is not None and not future.done()
-
-
-def _group_key(group):
-    return backends.or_world(group)

@@ -76,7 +76,7 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
         raise TypeError(f"group must be a ProcessGroup or None, got {group!r}")
     if not dist.is_initialized():
         raise ValueError("cpu_mesh needs torch.distributed initialised: call init_process_group")
-    group = dist.group.WORLD if group is None else group
+    group = backends.or_world(group)
     if backends.moves(group, "cpu") != "gloo":
         raise ValueError(
             f"group's backend is {backends.name(group)!r}: a CPU mesh needs gloo to move its "

@@ -80,7 +80,7 @@ def configure(group: dist.ProcessGroup | None = None, options: Options | None = 
     """Set the multicast options of ``group`` (every rank, the same): an :class:`Options`,
     or its fields as keywords. A channel already set up with other options is closed; the
     next multicast collective sets up a new one."""
-    group = _group(group)
+    group = backends.or_world(group)
     chosen = dataclasses.replace(options or Options(), **kw)
     channel = _channels.get(group)
     if channel is not None and channel.options != chosen:
@@ -99,12 +99,12 @@ def set_default_options(options: Options | None) -> None:
 def options_set_for(group: dist.ProcessGroup | None) -> tuple[Options | None, Options | None]:
     """The options set in code for ``group``: :func:`configure`'s and
     :func:`set_default_options`' (None where not set; the environment's are not read)."""
-    return _configured.get(_group(group)), _default
+    return _configured.get(backends.or_world(group)), _default
 
 
 def is_set_up(group: dist.ProcessGroup | None) -> bool:
     """Whether ``group`` has its channel already (this rank's view; no communication)."""
-    return _group(group) in _channels
+    return backends.or_world(group) in _channels
 
 
 def options_of(group: dist.ProcessGroup | None) -> Options:
@@ -112,7 +112,7 @@ def options_of(group: dist.ProcessGroup | None) -> Options:
     rank's view; no communication): its own, else :func:`configure`'s, else
     :func:`set_default_options`'s, else the environment's (ValueError naming it where it
     cannot be read)."""
-    group = _group(group)
+    group = backends.or_world(group)
     channel = _channels.get(group)
     if channel is not None:
         return channel.options
@@ -137,7 +137,7 @@ def _environment_options(text: str) -> Options | str:
 def channel_for(group: dist.ProcessGroup | None, timeout: timedelta | None = None) -> Channel:
     """The group's channel, set up on first use (collectively: call on every rank; a peer
     that does not join within ``timeout``, None: the group's, makes it raise)."""
-    group = _group(group)
+    group = backends.or_world(group)
     channel = _channels.get(group)
     if channel is None:
         options, problem = None, None
@@ -322,7 +322,7 @@ class _Broadcast:
 
 def _group_timeout(group) -> timedelta:
     try:
-        return _group(group)._get_backend(torch.device("cpu")).options._timeout
+        return backends.or_world(group)._get_backend(torch.device("cpu")).options._timeout
     except (AttributeError, RuntimeError):
         return DEFAULT_TIMEOUT
 
@@ -371,7 +371,3 @@ def _choose_group(index: int) -> tuple[tuple[str, int], int]:
         f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
         rng.randrange(40000, 60000),
     ), channel
-
-
-def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    return backends.or_world(group)
