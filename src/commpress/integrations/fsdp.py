@@ -38,6 +38,7 @@ from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups, exchange_with_every_rank
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
+from commpress.ranks import by_rank
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
@@ -217,11 +218,9 @@ def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -
     said = exchange_with_every_rank(mine, timeout)
     if problem is not None:
         raise problem
-    failed = [f"rank {rank}: {what}" for rank, what in enumerate(said) if what]
+    failed = by_rank(said)
     if failed:
-        raise ValueError(
-            "cp.fsdp.compress failed on another rank, so on every rank (" + "; ".join(failed) + ")"
-        )
+        raise ValueError(f"cp.fsdp.compress failed on another rank, so on every rank ({failed})")
 
 
 def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:

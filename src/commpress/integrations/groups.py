@@ -14,13 +14,14 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from commpress.collectives.failures import named_as
+from commpress.ranks import this_rank
 from commpress.transport.objects import all_gather_objects
 
 
 def exchange_with_every_rank(mine: object, timeout: timedelta | None) -> list:
     """Every rank's ``mine``, exchanged by ``cp.fsdp.compress`` before it sets anything up:
     a peer that does not call it within ``timeout`` makes it raise, naming it."""
-    this = f"rank {dist.get_rank()}"
+    this = this_rank(dist.get_rank(), None)
     with named_as(f"fsdp.compress on {dist.get_world_size()} ranks (this is {this})", timeout):
         return all_gather_objects(mine, None, timeout)
 
