@@ -15,7 +15,7 @@ from commpress.schedules.registry import (
     every_algorithm,
     same_result_on_every_rank,
 )
-from commpress.spec_options import split_spec
+from commpress.sim import tuner
 from commpress.transport import backends
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
@@ -102,7 +102,7 @@ def check_algorithm(algorithm: str, known: tuple[str, ...], tunable: bool = Fals
 
 def check_codec_has_no_tuner(codec) -> None:
     """``codec="auto..."`` is the tuner's, which chooses for all-gathers and reduce-scatters."""
-    if isinstance(codec, str) and split_spec(codec)[0] == "auto":
+    if tuner.is_auto(codec):
         raise ValueError(
             f"codec {codec!r}: 'auto' chooses for all_gather_into_tensor and "
             "reduce_scatter_tensor only, not all_reduce: name a codec, such as 'int8'"
