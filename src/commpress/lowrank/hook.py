@@ -83,9 +83,8 @@ def ddp_hook(
     bucket's hook): with any ``group`` given, the scheduler finishes each step's last
     bucket before the hook returns, so that every rank issues DDP's collective after the
     hook's (the default, a group of the hook's own, keeps that bucket's work overlapped
-    with the rest of backward). ``timeout``: a
-    peer that dies or stalls makes the step raise on every other rank after at most this
-    long (default: the group's).
+    with the rest of backward). ``timeout``: a peer that dies or stalls makes the step raise
+    on every other rank after at most this long (default: the group's).
     """
     check_group(group, member=True)
     check_flag(scheduler, "scheduler")
