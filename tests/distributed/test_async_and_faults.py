@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
-from commpress.testing.stall import report, stall
+from commpress.testing.stall import stall, timed_outcome
 
 
 def _async_equals_sync(rank, world_size):
@@ -127,8 +127,8 @@ def _one_rank_stalls(rank, world_size, algorithm, op, directory):
         stall(directory, (0, 2), STALL_SECONDS)
         return None
     inp = torch.randn(4096)
-    start = time.monotonic()
-    try:
+
+    def call():
         if op == "all_gather":
             out = torch.empty(4096 * world_size)
             cp.all_gather_into_tensor(out, inp, algorithm=algorithm, timeout=TIMEOUT)
@@ -137,11 +137,8 @@ def _one_rank_stalls(rank, world_size, algorithm, op, directory):
             cp.reduce_scatter_tensor(
                 out, inp[: out.numel() * world_size], algorithm=algorithm, timeout=TIMEOUT
             )
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:400], time.monotonic() - start
-    finally:
-        report(directory, rank)
-    return "no error", "", time.monotonic() - start
+
+    return timed_outcome(call, directory, rank)
 
 
 @pytest.mark.parametrize(
@@ -234,21 +231,14 @@ def _multicast_setup_with_a_stalled_peer(rank, world_size, directory):
     if rank == 1:
         stall(directory, (0, 2), STALL_SECONDS)
         return None
-    start = time.monotonic()
-    try:
-        multicast.channel_for(None, TIMEOUT)
-    except RuntimeError as error:
-        return str(error)[:300], time.monotonic() - start
-    finally:
-        report(directory, rank)
-    return "no error", time.monotonic() - start
+    return timed_outcome(lambda: multicast.channel_for(None, TIMEOUT), directory, rank)
 
 
 def test_a_multicast_channel_set_up_gives_up_within_the_call_timeout(tmp_path):
     """The set-up's exchanges of addresses waited for the process group's timeout (30
     minutes by default), whatever the call's ``timeout``."""
     results = run_distributed(_multicast_setup_with_a_stalled_peer, 3, str(tmp_path), timeout=60)
-    for message, elapsed in (results[0], results[2]):
+    for _, message, elapsed in (results[0], results[2]):
         assert "timed out" in message.lower(), message
         assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
 
@@ -273,14 +263,8 @@ def _first_tuned_call_with_a_stalled_peer(rank, world_size, directory):
         return None
     tuner.configure(link="1gbit", algorithms=("native", "ring"))
     out, inp = torch.empty(64 * world_size), torch.ones(64)
-    start = time.monotonic()
-    try:
-        cp.all_gather_into_tensor(out, inp, algorithm="auto", timeout=TIMEOUT)
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:300], time.monotonic() - start
-    finally:
-        report(directory, rank)
-    return "no error", "", time.monotonic() - start
+    call = lambda: cp.all_gather_into_tensor(out, inp, algorithm="auto", timeout=TIMEOUT)  # noqa: E731
+    return timed_outcome(call, directory, rank)
 
 
 def test_a_first_tuned_call_gives_up_within_its_timeout(tmp_path):

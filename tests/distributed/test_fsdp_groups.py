@@ -277,23 +277,17 @@ def test_a_rank_whose_checks_fail_alone_makes_every_rank_raise():
 
 
 def _compress_with_a_stalled_peer(rank, world_size, directory):
-    import time
     from datetime import timedelta
 
-    from commpress.testing.stall import report, stall
+    from commpress.testing.stall import stall, timed_outcome
 
     model = _model(False)
     if rank == 1:
         stall(directory, (0, 2), 15.0)
         return None
-    start = time.monotonic()
-    try:
-        cp.fsdp.compress(model, timeout=timedelta(seconds=3))
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:200], time.monotonic() - start
-    finally:
-        report(directory, rank)
-    return "no error", "", time.monotonic() - start
+    return timed_outcome(
+        lambda: cp.fsdp.compress(model, timeout=timedelta(seconds=3)), directory, rank
+    )
 
 
 def test_compress_gives_up_on_a_peer_that_never_calls_it_within_its_timeout(tmp_path):

@@ -24,3 +24,17 @@ def stall(directory: str | Path, others: Iterable[int], longest: float) -> float
     while time.monotonic() - start < longest and not all(path.exists() for path in waiting):
         time.sleep(POLL_SECONDS)
     return time.monotonic() - start
+
+
+def timed_outcome(call, directory: str | Path, rank: int) -> tuple[str, str, float]:
+    """``(error type, message, seconds)`` of ``call()`` on a rank that waits for a stalled
+    peer (a ``RuntimeError`` caught; ``("no error", "", seconds)`` where none), ``rank``
+    reported as done either way."""
+    start = time.monotonic()
+    try:
+        call()
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:400], time.monotonic() - start
+    finally:
+        report(directory, rank)
+    return "no error", "", time.monotonic() - start
