@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from commpress.cluster import Emulated, Layout, present
+from commpress.cluster import ClusterError, Emulated, Layout, present, system
 from commpress.cluster import launcher as launching
 
 LAUNCH = [sys.executable, "-m", "commpress.cli", "launch"]
@@ -45,6 +47,13 @@ def run_launch(*arguments, timeout=120):
     return subprocess.run(
         [*LAUNCH, *arguments], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def cli(*arguments, prefix):
+    return subprocess.run(
+        [sys.executable, "-m", "commpress.cli", *arguments, "--prefix", prefix],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 def recorded_pids(folder: Path, ranks: int, timeout: float = 60) -> list[int]:
@@ -261,6 +270,25 @@ def test_cluster_up_status_down_from_the_command_line(prefix):
     assert down.returncode == 0 and f"{prefix}-br" in down.stdout
     assert "nothing to remove" in cli("down").stdout
     assert f"no cluster named '{prefix}'" in cli("status").stdout
+
+
+@pytest.mark.parametrize("removed", [["namespace"], ["namespace", "folder"]])
+def test_a_cluster_whose_last_host_was_removed_by_hand_is_incomplete_not_smaller(prefix, removed):
+    """Before, after `ip netns del <prefix>-h2` the cluster attached as a whole one of two
+    hosts: what was left of its third (a folder in /etc/netns, its name in every other
+    host's hosts file) was not counted."""
+    Emulated(3, "100mbit", prefix=prefix).up()
+    system.ip("netns", "del", f"{prefix}-h2")
+    if "folder" in removed:
+        shutil.rmtree(f"/etc/netns/{prefix}-h2")
+    incomplete = f"incomplete \\(missing: {prefix}-h2\\b.*cluster down --prefix {prefix}"
+    with pytest.raises(ClusterError, match=incomplete):
+        Emulated.attach(prefix)
+    for done in (cli("cluster", "status", prefix=prefix), run_launch("--prefix", prefix, "true")):
+        assert done.returncode == 1 and re.search(incomplete, done.stderr), done.stderr
+    down = cli("cluster", "down", prefix=prefix)
+    assert down.returncode == 0 and f"{prefix}-h0" in down.stdout, down.stderr
+    assert present(Layout(prefix)) == []
 
 
 @pytest.mark.parametrize("port", ["29500", 0, 65536, True])

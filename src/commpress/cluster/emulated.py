@@ -128,16 +128,16 @@ class Emulated:
             raise ClusterError(
                 f"no cluster named {prefix!r} is up: start one with `commpress cluster up`"
             )
-        hosts = sorted(h for h in map(layout.host_of, leftovers) if h is not None)
-        links = [layout.bridge] + [layout.switch_port(host) for host in hosts]
-        if not hosts or hosts != list(range(len(hosts))) or not set(links) <= set(leftovers):
+        hosts = _built_hosts(layout, leftovers)
+        missing = _missing_parts(layout, hosts, leftovers)
+        if missing:
             raise ClusterError(
-                f"cluster {prefix!r} is incomplete ({', '.join(leftovers)}): "
+                f"cluster {prefix!r} is incomplete (missing: {', '.join(missing)}): "
                 f"`commpress cluster down --prefix {prefix}` and build it again"
             )
-        racks = _read_racks(layout, len(hosts))
+        racks = _read_racks(layout, hosts)
         cluster = cls.__new__(cls)
-        cluster.hosts, cluster.racks, cluster.layout = len(hosts), racks, layout
+        cluster.hosts, cluster.racks, cluster.layout = hosts, racks, layout
         cluster.link = _read_link(layout)
         cluster.uplink = _read_uplink(layout) if racks > 1 else None
         return cluster
@@ -368,6 +368,33 @@ def present(layout: Layout) -> list[str]:
     found += [name for name in links if layout.owns_link(name)]
     found += [path for path in _etc_folders(layout) if os.path.basename(path) not in found]
     return found
+
+
+def _built_hosts(layout: Layout, leftovers: list[str]) -> int:
+    """How many hosts the cluster of ``layout`` was built with, by every trace a host leaves:
+    its namespace, its switch port, its ``/etc/netns`` folder, and its name in any host's
+    hosts file (each lists every host). At least 1."""
+    names = [os.path.basename(name) for name in leftovers] + _names_in_hosts_files(layout)
+    seen = [layout.host_of(name) for name in names] + [layout.host_of_port(n) for n in names]
+    return max((host for host in seen if host is not None), default=0) + 1
+
+
+def _names_in_hosts_files(layout: Layout) -> list[str]:
+    names: list[str] = []
+    for folder in _etc_folders(layout):
+        with contextlib.suppress(OSError), open(os.path.join(folder, "hosts")) as hosts:
+            names += hosts.read().split()
+    return names
+
+
+def _missing_parts(layout: Layout, hosts: int, leftovers: list[str]) -> list[str]:
+    """What building ``hosts`` hosts of ``layout`` makes and is not there now."""
+    missing = [] if layout.bridge in leftovers else [layout.bridge]
+    for host in range(hosts):
+        namespace, folder = layout.namespace(host), os.path.join(NETNS_ETC, layout.namespace(host))
+        missing += [name for name in (namespace, layout.switch_port(host)) if name not in leftovers]
+        missing += [] if os.path.isdir(folder) else [folder]
+    return missing
 
 
 def _etc_folders(layout: Layout) -> list[str]:

@@ -67,6 +67,11 @@ class Layout:
         match = re.fullmatch(rf"{re.escape(self.prefix)}-h(\d+)", namespace)
         return int(match.group(1)) if match else None
 
+    def host_of_port(self, name: str) -> int | None:
+        """The host index of one of this layout's switch ports, None for any other name."""
+        match = re.fullmatch(rf"{re.escape(self.prefix)}-s(\d+)", name)
+        return int(match.group(1)) if match else None
+
     def rack_of_bridge(self, name: str) -> int | None:
         """The rack index of one of this layout's rack bridges, None for any other name."""
         match = re.fullmatch(rf"{re.escape(self.prefix)}-r(\d+)", name)
