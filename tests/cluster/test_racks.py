@@ -11,7 +11,15 @@ import sys
 import pytest
 
 from commpress.cli import main
-from commpress.cluster import ClusterError, Emulated, Layout, cluster_for, present, system
+from commpress.cluster import (
+    ClusterError,
+    Emulated,
+    Layout,
+    cluster_for,
+    present,
+    remove,
+    system,
+)
 
 RATE, UPLINK = "100mbit", "200mbit"  # different, so that a rate read back tells them apart
 MEGABYTE = 1 << 20
@@ -222,6 +230,19 @@ def test_attach_restores_racks_and_uplink_and_down_leaves_nothing(prefix, capsys
         cluster.down()
     assert present(Layout(prefix)) == []
     assert sorted(system.namespaces()) == namespaces and links_with(prefix) == links == []
+
+
+@pytest.mark.parametrize("removed", ["r1", "r1 u1"])
+def test_a_cluster_whose_last_rack_was_removed_by_hand_is_incomplete_not_one_rack(prefix, removed):
+    """Before, after `ip link del <prefix>-r1` two racks attached as one, with hosts 2 and
+    3 on ports of no bridge: racks were counted by their bridges alone."""
+    Emulated(4, RATE, racks=2, prefix=prefix).up()
+    for name in removed.split():
+        system.ip("link", "del", f"{prefix}-{name}")
+    with pytest.raises(ClusterError, match=f"incomplete \\(missing: {prefix}-r1\\b"):
+        Emulated.attach(prefix)
+    remove(Layout(prefix))
+    assert present(Layout(prefix)) == []
 
 
 def test_one_rack_attaches_as_one_rack_and_refuses_an_uplink(prefix):

@@ -451,18 +451,23 @@ def _read_rate_bits(device: str) -> int:
 
 
 def _read_racks(layout: Layout, hosts: int) -> int:
-    """How many racks the cluster of ``layout`` has: its rack bridges, 1 where there are none."""
+    """How many racks the cluster of ``layout`` has: 1 where no rack bridge or uplink is
+    left, else as many as the highest rack any of them names (at least two: one rack has
+    none), each of which must be whole."""
     links = [entry["ifname"] for entry in system.ip_json("link", "show")]
-    racks = sorted(k for k in map(layout.rack_of_bridge, links) if k is not None)
-    if not racks:
+    seen = [k for k in map(layout.rack_of_link, links) if k is not None]
+    if not seen:
         return 1
-    uplinks = [layout.uplink_port(k) for k in racks] + [layout.spine_port(k) for k in racks]
-    if racks != list(range(len(racks))) or hosts % len(racks) or not set(uplinks) <= set(links):
+    racks = max(max(seen) + 1, 2)
+    parts = (layout.rack_bridge, layout.uplink_port, layout.spine_port)
+    missing = [part(k) for k in range(racks) for part in parts if part(k) not in links]
+    if missing or hosts % racks:
+        trouble = f"missing: {', '.join(missing)}" if missing else f"{racks} racks of {hosts} hosts"
         raise ClusterError(
-            f"cluster {layout.prefix!r} is incomplete (racks {racks} of {hosts} hosts): "
+            f"cluster {layout.prefix!r} is incomplete ({trouble}): "
             f"`commpress cluster down --prefix {layout.prefix}` and build it again"
         )
-    return len(racks)
+    return racks
 
 
 def _read_uplink(layout: Layout) -> Link:

@@ -77,6 +77,12 @@ class Layout:
         match = re.fullmatch(rf"{re.escape(self.prefix)}-r(\d+)", name)
         return int(match.group(1)) if match else None
 
+    def rack_of_link(self, name: str) -> int | None:
+        """The rack index of a rack bridge or either end of its uplink, None for any other
+        name."""
+        match = re.fullmatch(rf"{re.escape(self.prefix)}-[rud](\d+)", name)
+        return int(match.group(1)) if match else None
+
     def owns_link(self, name: str) -> bool:
         """Whether ``name`` is one of this layout's links in the root namespace: the bridge,
         a host's switch port, a rack bridge or either end of an uplink."""
