@@ -243,6 +243,27 @@ def test_a_cluster_that_is_up_is_used_and_kept(prefix):
         assert wrong.returncode == 2 and "up with 2 hosts" in wrong.stderr
 
 
+def test_on_a_kept_cluster_the_job_s_detached_processes_end_with_it_another_job_s_stay(
+    prefix, tmp_path
+):
+    """Before, a rank's `setsid` grandchild outlived its job on a cluster that stays up
+    (only a cluster the launcher built was cleared, by removing it)."""
+    with Emulated(2, "100mbit", prefix=prefix) as cluster:
+        other = subprocess.Popen(
+            ["ip", "netns", "exec", cluster.namespaces[0], "sleep", "300"],
+            env={**os.environ, "COMMPRESS_JOB": "another"},  # what the launcher marks its jobs by
+        )
+        try:
+            detach = f"setsid sleep 300 >/dev/null 2>&1 & echo $! > {tmp_path}/$RANK.pids"
+            assert cluster.launch(["sh", "-c", detach], output=io.StringIO()) == 0
+            left = recorded_pids(tmp_path, 2, timeout=0)
+            assert len(left) == 2 and not [pid for pid in left if alive(pid)]
+            assert alive(other.pid)
+        finally:
+            other.kill()
+            other.wait()
+
+
 def test_launch_without_a_cluster_or_command_is_a_usage_error(prefix):
     assert "give both --hosts and --link" in run_launch("--prefix", prefix, "--", "true").stderr
     missing = run_launch("--hosts", "2", "--link", "1gbit", "--prefix", prefix)

@@ -11,6 +11,13 @@ middle of one (a ``Popen`` that would leave a rank untracked, a ``poll`` that wo
 leave its lock taken, a cleanup cut short). Once the reader of the output has gone
 (``commpress launch ... | head``), the ranks' output is still read, and discarded, so
 that the job runs to its end; then BrokenPipeError is raised.
+
+Once the ranks have ended, what they left running is killed, also on a cluster that stays
+up: every process inside the cluster's hosts whose environment holds the job's own
+:data:`JOB_VARIABLE` (each rank is given it, and whatever it starts inherits it), a
+detached one (``setsid``, a daemon) too; another job's processes on the same hosts are left
+alone. A process that dropped the variable (``env -i``) or left its host's network
+namespace is not found: ``commpress cluster down`` removes everything.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
@@ -36,6 +44,9 @@ STREAM_DRAIN_SECONDS = 2.0
 POLL_SECONDS = 0.1
 TIMEOUT_EXIT_CODE = 124
 DEFAULT_PORT = 29500
+#: Set to a value of its own for each job in every rank's environment: what the launcher
+#: finds the job's leftover processes by.
+JOB_VARIABLE = "COMMPRESS_JOB"
 
 
 @dataclass
@@ -106,17 +117,21 @@ def launch(
     if timeout is not None:
         check_seconds(timeout)
     lines = _Lines(output or sys.stdout)
+    job = {JOB_VARIABLE: uuid.uuid4().hex}
     ranks: list[Rank] = []
     with system.deferred_signals() as received:  # raises KeyboardInterrupt once all is stopped
         try:
             for host, local_rank in itertools.product(range(cluster.hosts), range(nproc_per_host)):
                 if received:
                     break
-                ranks.append(_start(cluster, command, host, local_rank, nproc_per_host, port, env))
+                ranks.append(
+                    _start(cluster, command, host, local_rank, nproc_per_host, port, env, job)
+                )
             streams = _stream(ranks, lines)
             status = _supervise(ranks, timeout, lines, received)
         finally:
             _stop(ranks)
+            system.kill_marked(f"{JOB_VARIABLE}={job[JOB_VARIABLE]}", cluster.namespaces)
         drained = time.monotonic() + STREAM_DRAIN_SECONDS
         for stream in streams:  # a detached grandchild may hold a pipe open: do not wait on it
             stream.join(timeout=max(0.0, drained - time.monotonic()))
@@ -166,9 +181,9 @@ class _Lines:
             sys.stderr.write(text)
 
 
-def _start(cluster, command, host, local_rank, nproc_per_host, port, env) -> Rank:
+def _start(cluster, command, host, local_rank, nproc_per_host, port, env, job) -> Rank:
     variables = {**os.environ, **(env or {})}
-    variables.update(rank_environment(cluster, host, local_rank, nproc_per_host, port))
+    variables.update(rank_environment(cluster, host, local_rank, nproc_per_host, port), **job)
     process = subprocess.Popen(
         ["ip", "netns", "exec", cluster.namespaces[host], *command],
         env=variables,

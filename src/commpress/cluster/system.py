@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 #: Signals that stop a run cleanly (ranks ended, the emulated cluster removed): a Ctrl-C,
 #: a kill, and a hang-up (the terminal closed, the ssh session dropped).
@@ -220,6 +220,67 @@ def running(pid: int) -> bool:
         except PermissionError:
             pass
         return True
+
+
+def kill_marked(marker: str, namespaces: Sequence[str], rounds: int = 20) -> int:
+    """SIGKILL every process inside one of the network namespaces ``namespaces`` whose
+    environment holds ``marker`` (``NAME=VALUE``), scanning again until a scan finds none
+    (at most ``rounds`` scans, so that one forking as fast as it is killed cannot hold us);
+    how many were killed. A process that replaced its environment (``env -i``) or left
+    those namespaces is not found."""
+    entry = marker.encode()
+    inside = {_namespace_id(NETNS_RUN, namespace) for namespace in namespaces} - {None}
+    killed = 0
+    for _ in range(rounds):
+        found = sum(
+            _kill_if_marked(pid, entry)
+            for pid in _process_ids()
+            if pid != os.getpid() and _namespace_id(f"/proc/{pid}/ns", "net") in inside
+        )
+        killed += found
+        if not found:
+            break
+        time.sleep(0.05)  # let the killed ones die before looking again
+    return killed
+
+
+def _process_ids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _namespace_id(folder: str, name: str) -> tuple[int, int] | None:
+    """The identity of the namespace a handle in ``folder`` names, None if it is gone."""
+    try:
+        handle = os.stat(os.path.join(folder, name))
+    except OSError:
+        return None
+    return handle.st_dev, handle.st_ino
+
+
+def _kill_if_marked(pid: int, entry: bytes) -> bool:
+    """Kill process ``pid`` if its environment holds ``entry``; whether it did. The signal
+    goes through a pidfd where there is one, so that it reaches the process whose
+    environment was read, never another that took its number since."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):
+        handle = None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environment:
+            if entry not in environment.read().split(b"\0"):
+                return False
+        if handle is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, FileNotFoundError, PermissionError):
+        return False
+    finally:
+        if handle is not None:
+            os.close(handle)
 
 
 def _libc() -> ctypes.CDLL:
