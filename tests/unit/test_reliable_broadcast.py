@@ -414,12 +414,12 @@ def test_a_stopped_or_closed_engine_fails_at_once():
 
 
 def test_close_stops_the_lingering_thread_before_closing_the_network(monkeypatch):
-    """The thread answers ENDs for 10 retries after a close: with a retry interval that
-    made that longer than close's wait (retry=0.6 lingered 6 s, close waited 5), close
-    returned with the thread alive and closed the network under it (a UDP network's
-    selector gone: the thread failed, or read from a descriptor reused meanwhile). The
-    linger ends within close's wait, which is not stretched to 10 retries of any length."""
+    """With a retry interval that made the linger longer than close's wait (retry=0.6
+    lingered 6 s, close waited 5), close returned with the thread alive and closed the
+    network under it (a UDP network's selector gone: the thread failed, or read from a
+    descriptor reused meanwhile). Close waits for the longest linger."""
     monkeypatch.setattr(reliable_broadcast, "CLOSE_S", 0.5)
+    monkeypatch.setattr(reliable_broadcast, "MAX_LINGER_S", 0.5)
     used_after_close = []
 
     class Strict(Endpoint):
@@ -429,11 +429,49 @@ def test_close_stops_the_lingering_thread_before_closing_the_network(monkeypatch
             super().receive(timeout, handle)
 
     engine = Engine(Strict(Hub(2), 0), CHANNEL, Options(**{**FAST, "retry_s": 1.0}))
+    engine._acked_at = time.monotonic()  # an ACK just sent: ten retries of 1 s to cover
     started = time.monotonic()
     engine.close()
-    assert time.monotonic() - started < 5, "close waited out ten retries of 1 s"
+    assert 0.4 < time.monotonic() - started < 5, "close did not linger within MAX_LINGER_S"
     assert not engine._thread.is_alive(), "close returned while the thread still ran"
     assert used_after_close == [], "the thread used the network after it was closed"
+
+
+def test_a_close_long_after_the_last_ack_does_not_wait_for_retries():
+    """Close lingered 10 retries (at most 5 s) whatever the ACKs: an engine with retry=1
+    blocked its close 5 s, though no root could still be waiting for it."""
+    engine = Engine(Hub(2).endpoint(0), CHANNEL, Options(**{**FAST, "retry_s": 1.0}))
+    started = time.monotonic()
+    engine.close()
+    assert time.monotonic() - started < 2
+
+
+def test_a_root_whose_acks_were_lost_is_answered_for_ten_retries_after_the_close(monkeypatch):
+    """The linger was 10 retries but at most CLOSE_S (5 s): with retry=0.6 a root whose ACK
+    was lost had 8 retries, not 10, once this rank closed; here scaled down (CLOSE_S 0.2,
+    retry 0.1: 2 retries), the root loses the first 5 ACKs and needs the 6th retry."""
+    monkeypatch.setattr(reliable_broadcast, "CLOSE_S", 0.2)
+    lost = []
+
+    def lose_first_acks(src, dst, datagram):
+        header, _ = datagrams.parse(memoryview(datagram))
+        if (src, dst, header.kind) == (1, 0, Kind.ACK) and len(lost) < 5:
+            lost.append(header)
+            return None
+        return datagram
+
+    engines_ = engines(Hub(2, mangle=lose_first_acks), retry_s=0.1)
+    shards = random_shards(2, 10_000)
+    root, _ = all_gather_one(engines_[0], 0, shards, 0, wait=False)
+    all_gather_one(engines_[1], 1, shards, 0)
+    closing = threading.Thread(target=engines_[1].close)
+    closing.start()
+    try:
+        assert root.wait(0, 5), f"the root's END went unanswered after {len(lost)} lost ACKs"
+        assert len(lost) == 5
+    finally:
+        closing.join()
+        engines_[0].close()
 
 
 def test_an_operation_posted_as_the_thread_stops_fails_at_once():

@@ -15,8 +15,9 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
 * a receiver with every chunk sends the root an ACK; the root repeats its END every
   ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
   timeout, never a hang; an END of an operation this rank has finished is ACKed again,
-  also for a moment after the engine is closed (:data:`LINGER_S`), and never one of an
-  operation the caller gave up on (this rank lacks its data);
+  also after the engine is closed, until :data:`LINGER_RETRIES` retries have passed since
+  its last ACK (:meth:`Engine.close`), and never one of an operation the caller gave up on
+  (this rank lacks its data);
 * at most ``concurrent_roots`` roots send at once, in rounds of K (:meth:`Options.rounds`):
   the root in position ``p`` of the operation's order starts once the root in position
   ``p - K`` is done (its END seen, or all its chunks here), a token passed by the
@@ -84,13 +85,17 @@ PACE_MARGIN = 0.95
 MAX_BURST_BYTES = 1 << 20
 #: Operation ids are 32-bit on the wire and wrap around: "newer" is serial arithmetic.
 OPERATION_IDS = 2**32
-#: How long :meth:`Engine.close` waits for the thread to stop, beyond its linger.
+#: How long :meth:`Engine.close` waits for the thread to stop, beyond its longest linger.
 CLOSE_S = 5.0
-#: A closing engine keeps answering the ENDs of operations it finished, this long (and at
-#: least 10 retries, up to :data:`CLOSE_S`): a root whose ACK from this rank was lost would
-#: otherwise wait for it in vain once this process has moved on or exited (TCP's
-#: TIME-WAIT, for the same reason).
+#: A closing engine keeps answering the ENDs of operations it finished (a root whose ACK
+#: from this rank was lost would otherwise wait for it in vain once this process has moved
+#: on or exited: TCP's TIME-WAIT, for the same reason): at least this long after the close,
 LINGER_S = 0.2
+#: and until this many of a root's END retries have passed since this rank's last ACK,
+LINGER_RETRIES = 10
+#: but never longer than this after the close: with ``retry_s`` above a tenth of it, fewer
+#: retries are covered, so that a close's blocking stays bounded.
+MAX_LINGER_S = 30.0
 
 
 def newer(a: int, b: int) -> bool:
@@ -359,6 +364,7 @@ class Engine:
         self._stash_bytes = 0
         self._closing = False
         self._linger_until = math.inf
+        self._acked_at = -math.inf  # when this rank last sent an ACK
         self._failure: BaseException | None = None
         # held while a request is queued, and while the thread stops taking them
         self._accepting = threading.Lock()
@@ -391,16 +397,23 @@ class Engine:
         )
 
     def close(self) -> None:
-        """Stop the thread (operations still running or waiting fail) and the network."""
+        """Stop the thread (operations still running or waiting fail) and the network.
+
+        Blocks while the thread lingers (:meth:`_linger_until_after`): :data:`LINGER_S`
+        where this rank sent its last ACK long enough ago, up to :data:`LINGER_RETRIES`
+        retries (at most :data:`MAX_LINGER_S`) where it has just sent one."""
         if self._thread.is_alive():
             self._request(("close", None), wait=True)
-            self._thread.join(self._linger_s() + CLOSE_S)
+            self._thread.join(MAX_LINGER_S + CLOSE_S)
         self.network.close()
 
-    def _linger_s(self) -> float:
-        """How long the thread answers ENDs once closed (:data:`LINGER_S`), within what
-        :meth:`close` waits for it."""
-        return min(max(LINGER_S, 10 * self.options.retry_s), CLOSE_S)
+    def _linger_until_after(self, closed_at: float) -> float:
+        """When the thread, closed at ``closed_at``, stops answering ENDs: once a root that
+        missed this rank's last ACK has had :data:`LINGER_RETRIES` retries to ask again (and
+        :data:`LINGER_S` at least, for a root thread descheduled a while), within
+        :data:`MAX_LINGER_S`."""
+        retries_covered = self._acked_at + LINGER_RETRIES * self.options.retry_s
+        return min(max(closed_at + LINGER_S, retries_covered), closed_at + MAX_LINGER_S)
 
     def _request(self, request, wait: bool = False) -> None:
         """Hand ``request`` to the thread; with ``wait``, until it has been taken. Raises
@@ -492,7 +505,7 @@ class Engine:
                     self._waiting.remove(operation)
             else:  # close: fail what is left, then linger (see LINGER_S)
                 self._closing = True
-                self._linger_until = time.monotonic() + self._linger_s()
+                self._linger_until = self._linger_until_after(time.monotonic())
                 if self._running is not None:
                     self._retire(abandoned=not self._running.done)
                 self._fail_all(self._stopped())
@@ -838,6 +851,7 @@ class Engine:
             self.network.unicast(to, head, payload)
         if kind is Kind.ACK:
             self.stats.acks_sent += 1
+            self._acked_at = time.monotonic()
         self._count_sent(len(head) + len(payload))
 
     def _count_sent(self, nbytes: int) -> None:
