@@ -157,7 +157,10 @@ def test_collective_waits_for_the_producer_and_the_consumer_waits_for_it(
 def _adapter(which):
     """FSDP2's custom collectives and the DDP hook, called as FSDP2 and DDP call them (FSDP2
     itself skips its collectives at world size 1, so a one-rank FSDP2 run would test
-    nothing); ``issue(inp, out)`` returns what the consumer reads."""
+    nothing): an all-gather synchronously, FSDP2's default, where only the future it waits
+    on orders the caller's stream, or with ``async_op=True`` (``unshard_async_op``) and
+    ``wait()``; a reduce-scatter synchronously, as FSDP2 always calls it. ``issue(inp,
+    out)`` returns what the consumer reads."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations import ddp, fsdp
     from commpress.integrations.groups import OwnGroups
@@ -165,12 +168,15 @@ def _adapter(which):
     from commpress.integrations.stats import CommStats
 
     world = dist.group.WORLD
-    if which == "fsdp_all_gather":
+    if which in ("fsdp_all_gather", "fsdp_all_gather_async"):
         spec = CollectiveSpec.parse("int8", ALL_GATHER_ALGORITHMS, "all_gather", gathers=True)
         gather = fsdp.CompressedAllGather(spec, CommStats(), None, "m", OwnGroups([world]))
+        asynchronously = which == "fsdp_all_gather_async"
 
         def issue(inp, out):
-            gather(out, inp, world, async_op=True).wait()
+            work = gather(out, inp, world, async_op=asynchronously)
+            if asynchronously:
+                work.wait()
             return out
 
     elif which == "fsdp_reduce_scatter":
@@ -182,7 +188,7 @@ def _adapter(which):
         )
 
         def issue(inp, out):
-            scatter(out, inp, world, dist.ReduceOp.AVG, async_op=True).wait()
+            scatter(out, inp, world, dist.ReduceOp.AVG)
             return out
 
     else:
@@ -206,7 +212,9 @@ def _adapters(rank, world_size, which, slow):
 
 
 @pytest.mark.parametrize("slow", ["producer", "communication"])
-@pytest.mark.parametrize("which", ["fsdp_all_gather", "fsdp_reduce_scatter", "ddp_hook"])
+@pytest.mark.parametrize(
+    "which", ["fsdp_all_gather", "fsdp_all_gather_async", "fsdp_reduce_scatter", "ddp_hook"]
+)
 def test_fsdp_and_ddp_adapters_keep_the_stream_contract(which, slow):
     _check(run_distributed(_adapters, 1, which, slow, backend="nccl", timeout=180))
 
@@ -307,11 +315,13 @@ def _unordered(rank, world_size, broken, side_stream):
     return _ordered(rank, world_size, "all_gather", "int8", "ring", side_stream, slow)
 
 
-@pytest.mark.parametrize("which", ["fsdp_all_gather", "ddp_hook"])
+@pytest.mark.parametrize("which", ["fsdp_all_gather", "fsdp_reduce_scatter", "ddp_hook"])
 def test_a_future_that_orders_no_stream_is_caught(which):
     """The adapters' check can fail too: with the future FSDP2 and DDP wait on completed
     as a plain CPU future (what the FSDP2 adapter amounted to before the GPU session), the
-    consumer reads the output before the slow communication stream has written it."""
+    consumer reads the output before the slow communication stream has written it. FSDP2's
+    synchronous calls only: with ``async_op=True`` FSDP2 waits on the collective's handle,
+    which orders the stream itself (``FutureWork.wait``), whatever the future."""
     _, (ok, detail) = run_distributed(_futures_unordered, 1, which, backend="nccl", timeout=180)[0]
     assert not ok, f"a future without CUDA events, yet the check passed ({detail})"
 
