@@ -110,6 +110,23 @@ def test_multicast_takes_cuda_tensors_only_on_a_group_that_moves_cpu_tensors(
         checks.check_device("multicast", "all_gather", tensor, None)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_multicast_refused_on_a_mixed_group_says_why_without_denying_its_gloo(monkeypatch, device):
+    """A group that moves CPU tensors with gloo and CUDA tensors with NCCL was refused
+    saying it "cannot move" CPU tensors, which it moves (with gloo): the refusal is of the
+    NCCL half, which carries CUDA tensors."""
+    backend = "cpu:gloo,cuda:nccl"
+    monkeypatch.setattr(checks.dist, "get_backend", lambda group: backend)
+    monkeypatch.setattr(checks.dist, "get_backend_config", lambda group: backend)
+    monkeypatch.setattr(checks.dist, "get_world_size", lambda group: 2)
+    tensor = types.SimpleNamespace(device=torch.device(device))
+    with pytest.raises(ValueError) as refused:
+        checks.check_device("multicast", "all_gather", tensor, None)
+    message = str(refused.value)
+    assert "cannot move" not in message, message
+    assert "gloo group" in message and "NCCL" in message, message
+
+
 def _accepted(rank, world_size):
     """What stays allowed: a lossless ring-hop, an idempotent codec over ring-hop, and the
     float64 all-gather that `none` moves without arithmetic."""

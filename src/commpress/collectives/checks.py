@@ -131,10 +131,17 @@ def check_device(
     if "nccl" in backend:
         raise ValueError(
             f"algorithm {algorithm!r} sets up and checks each call on its group, with CPU "
-            f"tensors, which a {backend} group cannot move: use a gloo group for it, e.g. "
-            "dist.new_group(backend='gloo') (CUDA tensors too: their payloads are staged "
-            "through host memory), or algorithm 'ring' or 'backend'"
+            f"tensors, on gloo groups only: {_refused_group(backend, group)}; use a gloo "
+            "group for it, e.g. dist.new_group(backend='gloo') (CUDA tensors too: their "
+            "payloads are staged through host memory), or algorithm 'ring' or 'backend'"
         )
+
+
+def _refused_group(backend: str, group) -> str:
+    """Why a group that names NCCL is refused a host transport."""
+    if backends.moves(group, "cpu") is None:
+        return f"a {backend} group cannot move CPU tensors"
+    return f"a {backend} group hands CUDA tensors to NCCL, a mix not supported here"
 
 
 def check_moved(tensor: torch.Tensor, group, argument: str = "inp") -> None:
