@@ -357,8 +357,6 @@ class Engine:
         self._take: native_receive.Taker | None = None  # the running operation's, if native
         # finished here: an END of one is ACKed again (its root missed the ACK)
         self._finished: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
-        # given up by the caller: this rank lacks their data, so their ENDs get no ACK
-        self._abandoned: collections.deque[int] = collections.deque(maxlen=REMEMBERED_OPERATIONS)
         self._latest: int | None = None  # the id of the operation started last
         self._stash: list[tuple[int, bytearray]] = []  # (operation, datagram) of later operations
         self._stash_bytes = 0
@@ -554,7 +552,11 @@ class Engine:
         )
 
     def _retire(self, abandoned: bool = False) -> None:
-        (self._abandoned if abandoned else self._finished).append(self._running.operation.id)
+        """Stop running the current operation; only a finished one is remembered (its END
+        ACKed again). An abandoned one needs no record: its id is not newer than
+        :attr:`_latest`, so :meth:`_other_operation` counts its datagrams stale."""
+        if not abandoned:
+            self._finished.append(self._running.operation.id)
         self._running = self._take = None
 
     def _finish_if_done(self) -> None:
