@@ -96,6 +96,19 @@ def test_corpus_is_real_python_source_and_batches_are_next_token_pairs():
     assert torch.equal(tokens[:, 1:], targets[:, :-1])
 
 
+def test_a_text_one_window_long_gives_that_window_and_a_shorter_one_is_refused():
+    import torch
+
+    tokens = torch.arange(9, dtype=torch.uint8)
+    inputs, targets = batch(tokens, 4, 8, torch.Generator().manual_seed(0))
+    assert inputs.tolist() == [list(range(8))] * 4
+    assert targets.tolist() == [list(range(1, 9))] * 4
+    starts = batch(torch.arange(10, dtype=torch.uint8), 64, 8, torch.Generator())[0][:, 0]
+    assert set(starts.tolist()) == {0, 1}, "the last window is never drawn"
+    with pytest.raises(ValueError, match="8 tokens hold no window of context 8"):
+        batch(tokens[:8], 1, 8, torch.Generator())
+
+
 def test_low_rank_runs_are_ddp_only_and_checked_early(capsys):
     assert Run.parse("powersgd:rank=4@serial", "ddp").scheduler is False
     assert Run.parse("acpsgd:rank=2", "ddp").lowrank == "acpsgd:rank=2"

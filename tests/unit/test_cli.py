@@ -603,8 +603,8 @@ def test_train_refuses_a_context_longer_than_the_held_out_text(monkeypatch, caps
 
     monkeypatch.setattr(command, "run_distributed", started)
     held_out = len(Corpus.standard_library().validation)
-    assert main(["train", "--context", str(held_out - 1)]) == 2
-    assert f"at most {held_out - 2}" in capsys.readouterr().err
+    assert main(["train", "--context", str(held_out)]) == 2
+    assert f"at most {held_out - 1}" in capsys.readouterr().err
 
 
 def test_a_failed_rank_ends_the_command_with_its_error_alone(monkeypatch, capsys):

@@ -220,7 +220,7 @@ def _check_context(config: TrainConfig) -> None:
     """ValueError where a sequence is longer than the held-out text allows: the evaluation
     after the last step could not draw one, and the whole run was lost."""
     held_out = len(Corpus.standard_library(config.corpus_bytes).validation)
-    longest = held_out - 2  # batch() draws its starts below len - context - 1
+    longest = held_out - 1  # batch() needs context + 1 tokens
     if config.model.context > longest:
         raise ValueError(
             f"--context {config.model.context} is longer than the held-out text allows "

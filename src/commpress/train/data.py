@@ -40,7 +40,14 @@ class Corpus:
 
 
 def batch(tokens: torch.Tensor, size: int, context: int, generator: torch.Generator):
-    """``size`` random windows: inputs and next-token targets, as int64."""
-    starts = torch.randint(0, len(tokens) - context - 1, (size,), generator=generator)
+    """``size`` random windows of ``context + 1`` tokens, any start from the first to the
+    last that fits: inputs and next-token targets, as int64."""
+    last_start = len(tokens) - context - 1
+    if last_start < 0:
+        raise ValueError(
+            f"{len(tokens)} tokens hold no window of context {context} "
+            f"(the next-token targets need {context + 1})"
+        )
+    starts = torch.randint(0, last_start + 1, (size,), generator=generator)
     windows = torch.stack([tokens[s : s + context + 1] for s in starts.tolist()]).long()
     return windows[:, :-1], windows[:, 1:]
