@@ -141,3 +141,31 @@ def test_repairs_per_call_are_not_rounded_to_float32():
     rows = run_distributed(_multicast_whose_first_call_repairs, 2, 0, 3, timeout=120)[0]
     (repairs,) = [row["repairs"] for row in rows if "repairs" in row]
     assert repairs == 200 / 3
+
+
+def _tuner_that_chooses_by_chunk_bytes(rank, world_size):
+    """The bench's worker with a tuner whose choice for a reduce-scatter depends on the
+    pieces it is told the ring cuts (the collective passes its default, a re-resolve
+    passed none)."""
+    from commpress.bench import collectives
+    from commpress.sim import tuner
+
+    def choose(op, numel, dtype, world_size, codec, algorithm, *, chunk_bytes=None, **kwargs):
+        if chunk_bytes is None:
+            return tuner.Choice("alltoall", "int4", 1.0)
+        return tuner.Choice("ring", "int8", 1.0)
+
+    tuner.choose = choose
+    config = dict(op="reduce_scatter", algorithms=["auto"], codecs=["none"], begin=4096,
+                  end=4096, factor=2, iters=1, warmup=0, dtypes=["float"])  # fmt: skip
+    return collectives._worker(rank, world_size, config)
+
+
+def test_chosen_names_what_the_timed_calls_ran():
+    """``chosen`` resolved the tuner's choice again with ``chunk_bytes=None`` (and no
+    reduction), another call than the timed one: the column could name another choice."""
+    rows = run_distributed(_tuner_that_chooses_by_chunk_bytes, 2, timeout=120)[0]
+    assert {row["algorithm"]: row.get("chosen") for row in rows} == {
+        "native": None,
+        "auto": "int8@ring",
+    }

@@ -275,19 +275,20 @@ def _worker(rank, world_size, config):
                     file=sys.stderr,
                     flush=True,
                 )
-            seconds, cpu_us, tx, resent = _time(
-                op,
-                algorithm,
-                codec,
-                inp,
-                out,
-                config["iters"],
-                config["warmup"],
-                config.get("interface"),
-            )
+            with auto.recording() as ran:
+                seconds, cpu_us, tx, resent = _time(
+                    op,
+                    algorithm,
+                    codec,
+                    inp,
+                    out,
+                    config["iters"],
+                    config["warmup"],
+                    config.get("interface"),
+                )
             out.fill_(float("nan"))  # what the checked call leaves unwritten counts as wrong
             run_collective(op, algorithm, codec, inp, out)
-            chosen = _chosen(op, algorithm, codec, inp)
+            chosen = ran[-1] if ran else None  # what the tuner gave the last timed call
             requested = (algorithm, codec)
             algorithm, codec = chosen or requested
             repairs = torch.tensor([resent or 0.0], dtype=torch.float64)
@@ -332,13 +333,6 @@ def _worker(rank, world_size, config):
                 }
             )
     return rows if rank == 0 else None
-
-
-def _chosen(op, algorithm, codec, inp) -> tuple[str, str] | None:
-    """What the tuner ran for an ``auto`` row (the same choice the collective made)."""
-    if algorithm != tuner.AUTO and not tuner.is_auto(codec):
-        return None
-    return auto.resolve(op, inp, None, codec, algorithm)
 
 
 def _link_columns(link_bits, busiest, seconds, tx) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import threading
 import weakref
 from datetime import timedelta
 
@@ -42,6 +43,8 @@ _agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KEPT_CHOICES = 1024
 #: The collective a tuned call's errors name.
 PUBLIC_NAMES = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+#: Per thread: the list :func:`recording` appends each tuned call's choice to.
+_recording = threading.local()
 
 
 def resolve(
@@ -75,7 +78,23 @@ def resolve(
             planned = error
         choice = _agree(group, inp.device, call, planned, _settings(group, call), timeout)
         _remember(agreed, call, choice)
+    ran = getattr(_recording, "ran", None)
+    if ran is not None:
+        ran.append((choice.algorithm, choice.codec))
     return choice.algorithm, choice.codec
+
+
+@contextlib.contextmanager
+def recording():
+    """A list of the ``(algorithm, codec)`` that each tuned call given on this thread
+    within the block ran, in order (calls given ``algorithm`` and ``codec`` both fixed
+    are not in it)."""
+    outer = getattr(_recording, "ran", None)
+    _recording.ran = []
+    try:
+        yield _recording.ran
+    finally:
+        _recording.ran = outer
 
 
 def requested(codec, algorithm: str) -> bool:
