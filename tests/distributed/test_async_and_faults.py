@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -104,7 +106,7 @@ def _queued_across_a_new_world(rank, world_size, store_path):
     after = torch.full((8,), rank + 1.0)
     cp.all_reduce(after, codec="none", timeout=timedelta(seconds=10))
     if rank == 0:
-        with pytest.raises(ValueError, match="not registered"):
+        with pytest.raises(RuntimeError, match=r"all_reduce \(none@ring\) did not run: its pr"):
             work.wait()
     return after[0].item(), before[0].item()
 
@@ -116,6 +118,59 @@ def test_a_call_on_a_destroyed_world_does_not_run_on_the_next_one(tmp_path):
     rank's own next call then failed."""
     store = str(tmp_path / "second-world")
     assert run_distributed(_queued_across_a_new_world, 2, store) == [(3.0, 100.0)] * 2
+
+
+def _group_destroyed(rank, world_size, queued):
+    """Rank 0 destroys the group of its all-reduce before the call runs (queued behind a
+    wait) or between its reduce-scatter and its all-gather; what rank 0's call raised."""
+    from commpress.collectives.work import launch
+
+    all_reduce = importlib.import_module("commpress.collectives.all_reduce")  # the module
+
+    group = dist.new_group([0, 1])
+    tensor = torch.ones(1_000)
+    timeout = timedelta(seconds=2)
+    if rank == 1:
+        if not queued:  # its all-gather loses rank 0's connection (or waits for it in vain)
+            with pytest.raises(RuntimeError, match="commpress all_reduce"):
+                cp.all_reduce(tensor, group=group, timeout=timeout)
+        return None
+    reached, destroyed = threading.Event(), threading.Event()
+    if queued:
+        launch(destroyed.wait, async_op=True)
+        reached.set()
+    else:
+        reduce_scattered = all_reduce.gather
+
+        def gather(*args):
+            reached.set()
+            destroyed.wait()
+            return reduce_scattered(*args)
+
+        all_reduce.gather = gather
+    work = cp.all_reduce(tensor, group=group, timeout=timeout, async_op=True)
+    reached.wait()
+    dist.destroy_process_group(group)
+    destroyed.set()
+    try:
+        work.wait()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        return type(error).__name__, str(error)
+    return None
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_call_whose_group_is_destroyed_says_so(queued):
+    """A call whose group was destroyed raised torch's 'Group ... is not registered'
+    (queued: from reading the group's rank for the failure's message; running: from its
+    next step), or its 'Invariant encountered: value was None', naming neither the call
+    nor what happened."""
+    kind, message = run_distributed(_group_destroyed, 2, queued, timeout=60)[0]
+    assert kind == "RuntimeError"
+    running = "on a group of 2 ranks (this is rank 0) failed after"
+    when = "did not run" if queued else running
+    assert message.startswith(f"commpress all_reduce (int8@ring) {when}"), message
+    assert "its process group was destroyed (torch.distributed.destroy_process_group)" in message
 
 
 STALL_SECONDS = 15.0  # the longest the stalled peer stays away

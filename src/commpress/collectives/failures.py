@@ -17,6 +17,8 @@ from commpress.transport import backends
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
 #: NCCL: "... before timing out").
 _TIMEOUT_WORDS = ("timed out", "timing out")
+#: What a call on a group destroyed (torch.distributed.destroy_process_group) says.
+_DESTROYED = "its process group was destroyed (torch.distributed.destroy_process_group)"
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -42,22 +44,41 @@ def named_failures(
     other plain ``RuntimeError`` (gloo's "Connection closed by peer", a peer that died)
     a ``RuntimeError`` that says when; either with the backend's error as its cause. One of
     a subclass of ``RuntimeError`` keeps its type (commpress's own, which say what they
-    are; a backend's own, NCCL's: the same words added as a note)."""
-    with named_as(describe(name, codec, algorithm, group), timeout):
+    are; a backend's own, NCCL's: the same words added as a note). Once ``group`` is
+    destroyed (before the call ran, or while it ran), a ``RuntimeError`` that says so, with
+    torch's error (any type) as its cause."""
+    try:
+        call = describe(name, codec, algorithm, group)
+    except (KeyError, ValueError) as error:
+        if group is None or registered(group):
+            raise
+        raise RuntimeError(
+            f"commpress {name} ({codec}@{algorithm}) did not run: {_DESTROYED} before it "
+            f"ran. torch said: {error}"
+        ) from error
+    with named_as(call, timeout, group):
         yield
 
 
 @contextlib.contextmanager
-def named_as(call: str, timeout: timedelta | None) -> Iterator[None]:
-    """:func:`named_failures` for any communication that ``call`` describes."""
+def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]:
+    """:func:`named_failures` for any communication that ``call`` describes; with ``group``,
+    any error of the body once ``group`` is destroyed says so."""
     start = time.monotonic()
     try:
         yield
-    except RuntimeError as error:
+    except Exception as error:
+        seconds = time.monotonic() - start
+        if group is not None and not registered(group):
+            raise RuntimeError(
+                f"commpress {call} failed after {seconds:.1f} s: {_DESTROYED} while it ran. "
+                f"torch said: {error}"
+            ) from error
+        if not isinstance(error, RuntimeError):
+            raise
         timed_out = _timed_out(error)
         if type(error) is not RuntimeError and not timed_out:
             raise
-        seconds = time.monotonic() - start
         if not timed_out:
             raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
         limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"
@@ -70,6 +91,18 @@ def named_as(call: str, timeout: timedelta | None) -> Iterator[None]:
             getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on
             raise
         raise CollectiveTimeoutError(message) from error
+
+
+def registered(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` is still one of torch's process groups: not destroyed, nor one of
+    a world destroyed since."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 def _timed_out(error: RuntimeError) -> bool:
