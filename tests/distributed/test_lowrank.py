@@ -160,6 +160,56 @@ def test_a_key_in_two_parts_of_one_step_is_refused():
         assert "keys 'c' were already reduced this step (call finish_step" in refused
 
 
+def _a_part_fails_part_way(rank, world_size, scheduler):
+    """Step 1's compression raises (on every rank) after its first part was planned; what
+    step 2 then raises."""
+    from commpress.lowrank.hook import Pipeline
+
+    reducer = Reducer(PowerSGD(rank=2, start_iter=1))
+    items = list(gradients(rank, 0).items())
+    reducer.reduce(items)  # the warm-up step
+    real, calls = reducer.algorithm.factor, []
+
+    def factor(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise ArithmeticError("compression broke")
+        return real(*args)
+
+    reducer.algorithm.factor = factor
+    pipeline = Pipeline(reducer)
+
+    def step():
+        if not scheduler:
+            reducer.reduce(items)
+            return
+        futures = [torch.futures.Future() for _ in range(2)]
+        for future, last, part in zip(futures, (False, True), (items[:2], items[2:]), strict=True):
+            pipeline.submit(part, future, torch.empty(0), last, time.perf_counter())
+        for future in futures:
+            future.wait()
+
+    with pytest.raises(ArithmeticError, match="compression broke"):
+        step()
+    reducer.algorithm.factor = real
+    with pytest.raises(RuntimeError) as caught:
+        step()
+    assert isinstance(caught.value.__cause__, ArithmeticError)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("scheduler", [True, False], ids=["scheduler", "serial"])
+def test_the_step_after_a_part_failed_part_way_is_refused_saying_why(scheduler):
+    """A part that failed after it was planned left the step half done: serially, the next
+    step was refused as 'keys ... already reduced this step (call finish_step ...)'; with
+    the scheduler every later bucket raised the first error again, as if it were its own."""
+    for message in run_distributed(_a_part_fails_part_way, 2, scheduler, timeout=120):
+        assert message.startswith(
+            "low-rank step 1 failed part-way (ArithmeticError: compression broke)"
+        ), message
+        assert "make a new one" in message
+
+
 def test_state_follows_parameters_across_bucketing_and_checkpoints():
     outputs, restored_equal, mismatch = run_distributed(_bucketing_and_checkpoint, 2, timeout=120)[
         0

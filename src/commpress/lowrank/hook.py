@@ -159,9 +159,6 @@ class Pipeline:
         self.finished: list[_InFlight] = []
         self.sequence = 0
         self.stream = None  # CUDA only: compression and all-reduces leave backward's stream
-        #: The error that broke the pipeline (a dead or stalled peer, say). Every later
-        #: bucket fails with it at once: the ranks' collectives are no longer in step.
-        self.failure: BaseException | None = None
 
     @contextlib.contextmanager
     def side_stream(self, written):
@@ -177,32 +174,14 @@ class Pipeline:
             yield
 
     def submit(self, pairs, future, buffer, last: bool, handed: float) -> None:
-        """Take the bucket handed over at ``handed`` (a ``perf_counter`` time)."""
-        if self.failure is not None:
-            future.set_exception(self.failure)
-            return
+        """Take the bucket handed over at ``handed`` (a ``perf_counter`` time). An error
+        fails every bucket in flight and breaks the reducer for good (a dead or stalled
+        peer, say: the ranks' collectives are no longer in step), so that every later
+        bucket fails at once, saying so (:meth:`Reducer.failing_for_good`)."""
         try:
-            slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once
-            self.sequence += 1
-            entry = _InFlight(self.reducer.plan(pairs, slot), future, buffer)
-            older = list(self.in_flight)
-            self.in_flight.append(entry)
-            self._start(entry)
-            for waiting in older:
-                self._advance(waiting)
-            if last:
-                while self.in_flight:
-                    self._advance(self.in_flight[0])
-                self.reducer.finish_step()
-                self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
-                # backward had finished at the hand-over: since then the training thread waited
-                self.reducer.stats.exposed_seconds += time.perf_counter() - handed
-            # Completed only now: once the last future is done, DDP may read the step's state.
-            for done in self.finished:
-                done.future.set_result(done.buffer)
-            self.finished.clear()
+            with self.reducer.failing_for_good():
+                self._take(pairs, future, buffer, last, handed)
         except BaseException as error:  # never leave DDP waiting on a future
-            self.failure = error
             self.in_flight.extend(self.finished)
             self.finished.clear()
             for waiting in self.in_flight:
@@ -211,6 +190,27 @@ class Pipeline:
             if not future.done():
                 future.set_exception(error)
             self.in_flight.clear()
+
+    def _take(self, pairs, future, buffer, last: bool, handed: float) -> None:
+        slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once
+        self.sequence += 1
+        entry = _InFlight(self.reducer.plan(pairs, slot), future, buffer)
+        older = list(self.in_flight)
+        self.in_flight.append(entry)
+        self._start(entry)
+        for waiting in older:
+            self._advance(waiting)
+        if last:
+            while self.in_flight:
+                self._advance(self.in_flight[0])
+            self.reducer.finish_step()
+            self.sequence = 0  # bucket j keeps slot j: its buffers are reused every step
+            # backward had finished at the hand-over: since then the training thread waited
+            self.reducer.stats.exposed_seconds += time.perf_counter() - handed
+        # Completed only now: once the last future is done, DDP may read the step's state.
+        for done in self.finished:
+            done.future.set_result(done.buffer)
+        self.finished.clear()
 
     def _start(self, entry: _InFlight) -> None:
         """Start the entry's current round, skipping rounds with nothing to send."""

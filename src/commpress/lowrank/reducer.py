@@ -11,8 +11,9 @@ name), so it survives a change of bucketing, and checkpoints with
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -103,6 +104,8 @@ class Reducer:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
         self._keys_this_step: set = set()
+        #: The step a planned part failed in, and why (:meth:`failing_for_good`).
+        self._failure: tuple[int, BaseException] | None = None
 
     # -- the public step ------------------------------------------------------------------
 
@@ -115,19 +118,44 @@ class Reducer:
         """Average some of this step's gradients (a DDP bucket); call ``finish_step`` after
         the last part."""
         part = self.plan(gradients)
-        for round_ in range(part.rounds):
-            payload = part.payload(round_)
-            if payload is not None:
-                start = time.perf_counter()
-                self.wait(collective.all_reduce(payload, dist.ReduceOp.SUM, self.group))
-                self.stats.seconds["communicate"] += time.perf_counter() - start
-                part.take(round_, payload)
-        part.finish()
+        with self.failing_for_good():
+            for round_ in range(part.rounds):
+                payload = part.payload(round_)
+                if payload is not None:
+                    start = time.perf_counter()
+                    self.wait(collective.all_reduce(payload, dist.ReduceOp.SUM, self.group))
+                    self.stats.seconds["communicate"] += time.perf_counter() - start
+                    part.take(round_, payload)
+            part.finish()
+
+    @contextlib.contextmanager
+    def failing_for_good(self) -> Iterator[None]:
+        """An error of the body (the work of a part once planned) leaves the step half
+        done: error buffers added to, some gradients written, an all-reduce perhaps issued
+        on some ranks and not on others. Every later :meth:`plan` refuses, saying so."""
+        try:
+            yield
+        except BaseException as error:
+            if self._failure is None:
+                self._failure = (self.step, error)
+            raise
+
+    def _check_not_failed(self) -> None:
+        if self._failure is None:
+            return
+        step, error = self._failure
+        raise RuntimeError(
+            f"low-rank step {step} failed part-way ({type(error).__name__}: {error}): this "
+            "reducer's state (error feedback, factors) is half updated and its group's "
+            "all-reduces may be out of step between ranks, so it cannot go on; make a new "
+            "one (on a new group), from a checkpoint saved before the failure"
+        ) from error
 
     def plan(self, gradients: Sequence[tuple[Hashable, torch.Tensor]], slot: int = 0) -> Part:
         """The work of averaging ``gradients``, round by round, for a caller that runs the
         all-reduces itself (the scheduler overlaps several parts; each alive part needs
         its own ``slot`` of scratch buffers)."""
+        self._check_not_failed()
         gradients = _pairs(gradients)
         for key, gradient in gradients:
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
