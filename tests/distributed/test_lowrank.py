@@ -735,10 +735,19 @@ def test_a_checkpoint_of_another_world_size_is_refused_when_it_holds_error_feedb
     for outcomes in run_distributed(_loaded_in_another_world, 3, saved, timeout=120):
         assert "saved by one of 2 ranks, this reducer averages over 3" in outcomes[True]
         assert outcomes[False] == "loaded"
-    assert run_distributed(_loaded_in_another_world, 2, saved, timeout=120)[1] == {
-        True: "loaded",
-        False: "loaded",
-    }
+
+
+def test_a_checkpoint_with_error_feedback_loads_on_the_rank_that_saved_it_alone():
+    """Rank 0's checkpoint loaded on rank 1 without a word, giving it rank 0's error
+    buffers. Its own loads; the factors alone (no error feedback) load on any rank."""
+    saved = run_distributed(_saved_by_each_rank, 2, timeout=120)[0]
+    own, other = run_distributed(_loaded_in_another_world, 2, saved, timeout=120)
+    assert own == {True: "loaded", False: "loaded"}
+    assert other[False] == "loaded"
+    assert other[True].startswith(
+        "checkpoint was saved by rank 0 of the reducer's group, this is rank 1: its error "
+        "feedback is rank 0's own"
+    ), other[True]
 
 
 def test_a_checkpoint_loaded_before_the_process_group_exists_is_not_refused():

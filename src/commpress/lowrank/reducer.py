@@ -285,6 +285,7 @@ class Reducer:
             "rank": self.algorithm.rank,
             "error_feedback": self.algorithm.error_feedback,
             "world_size": _world_size(self.group),
+            "group_rank": _group_rank(self.group),  # whose error feedback this is
             "step": self.step,
             "generator": self._generator.get_state(),
             "states": {k: {n: t.clone() for n, t in s.items()} for k, s in self.states.items()},
@@ -312,6 +313,13 @@ class Reducer:
                 f"over {size}: its error feedback is that rank's own "
                 f"(save and load one checkpoint per rank, in a world of the same size)"
             )
+        saved_rank, here = state.get("group_rank"), _group_rank(self.group)
+        if saved and fed_back and None not in (saved_rank, here) and saved_rank != here:
+            raise ValueError(
+                f"checkpoint was saved by rank {saved_rank} of the reducer's group, this is "
+                f"rank {here}: its error feedback is rank {saved_rank}'s own (each rank loads "
+                f"the checkpoint it saved)"
+            )
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
@@ -329,6 +337,11 @@ def not_dense(key, layout) -> str:
 def _world_size(group) -> int | None:
     """The group's size; None before the process group is initialized."""
     return dist.get_world_size(group) if dist.is_initialized() else None
+
+
+def _group_rank(group) -> int | None:
+    """This process's rank in the group; None before the process group is initialized."""
+    return dist.get_rank(group) if dist.is_initialized() else None
 
 
 def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
