@@ -405,3 +405,41 @@ def test_the_lowrank_scheduler_waits_for_the_bucket_and_its_future_for_it():
 def test_a_lowrank_scheduler_that_does_not_wait_for_the_bucket_is_caught():
     ok, detail = run_distributed(_lowrank_hooks, 1, True, backend="nccl", timeout=180)[0]
     assert not ok, f"the scheduler ignored the bucket's writer, yet the check passed ({detail})"
+
+
+def _freed_state_reused(rank, world_size, broken=False):
+    """Whether the memory of a state tensor that ``load_state_dict`` cloned (on the default
+    stream) is handed back to the default stream while a side stream that planned a part
+    from it is still busy: the scheduler's case, where backward would then overwrite
+    factors and error buffers before the side stream read them. ``broken``: the reducer
+    does not record the side stream's use."""
+    from commpress.lowrank.reducer import Reducer
+
+    torch.cuda.set_device(0)
+    reducer = Reducer("powersgd:rank=4,start_iter=0")
+    gradient = torch.randn(512, 256, device="cuda")
+    reducer.reduce([("w", gradient)])
+    saved = reducer.state_dict()
+    reducer.load_state_dict(saved)  # clones on the default stream
+    if broken:
+        reducer._adopt_loaded = lambda: None
+    loaded = reducer.states["w"]["error"]
+    address, size = loaded.data_ptr(), loaded.numel()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        cuda_sleep(SLEEP_CYCLES)  # the side stream's reads are still to come
+        reducer.plan([("w", gradient)])
+    del loaded
+    reducer.states.clear()  # the step's write-back drops the loaded tensors likewise
+    taken = [torch.empty(size, device="cuda") for _ in range(8)]  # other free blocks first
+    reused = any(tensor.data_ptr() == address for tensor in taken)
+    torch.cuda.synchronize()
+    return reused
+
+
+def test_states_loaded_from_a_checkpoint_stay_allocated_until_the_side_stream_read_them():
+    assert not run_distributed(_freed_state_reused, 1, backend="nccl", timeout=180)[0]
+
+
+def test_a_reducer_that_does_not_record_the_side_stream_is_caught():
+    assert run_distributed(_freed_state_reused, 1, True, backend="nccl", timeout=180)[0]

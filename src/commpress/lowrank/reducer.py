@@ -106,6 +106,7 @@ class Reducer:
         self._keys_this_step: set = set()
         #: The step a planned part failed in, and why (:meth:`failing_for_good`).
         self._failure: tuple[int, BaseException] | None = None
+        self._loaded = False  # states cloned by load_state_dict, not yet used (_adopt_loaded)
 
     # -- the public step ------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class Reducer:
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
             raise ValueError(f"gradients: keys {', '.join(repeated)} given twice (one state each)")
         self._check_keys_are_new(keys)
+        self._adopt_loaded()
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
             part = UncompressedPart(self, [g for _, g in gradients], world_size)
@@ -323,8 +325,23 @@ class Reducer:
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
+        self._loaded = True
         self._error_stacks.clear()
         self._keys_this_step.clear()
+
+    def _adopt_loaded(self) -> None:
+        """States that :meth:`load_state_dict` cloned on CUDA belong to the stream current
+        then; the scheduler's stream reads them later and then drops them (a step replaces
+        factors and stacks the error buffers), and without a record of that use the
+        allocator would hand their memory back to the loading stream (backward's) before
+        the reads ran. Recorded once, on the stream that plans the first part after a load."""
+        if not self._loaded:
+            return
+        self._loaded = False
+        for state in self.states.values():
+            for tensor in state.values():
+                if tensor.is_cuda:
+                    tensor.record_stream(torch.cuda.current_stream(tensor.device))
 
 
 def not_dense(key, layout) -> str:
