@@ -793,6 +793,31 @@ def test_a_hook_checkpoint_of_another_model_is_refused():
         assert "state for parameters this model does not have: '1.weight'" in other
 
 
+def _hook_checkpoint_without_names(rank, world_size):
+    messages = []
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    for named in (None, torch.nn.Linear(32, 32)):  # no model=; a model DDP does not wrap
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", model=named)
+        ddp.register_comm_hook(state, hook)
+        sgd_steps(ddp, 1, rank, features=32, batch=8, seed_stride=10)
+        try:
+            state.state_dict()
+        except TypeError as error:
+            messages.append(str(error))
+    return messages
+
+
+def test_a_hook_checkpoint_without_parameter_names_says_to_pass_the_model():
+    """Without ``model=`` (or with a module DDP does not wrap) ``state_dict`` said "needs
+    string keys (parameter names) for every gradient": keys the hook's user never chose."""
+    for without, other in run_distributed(_hook_checkpoint_without_names, 2, timeout=120):
+        assert "ddp_hook(..., model=) was not given" in without
+        assert "lacks 2 parameters of shapes (32, 32), (10, 32)" in other
+        assert "model= is not the module DDP wraps" in other
+
+
 def _sparse_gradients(rank, world_size):
     messages = []
     sparse = torch.sparse_coo_tensor([[0, 3]], torch.ones(2, 16), (50, 16))

@@ -49,7 +49,23 @@ class LowRankHookState:
         return self.worker is not None
 
     def state_dict(self) -> dict:
+        unnamed = [key for key in self.reducer.states if not isinstance(key, str)]
+        if unnamed:
+            raise TypeError(self._unnamed(unnamed))
         return self.reducer.state_dict()
+
+    def _unnamed(self, parameters: list) -> str:
+        shapes = ", ".join(str(tuple(p.shape)) for p in parameters)
+        which = f"{len(parameters)} parameters of shapes {shapes}"
+        if not self.names:
+            return (
+                f"state_dict names each parameter's state, and ddp_hook(..., model=) was not "
+                f"given: pass the module DDP wraps (state is held for {which})"
+            )
+        return (
+            f"state_dict names each parameter's state by the model given to ddp_hook, which "
+            f"lacks {which}: model= is not the module DDP wraps"
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Refuses a checkpoint with state for parameters the model (given to ``ddp_hook``)
