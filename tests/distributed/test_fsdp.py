@@ -455,6 +455,12 @@ def _misuse(rank, world_size):
                 raise AssertionError("float64 gradients differ from plain FSDP's")
 
     errors["float64 tuned step"] = error_of(step64)
+    errors["stochastic all-gather"] = error_of(  # backward's re-gather got other values
+        lambda: cp.fsdp.compress(shard(small_model()), "int8:stochastic=true", "int8")
+    )
+    errors["stochastic reduce-scatter"] = error_of(
+        lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8:stochastic=true")
+    )
     errors["feedback"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8", error_feedback=True)
     )
@@ -494,6 +500,10 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert kind == "TypeError" and "module '0' reduce-scatter dtype=torch.float64" in message
     assert errors["float64 native sum"] is None
     assert errors["float64 tuned sum"] is None and errors["float64 tuned step"] is None
+    kind, message = errors["stochastic all-gather"]
+    assert kind == "ValueError" and message.startswith("all_gather='int8:stochastic=true': ")
+    assert "all-gathers the parameters again for backward" in message
+    assert errors["stochastic reduce-scatter"] is None
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]
     assert "asked for PREMUL_SUM(factor " in errors["premul"][1]  # was an object's address

@@ -648,6 +648,19 @@ def test_train_refuses_one_configuration_written_two_ways(
     assert f"{first!r} and {second!r} are the same configuration" in capsys.readouterr().err
 
 
+def test_train_refuses_a_stochastic_fsdp_all_gather_before_training(monkeypatch, capsys):
+    """cp.fsdp.compress refuses it in the ranks; train must say so before they start."""
+    from commpress.train import command
+
+    def started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(command, "run_distributed", started)
+    assert main(["train", "--compare", "int8:stochastic=true/int8"]) == 2
+    err = capsys.readouterr().err
+    assert "all-gather spec='int8:stochastic=true': FSDP2 all-gathers the parameters" in err
+
+
 def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     """``commpress schedule ... | head -1`` ended in a BrokenPipeError traceback."""
     import subprocess

@@ -133,6 +133,8 @@ def compress(
     scatter = _parse(reduce_scatter, REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False)
     if gather is None and scatter is None:
         raise ValueError("all_gather and reduce_scatter are both None: nothing to compress")
+    if gather is not None:
+        check_all_gather_codec(gather, "all_gather")
     if unshard_async_op and gather is None:
         raise ValueError("unshard_async_op=True concerns the all-gathers: all_gather is None")
     feeds_back = (*ERROR_FEEDBACK_ALGORITHMS, AUTO)
@@ -221,6 +223,18 @@ def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -
     failed = by_rank(said)
     if failed:
         raise ValueError(f"cp.fsdp.compress failed on another rank, so on every rank ({failed})")
+
+
+def check_all_gather_codec(spec: CollectiveSpec, argument: str) -> None:
+    """FSDP2 all-gathers a module's parameters again for backward: a codec that rounds
+    stochastically would hand backward other values than forward."""
+    if getattr(spec.codec, "draws_noise", False):
+        raise ValueError(
+            f"{argument}={spec.text!r}: FSDP2 all-gathers the parameters again for backward "
+            "(after reshard_after_forward, and for recomputed activations), and stochastic "
+            "rounding would give them other values than forward's; round to nearest in the "
+            "all-gather (stochastic rounding suits the reduce-scatter)"
+        )
 
 
 def _parse(spec, algorithms, argument, gathers) -> CollectiveSpec | None:

@@ -176,6 +176,7 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
     """Bad specs fail here, before any process starts; multicast needs the cluster; two
     runs that are one configuration written two ways are refused."""
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
+    from commpress.integrations.fsdp import check_all_gather_codec
     from commpress.integrations.spec import CollectiveSpec
     from commpress.lowrank import get_algorithm
 
@@ -190,6 +191,7 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
             gather = CollectiveSpec.parse(
                 run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True, tunable=True
             )
+            check_all_gather_codec(gather, "all-gather spec")
             multicasts = gather.algorithm == "multicast"
             check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
         scatter = CollectiveSpec.parse(
