@@ -31,7 +31,7 @@ import torch.distributed as dist
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.lowrank.algorithm import LowRankAlgorithm
-from commpress.lowrank.reducer import Part, Reducer, not_dense
+from commpress.lowrank.reducer import Part, Reducer, not_dense, not_real
 from commpress.transport import collective
 
 
@@ -124,6 +124,10 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
         (parameter,) = bucket.parameters()
         key = state.names.get(id(parameter), f"of shape {tuple(parameter.shape)}")
         raise TypeError(not_dense(key, bucket.buffer().layout))
+    for parameter in bucket.parameters():
+        if parameter.is_complex():
+            key = state.names.get(id(parameter), f"of shape {tuple(parameter.shape)}")
+            raise TypeError(not_real(key, parameter.dtype))
     pairs = [
         (state.names.get(id(parameter), parameter), gradient)
         for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True)

@@ -351,6 +351,14 @@ def not_dense(key, layout) -> str:
     )
 
 
+def not_real(key, dtype) -> str:
+    return (
+        f"parameter {key!r} is {dtype}: low-rank compression averages real gradients only "
+        f"(DDP hands a complex one as a real view of half of it; use torch.view_as_real "
+        f"parameters, or cp.ddp.hook, which averages the whole bucket)"
+    )
+
+
 def _world_size(group) -> int | None:
     """The group's size; None before the process group is initialized."""
     return dist.get_world_size(group) if dist.is_initialized() else None
