@@ -458,6 +458,9 @@ def _misuse(rank, world_size):
     errors["stochastic all-gather"] = error_of(  # backward's re-gather got other values
         lambda: cp.fsdp.compress(shard(small_model()), "int8:stochastic=true", "int8")
     )
+    errors["stochastic tuned all-gather"] = error_of(  # the tuner chose it, and it was used
+        lambda: cp.fsdp.compress(shard(small_model()), "auto:codecs=int8:stochastic=true+int8")
+    )
     errors["stochastic reduce-scatter"] = error_of(
         lambda: cp.fsdp.compress(shard(small_model()), "int8", "int8:stochastic=true")
     )
@@ -503,6 +506,8 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     kind, message = errors["stochastic all-gather"]
     assert kind == "ValueError" and message.startswith("all_gather='int8:stochastic=true': ")
     assert "all-gathers the parameters again for backward" in message
+    kind, message = errors["stochastic tuned all-gather"]
+    assert kind == "ValueError" and "'auto:codecs=int8:stochastic=true+int8': FSDP2" in message
     assert errors["stochastic reduce-scatter"] is None
     assert "needs reduce_scatter='CODEC@alltoall'" in errors["feedback"][1]
     assert "set_force_sum_reduction_for_comms" in errors["premul"][1]

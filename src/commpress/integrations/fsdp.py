@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from commpress import _torch_private
+from commpress.codecs import get_codec
 from commpress.collectives import (
     ALL_GATHER_ALGORITHMS,
     REDUCE_SCATTER_ALGORITHMS,
@@ -227,8 +228,12 @@ def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -
 
 def check_all_gather_codec(spec: CollectiveSpec, argument: str) -> None:
     """FSDP2 all-gathers a module's parameters again for backward: a codec that rounds
-    stochastically would hand backward other values than forward."""
-    if getattr(spec.codec, "draws_noise", False):
+    stochastically would hand backward other values than forward. A tuned codec
+    (``auto:codecs=...``) may become any of its candidates."""
+    codecs = [spec.codec]
+    if tuner.is_auto(spec.codec):
+        codecs = [get_codec(name) for name in tuner.budget(spec.codec)[1]]
+    if any(getattr(codec, "draws_noise", False) for codec in codecs):
         raise ValueError(
             f"{argument}={spec.text!r}: FSDP2 all-gathers the parameters again for backward "
             "(after reshard_after_forward, and for recomputed activations), and stochastic "
