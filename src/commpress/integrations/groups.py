@@ -40,7 +40,7 @@ class OwnGroups:
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
         self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {}
         for ranks, backend in everyone:
-            twin = _made_twin(ranks, backend, timeout)
+            twin = reused_group("fsdp twin", ranks, backend, timeout)
             if dist.get_rank() in ranks:
                 self._twins[ranks, backend] = twin
 
@@ -64,20 +64,27 @@ class OwnGroups:
         return twin
 
 
-#: The twins made so far in this process, and the world they belong to: a model compressed
-#: after another (a notebook cell run again, a sweep) reuses them rather than leaving a
-#: process group behind per call. Every rank calls ``compress`` alike, so every rank reuses
-#: the same ones and calls ``new_group`` for the same others.
+#: The groups made so far in this process, and the world they belong to: a model compressed
+#: or hooked after another (a notebook cell run again, a sweep) reuses them rather than
+#: leaving a process group behind per call. Every rank makes them alike, so every rank
+#: reuses the same ones and calls ``new_group`` for the same others.
 _made: dict[tuple, dist.ProcessGroup] = {}
 _made_in: list[dist.ProcessGroup | None] = [None]
 
 
-def _made_twin(ranks: tuple[int, ...], backend: str, timeout: timedelta | None):
-    """A twin of the group of ``ranks``: one made before in this world, or a new one."""
+def reused_group(
+    purpose: str,
+    ranks: tuple[int, ...] | None = None,
+    backend: str | None = None,
+    timeout: timedelta | None = None,
+) -> dist.ProcessGroup:
+    """A group of ``ranks`` (None: the world) for ``purpose``: one made before for it in this
+    world, or a new one (a collective call). Groups of different purposes stay apart."""
     if _made_in[0] is not dist.group.WORLD:  # a world made again: its groups are new
         _made.clear()
         _made_in[0] = dist.group.WORLD
-    key = (ranks, backend, timeout)
+    key = (purpose, ranks, backend, timeout)
     if key not in _made:
-        _made[key] = dist.new_group(list(ranks), timeout=timeout, backend=backend)
+        members = None if ranks is None else list(ranks)
+        _made[key] = dist.new_group(members, timeout=timeout, backend=backend)
     return _made[key]
