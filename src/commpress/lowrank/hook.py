@@ -94,7 +94,8 @@ def ddp_hook(
     ``algorithm``: a :class:`LowRankAlgorithm` or a spec (``"powersgd:rank=4"``).
     ``model`` (the module DDP wraps) names the state of each parameter, which
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
-    one for the hook's all-reduces. A ``group`` given may be the one DDP runs its own
+    one of the whole world for the hook's all-reduces (the hook cannot see DDP's group: for
+    a DDP on a subgroup, pass ``group``). A ``group`` given may be the one DDP runs its own
     collectives on (with ``find_unused_parameters=True``, one right after the last
     bucket's hook): with any ``group`` given, the scheduler finishes each step's last
     bucket before the hook returns, so that every rank issues DDP's collective after the
