@@ -244,6 +244,18 @@ def test_each_choice_is_logged_once(caplog):
     assert "all_gather of 4096 float32 elements on 4 ranks" in caplog.records[0].message
 
 
+def test_calls_of_ever_new_sizes_keep_a_bounded_number_of_choices(monkeypatch):
+    """Every size a job calls with kept a choice for good (about 1 kB each): a job whose
+    calls vary in size (the last partial bucket, variable-length batches) grew it for as
+    long as it ran. The least recently used go; one in use stays."""
+    monkeypatch.setattr(tuner, "KEPT_CHOICES", 8)
+    kept = tuner.choose("all_gather", 4096, torch.float32, 4, "int8")
+    for numel in range(1, 40):
+        tuner.choose("all_gather", numel, torch.float32, 4, "int8")
+        assert tuner.choose("all_gather", 4096, torch.float32, 4, "int8") is kept
+    assert len(tuner._choices) == 8
+
+
 def test_a_choice_made_while_another_thread_reconfigures_is_not_served_after(monkeypatch):
     """configure() on one thread while choose() times the pairs on another: the choice
     made under the old network was cached and served under the new one (ring, which the

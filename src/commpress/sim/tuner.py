@@ -11,7 +11,8 @@ each partial sum at every hop, so int8 errs about 1.9 times one encode's on 8 ra
 ``none`` always qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the
 codecs. Every rank
 computes the same choice from the same settings. Choices are cached per (op, elements, dtype, ranks,
-backend, request, network) and each is logged once (logger ``commpress.tuner``, level INFO).
+backend, request, network), the :data:`KEPT_CHOICES` most recently used, and each is logged
+when it is made (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
 different collective, and where one of them is ``native`` (which has no argument check)
 the ranks could hang, or one of them be ended by gloo. So a collective's ranks exchange
@@ -33,6 +34,7 @@ timed at the pace of the group's own multicast options (rate, roots, racks, upli
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -120,7 +122,10 @@ class Choice:
 _lock = threading.Lock()
 _network: Network | None = None
 _configured: Network | None = None  # what configure() set, by value
-_choices: dict = {}
+#: How many calls' choices are kept; past that the least recently used is dropped (and
+#: timed again if asked for): calls of ever new sizes would otherwise grow it for good.
+KEPT_CHOICES = 4096
+_choices: collections.OrderedDict = collections.OrderedDict()
 _warned: set = set()
 _errors: dict[str, float] = {}
 
@@ -219,8 +224,7 @@ def choose(
     setting = network()
     key = (op, numel, dtype, world_size, backend, on_cpu, error_feedback, chunk_bytes,
            placement, multicast, request, setting)  # fmt: skip
-    with _lock:
-        found = _choices.get(key)
+    found = _recalled(key)
     if found is not None:
         return found
     if world_size == 1:  # nothing moves: torch's own collective copies, exactly
@@ -255,14 +259,28 @@ def choose(
         )
     time_us, _, name, spec = min(timed)
     choice = Choice(name, spec, time_us)
-    with _lock:
-        _choices[key] = choice
+    _remember(key, choice)
     logger.info(
         "%s of %d %s elements on %d ranks (%s, %s): %s, %.0f us predicted",
         op, numel, str(dtype).removeprefix("torch."), world_size, setting.topology,
         setting.link, choice, time_us,
     )  # fmt: skip
     return choice
+
+
+def _recalled(key) -> Choice | None:
+    with _lock:
+        found = _choices.get(key)
+        if found is not None:
+            _choices.move_to_end(key)
+    return found
+
+
+def _remember(key, choice: Choice) -> None:
+    with _lock:
+        _choices[key] = choice
+        while len(_choices) > KEPT_CHOICES:
+            _choices.popitem(last=False)
 
 
 def check(
