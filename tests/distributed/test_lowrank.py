@@ -895,3 +895,27 @@ def test_a_key_first_seen_after_others_of_its_shape_is_reduced(name):
     first) raised KeyError 'p': its fresh state lacked the factor the others had kept."""
     for factors in run_distributed(_a_key_first_seen_later, 2, name, timeout=120):
         assert factors == ["error", "p", "q"]
+
+
+def _held_while_keys_drop_out(rank, world_size, error_feedback):
+    """Steps of 8, 7, ..., 1 same-shaped keys (a bucketing that changes, unused
+    parameters): the bytes the reducer holds in error buffers and scratch, in units of one
+    gradient."""
+    keys, shape = [f"w{i}" for i in range(8)], (32, 32)
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=error_feedback))
+    generator = torch.Generator().manual_seed(rank)
+    for count in range(len(keys), 0, -1):
+        reducer.reduce([(key, torch.randn(shape, generator=generator)) for key in keys[:count]])
+    held = [s["error"] for s in reducer.states.values() if "error" in s]
+    held += list(reducer._buffers.values()) + list(reducer._error_stacks.values())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    return sum(storages.values()) / (32 * 32 * 4)
+
+
+@pytest.mark.parametrize("error_feedback", [False])
+def test_memory_held_stays_bounded_as_the_keys_of_a_step_change(error_feedback):
+    """Without error feedback, scratch was kept per number of matrices of a shape in a
+    part: 8 steps of 8 down to 1 keys held 36 gradients' worth (a quadratic growth in the
+    bucketing's sizes), not 8."""
+    for held in run_distributed(_held_while_keys_drop_out, 2, error_feedback, timeout=120):
+        assert held <= 2 * 8, held
