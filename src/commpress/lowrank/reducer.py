@@ -244,12 +244,21 @@ class Reducer:
             for position, state in enumerate(states)
         ):
             for stale in [other for other in self._error_stacks if set(other) & set(group)]:
-                del self._error_stacks[stale]
+                self._unstack(stale, keep=set(stale) - set(group))
             stack = torch.stack([state["error"] for state in states])
             for position, state in enumerate(states):
                 state["error"] = stack[position]
             self._error_stacks[group] = stack
         return stack
+
+    def _unstack(self, group: tuple, keep: set) -> None:
+        """Drop the error stack of ``group``; the buffers of its keys in ``keep`` that are
+        still its rows get memory of their own (a row keeps the whole stack alive)."""
+        stack = self._error_stacks.pop(group)
+        for position, key in enumerate(group):
+            error = self.states.get(key, {}).get("error")
+            if key in keep and error is not None and error.data_ptr() == stack[position].data_ptr():
+                self.states[key]["error"] = error.clone()
 
     def _buffer(self, name: str, shape: tuple[int, ...], slot: int, device) -> torch.Tensor:
         """Scratch reused from step to step: fresh memory costs a page fault per page, which
