@@ -467,3 +467,27 @@ def test_fsdp_all_gathers_go_through_multicast_and_match_the_ring(prefix):
         assert sent > 0, f"rank {rank}: FSDP's all-gathers did not use the multicast channel"
         for ring, mc in zip(parameters["int8"], parameters["int8@multicast"], strict=True):
             assert torch.equal(ring, mc), rank
+
+
+def _groups_destroyed_but_referred_to(rank, world_size):
+    """Groups made, gathered over by multicast and destroyed, each still referred to (a
+    list, a model's mesh): the multicast threads left running."""
+    kept = []
+    for _ in range(4):
+        group = dist.new_group()
+        inp = _inputs(rank, 1000)
+        cp.all_gather_into_tensor(
+            torch.empty(world_size * 1000), inp, group, codec="int8", algorithm="multicast"
+        )
+        dist.destroy_process_group(group)
+        kept.append(group)
+    return sum(t.name == "commpress-multicast" for t in threading.enumerate())
+
+
+def test_the_channel_of_a_destroyed_group_goes_with_the_next_channel(prefix):
+    """A destroyed group kept its channel (the engine's thread, its sockets) for as long as
+    anything referred to the group object: 4 such groups, 4 threads and their sockets. Each
+    new channel now closes those of destroyed groups: one is left, the last one's."""
+    with Emulated(2, "1gbit", prefix=prefix) as cluster:
+        threads = cluster.run(_groups_destroyed_but_referred_to, timeout=120)
+    assert threads == [1, 1], threads

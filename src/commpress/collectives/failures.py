@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from commpress.ranks import this_rank
 from commpress.transport import backends
+from commpress.transport.backends import registered
 
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
 #: NCCL: "... before timing out").
@@ -91,18 +92,6 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
             getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on
             raise
         raise CollectiveTimeoutError(message) from error
-
-
-def registered(group: dist.ProcessGroup) -> bool:
-    """Whether ``group`` is still one of torch's process groups: not destroyed, nor one of
-    a world destroyed since."""
-    if not dist.is_initialized():
-        return False
-    try:
-        dist.get_process_group_ranks(group)
-    except (KeyError, ValueError):
-        return False
-    return True
 
 
 def _timed_out(error: RuntimeError) -> bool:

@@ -39,3 +39,15 @@ def or_world(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
             "init_process_group."
         )
     return world
+
+
+def registered(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` is still one of torch's process groups: not destroyed, nor one of
+    a world destroyed since."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError):
+        return False
+    return True

@@ -140,6 +140,7 @@ def channel_for(group: dist.ProcessGroup | None, timeout: timedelta | None = Non
     group = backends.or_world(group)
     channel = _channels.get(group)
     if channel is None:
+        _close_channels_of_destroyed_groups()
         options, problem = None, None
         try:
             options = options_of(group)
@@ -149,11 +150,20 @@ def channel_for(group: dist.ProcessGroup | None, timeout: timedelta | None = Non
     return channel
 
 
+def _close_channels_of_destroyed_groups() -> None:
+    """A destroyed group (``dist.destroy_process_group``) that something still refers to
+    kept its channel, and with it the engine's thread and sockets, for as long as it was
+    referred to; each new channel lets go of those."""
+    for group in [g for g in _channels if not backends.registered(g)]:
+        _channels.pop(group).close()
+
+
 class Channel:
     """A process group's multicast group, sockets and protocol thread. Every rank sets it
     up at once (three all-gathers of small objects on ``group``: the addresses, the
     sockets, the engines; after each, a failure anywhere is raised everywhere); its thread
-    and sockets go when it is garbage-collected, closed, or at exit."""
+    and sockets go when it is garbage-collected, closed, at exit, or when another channel is
+    set up after its group was destroyed."""
 
     def __init__(
         self,
