@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from datetime import timedelta
@@ -920,3 +921,25 @@ def test_memory_held_stays_bounded_as_the_keys_of_a_step_change(error_feedback):
     buffer as a row of the stack before, and with it that whole stack."""
     for held in run_distributed(_held_while_keys_drop_out, 2, error_feedback, timeout=120):
         assert held <= 8, held
+
+
+def _groups_after_each_of_three_low_rank_hooks(rank, world_size):
+    groups = []
+    for _ in range(3):
+        model = torch.nn.Linear(8, 8)
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=1,start_iter=0", scheduler=False)
+        ddp.register_comm_hook(state, hook)
+        ddp(torch.randn(2, 8)).sum().backward()
+        groups.append(len(dist.distributed_c10d._world.pg_map))
+        del model, ddp, state, hook
+        gc.collect()
+    return groups
+
+
+def test_the_group_a_low_rank_hook_made_goes_with_its_reducer():
+    """The group ddp_hook makes (given none) stayed for as long as the process ran, with its
+    connections and gloo's threads: groups after each of three models 2, 3, 4; those of a
+    reducer gone are destroyed by the next ddp_hook: 2, 2, 2."""
+    for groups in run_distributed(_groups_after_each_of_three_low_rank_hooks, 2, timeout=120):
+        assert groups == [2, 2, 2], groups

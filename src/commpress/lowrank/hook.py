@@ -32,7 +32,7 @@ from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer, not_dense, not_real
-from commpress.transport import collective
+from commpress.transport import collective, owned_groups
 
 
 @dataclass
@@ -95,8 +95,9 @@ def ddp_hook(
     ``model`` (the module DDP wraps) names the state of each parameter, which
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
     one of the whole world for the hook's all-reduces (the hook cannot see DDP's group: for
-    a DDP on a subgroup, pass ``group``). A ``group`` given may be the one DDP runs its own
-    collectives on (with ``find_unused_parameters=True``, one right after the last
+    a DDP on a subgroup, pass ``group``), destroyed once the reducer is garbage-collected
+    (:mod:`commpress.transport.owned_groups`). A ``group`` given may be the one DDP runs
+    its own collectives on (with ``find_unused_parameters=True``, one right after the last
     bucket's hook): with any ``group`` given, the scheduler finishes each step's last
     bucket before the hook returns, so that every rank issues DDP's collective after the
     hook's (the default, a group of the hook's own, keeps that bucket's work overlapped
@@ -109,7 +110,8 @@ def ddp_hook(
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
-        reducer.group = dist.new_group(timeout=timeout)
+        reducer.group = owned_groups.new_group(timeout=timeout)
+        owned_groups.release_with(reducer, reducer.group)
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
     state = LowRankHookState(reducer, names, shared_group=group is not None)
     if scheduler:
