@@ -221,6 +221,38 @@ def test_a_peer_that_stops_mid_operation_is_an_error_on_every_rank(prefix):
             assert "multicast" in error, error
 
 
+def _a_subgroup_peer_stops_mid_operation(rank, world_size):
+    """Global rank 2 (rank 1 of the group of global ranks 1 and 2) stops; what rank 1 raised."""
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    multicast.configure(group, rate_bits=10**8)
+    channel = multicast.channel_for(group)
+    if rank == 2:
+        threading.Timer(0.3, channel.engine.network.close).start()
+    inp = _inputs(rank, 4 * SHARD)
+    out = torch.empty(2 * inp.numel())
+    try:
+        cp.all_gather_into_tensor(
+            out, inp, group, codec="none", algorithm="multicast", timeout=timedelta(seconds=3)
+        )
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_a_multicast_timeout_on_a_subgroup_names_the_global_ranks_too(prefix):
+    """The multicast's own timeout named the ranks of a subgroup by their rank in it
+    alone ("on rank 0 ... chunks missing by root {1: 3320}"), where every other error
+    names their global ranks too: rank 1 read as the process launched as rank 1, the one
+    raising it, not the peer (global rank 2) that stopped."""
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        errors = cluster.run(_a_subgroup_peer_stops_mid_operation, timeout=120)
+    error = errors[1]
+    assert error is not None and "multicast all-gather on rank 0, global rank 1" in error, error
+    assert "rank 1 (global rank 2)" in error and "{1:" not in error, error
+
+
 def _mismatches_then_a_match(rank, world_size, check_beside):
     """Rank 2 calls the ring where the others multicast, on the group's first multicast
     call (no channel yet); then a multicast all-gather (the channel set up); then two calls

@@ -32,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.ranks import by_rank
+from commpress.ranks import by_rank, name_ranks, this_rank
 from commpress.spec_options import parse_options
 from commpress.transport import backends
 from commpress.transport.objects import all_gather_objects
@@ -192,7 +192,7 @@ class Channel:
         except (MulticastSetupError, ValueError) as error:
             failure = str(error)
         addresses = all_gather_objects((local, chosen, failure), group, timeout)
-        ranks = dist.get_process_group_ranks(group)
+        ranks = self.global_ranks = dist.get_process_group_ranks(group)
         _raise_failures([f for _, _, f in addresses], ranks)
         self.group_address, channel_number = addresses[0][1]
         shared = [a for a, _, _ in addresses].count(local) > 1
@@ -317,16 +317,17 @@ class _Broadcast:
         posted = self._broadcasts
         limit = timeout or posted._timeout
         if not posted.operation.wait(self._root, limit.total_seconds()):
-            rank = posted._channel.rank
+            channel = posted._channel
+            rank, global_ranks = channel.rank, channel.global_ranks
             what = (
                 "not every peer acknowledged this rank's broadcast"
                 if self._root == rank
-                else f"the broadcast of rank {self._root} did not arrive"
+                else f"the broadcast of {name_ranks([self._root], global_ranks)} did not arrive"
             )
             raise RuntimeError(
-                f"multicast all-gather on rank {rank} timed out: {what} within {limit} (a "
-                "peer stopped, or the network drops every datagram); "
-                + posted._channel.engine.describe(posted.operation)
+                f"multicast all-gather on {this_rank(rank, global_ranks)} timed out: {what} "
+                f"within {limit} (a peer stopped, or the network drops every datagram); "
+                + channel.engine.describe(posted.operation, global_ranks)
             )
 
 

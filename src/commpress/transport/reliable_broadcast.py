@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from commpress.ranks import by_rank, name_ranks
 from commpress.transport import native_receive
 from commpress.transport.datagrams import (
     FRAME_OVERHEAD,
@@ -381,17 +382,22 @@ class Engine:
         thread writes no more to its buffers."""
         self._request(("abandon", operation), wait=True)
 
-    def describe(self, operation: Operation) -> str:
+    def describe(self, operation: Operation, global_ranks: list[int] | None = None) -> str:
         """What is still missing of ``operation`` (for an error message; approximate, read
-        while the thread runs)."""
+        while the thread runs); ranks named as :mod:`commpress.ranks` names them, by their
+        ``global_ranks`` too on a subgroup."""
         running = self._running
         if running is None or running.operation is not operation:
             return f"operation #{operation.id} is not running"
-        missing = {r: i.missing for r, i in running.incoming.items() if i.missing}
+        missing = [None] * self.world_size
+        for root, incoming in running.incoming.items():
+            missing[root] = incoming.missing or None
         unacked = sorted(set(range(self.world_size)) - running.acked - {self.rank})
+        named = name_ranks(unacked, global_ranks) if unacked else "none"
         return (
-            f"operation #{operation.id}: chunks missing by root {missing or 'none'}, "
-            f"peers that have not acknowledged this rank's payload {unacked or 'none'}"
+            f"operation #{operation.id}: chunks missing by root: "
+            f"{by_rank(missing, global_ranks) or 'none'}. "
+            f"Peers that have not acknowledged this rank's payload: {named}"
         )
 
     def close(self) -> None:
