@@ -224,6 +224,32 @@ def test_a_stalled_peer_raises_within_the_timeout_on_every_other_rank(algorithm,
         assert low < elapsed < STALL_SECONDS - 2, (algorithm, op, rank, elapsed, message)
 
 
+def _a_subgroup_peer_stalls_past_the_groups_timeout(rank, world_size, algorithm):
+    """Global rank 2 stalls on the group of global ranks 1 and 2 (timeout 1 s); what the
+    call of global rank 1, given no timeout, raised."""
+    group = dist.new_group([1, 2], timeout=timedelta(seconds=1))
+    if rank != 1:
+        time.sleep(3)
+        return None
+    try:
+        cp.all_reduce(torch.ones(12), group=group, algorithm=algorithm)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)
+    return None
+
+
+@pytest.mark.parametrize("algorithm", ["backend", "alltoall"])
+def test_the_groups_own_timeout_is_a_collective_timeout_error(algorithm):
+    """On the group's timeout gloo told the other transfers of the connection that timed
+    out "Application timeout caused pair closure", which was taken for another failure: a
+    plain RuntimeError ("failed after 1.0 s"), not the CollectiveTimeoutError promised."""
+    results = run_distributed(_a_subgroup_peer_stalls_past_the_groups_timeout, 3, algorithm)
+    kind, message = results[1]
+    assert kind == "CollectiveTimeoutError", message
+    assert "(this is rank 0, global rank 1) timed out after" in message, message
+    assert "(the process group's timeout)" in message, message
+
+
 def _one_rank_dies(rank, world_size):
     inp = torch.randn(1 << 16)
     out = torch.empty(inp.numel() * world_size)

@@ -15,9 +15,10 @@ from commpress.ranks import this_rank
 from commpress.transport import backends
 from commpress.transport.backends import registered
 
-#: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!";
-#: NCCL: "... before timing out").
-_TIMEOUT_WORDS = ("timed out", "timing out")
+#: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!",
+#: and to the other transfers on a connection that timed out "Application timeout caused
+#: pair closure"; NCCL: "... before timing out").
+_TIMEOUT_WORDS = ("timed out", "timing out", "application timeout")
 #: What a call on a group destroyed (torch.distributed.destroy_process_group) says.
 _DESTROYED = "its process group was destroyed (torch.distributed.destroy_process_group)"
 
