@@ -625,6 +625,18 @@ def test_bad_options_name_the_argument(options, message):
         Options(**options)
 
 
+def test_configure_on_a_rank_outside_the_group_sets_nothing():
+    """Called on every rank as the README says, it raised "TypeError: cannot create weak
+    reference to 'int' object" on those that new_group gave NON_GROUP_MEMBER."""
+    import torch.distributed as dist
+
+    outside, configured = dist.GroupMember.NON_GROUP_MEMBER, len(multicast._configured)
+    multicast.configure(outside, rate_bits=10**8)
+    assert len(multicast._configured) == configured
+    with pytest.raises(ValueError, match="loss"):
+        multicast.configure(outside, loss=2.0)
+
+
 def test_pacing_shares_the_receive_link_and_the_uplink():
     gbit = 10**9
     assert Options(rate_bits=gbit).pace_bytes_per_s((0, 4), 8) == pytest.approx(gbit / 2 / 8 * 0.95)

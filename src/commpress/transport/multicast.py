@@ -79,14 +79,22 @@ def options_from_text(text: str) -> Options:
 def configure(group: dist.ProcessGroup | None = None, options: Options | None = None, **kw):
     """Set the multicast options of ``group`` (every rank, the same): an :class:`Options`,
     or its fields as keywords. A channel already set up with other options is closed; the
-    next multicast collective sets up a new one."""
-    group = backends.or_world(group)
+    next multicast collective sets up a new one. On a rank outside ``group`` (``new_group``
+    gave it ``NON_GROUP_MEMBER``) the options are checked, and nothing is set."""
     chosen = dataclasses.replace(options or Options(), **kw)
+    if _outside(group):
+        return
+    group = backends.or_world(group)
     channel = _channels.get(group)
     if channel is not None and channel.options != chosen:
         channel.close()
         del _channels[group]
     _configured[group] = chosen
+
+
+def _outside(group) -> bool:
+    """Whether ``group`` is what ``new_group`` returns on a rank outside the group."""
+    return type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER
 
 
 def set_default_options(options: Options | None) -> None:
