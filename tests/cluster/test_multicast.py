@@ -253,6 +253,42 @@ def test_a_multicast_timeout_on_a_subgroup_names_the_global_ranks_too(prefix):
     assert "rank 1 (global rank 2)" in error and "{1:" not in error, error
 
 
+def _overlapping_subgroups_on_a_fixed_port(rank, world_size):
+    """Global rank 0 sets up two channels, then one with ranks 1 and 2 (its third: PORT + 2);
+    rank 1 then sets up a channel of its own with rank 2 (its second), then another (its
+    third): each channel multicasts, or says why not."""
+    pairs = [dist.new_group([0, 2]), dist.new_group([0, 2])]
+    shared, own = dist.new_group([0, 1, 2]), [dist.new_group([1, 2]), dist.new_group([1, 2])]
+    inp = _inputs(rank, 1000)
+    if rank != 1:
+        for pair in pairs:
+            cp.all_gather_into_tensor(torch.empty(2000), inp, pair, algorithm="multicast")
+    out = torch.empty(3000)
+    cp.all_gather_into_tensor(out, inp, shared, algorithm="multicast", codec="none")
+    gathered = [torch.equal(out, torch.cat([_inputs(r, 1000) for r in range(3)]))]
+    if rank == 0:
+        return gathered
+    for group in own:
+        try:
+            cp.all_gather_into_tensor(torch.empty(2000), inp, group, algorithm="multicast")
+            gathered.append(True)
+        except multicast.MulticastSetupError as error:
+            gathered.append(str(error))
+    return gathered
+
+
+def test_overlapping_subgroups_on_a_fixed_group_never_share_a_port_in_one_process(
+    prefix, monkeypatch
+):
+    """With COMMPRESS_MULTICAST_GROUP each group's rank 0 took PORT + the count of its own
+    channels, so rank 1's second own channel was given the port of the one it shared with
+    rank 0 (PORT + 2): "the multicast group's port ... is already in use"."""
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.41.41:47000")
+    with Emulated(3, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_overlapping_subgroups_on_a_fixed_port, timeout=120)
+    assert results == [[True], [True, True, True], [True, True, True]], results
+
+
 def _mismatches_then_a_match(rank, world_size, check_beside):
     """Rank 2 calls the ring where the others multicast, on the group's first multicast
     call (no channel yet); then a multicast all-gather (the channel set up); then two calls

@@ -1000,7 +1000,7 @@ def test_a_channel_refuses_operation_ids_that_do_not_increase():
         channel.operation_id(6)
 
 
-PEER_ADDRESSES = ("10.1.2.4", None, None)  # rank 1's part of a channel's first exchange
+PEER_ADDRESSES = ("10.1.2.4", None, None, 0)  # rank 1's part of a channel's first exchange
 PEER_SOCKETS = (None, ("10.1.2.4", 1), 1500)  # and of its second: no failure, its port, MTU
 
 
@@ -1140,25 +1140,25 @@ def test_a_failure_of_several_ranks_is_named_once_with_their_global_ranks():
 def test_a_bad_fixed_multicast_group_is_named(monkeypatch, group, message):
     """Port 70000 raised a bare OverflowError from bind on every rank; port 0 failed some
     ranks' sends and left the others waiting for broadcasts that never came."""
-    from commpress.transport.multicast import _choose_group
+    from commpress.transport.multicast import _draw_group
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", group)
     with pytest.raises(ValueError, match=f"COMMPRESS_MULTICAST_GROUP.*{message}"):
-        _choose_group(0)
+        _draw_group()
 
 
 def test_a_fixed_multicast_group_gives_each_channel_of_a_process_its_own_port(monkeypatch):
-    """The process's n-th channel takes PORT + n; one that would pass 65535 is refused."""
-    from commpress.transport.multicast import _choose_group
+    """The n-th channel takes PORT + n; one that would pass 65535 is refused."""
+    from commpress.transport.multicast import _draw_group, _placed
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:47000")
-    assert [_choose_group(n)[0] for n in range(2)] == [
+    assert [_placed(_draw_group(), n)[0] for n in range(2)] == [
         ("239.255.3.3", 47000),
         ("239.255.3.3", 47001),
     ]
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:65535")
     with pytest.raises(ValueError, match="would use port 65536"):
-        _choose_group(1)
+        _placed(_draw_group(), 1)
 
 
 @pytest.mark.parametrize("fixed", [None, "239.255.3.3:47000"])
@@ -1168,7 +1168,7 @@ def test_channel_numbers_are_drawn_whatever_the_processes_seeds(monkeypatch, fix
     those seeds. With a seeded draw these twenty would all be the same number."""
     import torch
 
-    from commpress.transport.multicast import CHANNELS, _choose_group
+    from commpress.transport.multicast import CHANNELS, _draw_group
 
     if fixed is None:
         monkeypatch.delenv("COMMPRESS_MULTICAST_GROUP", raising=False)
@@ -1179,7 +1179,7 @@ def test_channel_numbers_are_drawn_whatever_the_processes_seeds(monkeypatch, fix
         for _ in range(20):
             random.seed(0)
             torch.manual_seed(0)
-            channels.append(_choose_group(0)[1])
+            channels.append(_draw_group()[1])
     finally:
         random.setstate(python_state)
         torch.set_rng_state(torch_state)

@@ -14,9 +14,10 @@ process, such as those FSDP and DDP make for commpress), else from the environme
 ``rate=1gbit,roots=2,loss=0.01,seed=0,racks=2,uplink=500mbit,retry=0.02,ttl=1,burst=0.01`` (any
 subset; ``ttl`` above 1 for multicast routed between subnets).
 The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
-``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT`` (the process's
-n-th channel uses PORT + n), else random in 239.255.0.0/16 (administratively scoped: it does
-not leave the site). Ranks agree on the smallest MTU of their interfaces.
+``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT`` (a group's
+channel uses PORT + n, n past every channel that any of its ranks has), else random in
+239.255.0.0/16 (administratively scoped: it does not leave the site). Ranks agree on the
+smallest MTU of their interfaces.
 """
 
 from __future__ import annotations
@@ -190,20 +191,25 @@ class Channel:
                 f"multicast numbers ranks in 16 bits: a group of {self.world_size} is too large"
             )
         self._last_operation: int | None = None
-        index, _created = _created, _created + 1  # the same on every rank: set up collectively
-        local, chosen = None, None
+        local, drawn = None, None
         failure = problem
         try:
             if problem is None:
                 local = _local_address()
-                chosen = _choose_group(index) if self.rank == 0 else None
+                drawn = _draw_group() if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = str(error)
-        addresses = all_gather_objects((local, chosen, failure), group, timeout)
+        addresses = all_gather_objects((local, drawn, failure, _created), group, timeout)
         ranks = self.global_ranks = dist.get_process_group_ranks(group)
-        _raise_failures([f for _, _, f in addresses], ranks)
-        self.group_address, channel_number = addresses[0][1]
-        shared = [a for a, _, _ in addresses].count(local) > 1
+        _raise_failures([f for _, _, f, _ in addresses], ranks)
+        # past every channel that any rank of the group has: none has two on one port
+        index = max(created for *_, created in addresses)
+        _created = index + 1
+        try:
+            self.group_address, channel_number = _placed(addresses[0][1], index)
+        except ValueError as error:  # the same on every rank
+            raise MulticastSetupError(str(error)) from None
+        shared = [a for a, *_ in addresses].count(local) > 1
         network, failure, cause = None, None, None
         try:
             network = UdpNetwork(
@@ -361,11 +367,11 @@ def _local_address() -> str:
     return route_source(master)
 
 
-def _choose_group(index: int) -> tuple[tuple[str, int], int]:
-    """``((address, port), channel number)``: COMMPRESS_MULTICAST_GROUP's address and its port
-    + ``index`` (the process's ``index``-th channel), else random; the channel number is
-    random either way (two jobs on one fixed group and port, or disjoint subgroups whose
-    rank 0s are at the same index, are told apart by it alone)."""
+def _draw_group() -> tuple[tuple[str, int], int, bool]:
+    """``((address, port), channel number, fixed)``: COMMPRESS_MULTICAST_GROUP's address and
+    port (``fixed``: the port of a group's first channel, :func:`_placed`), else random; the
+    channel number is random either way (two jobs on one fixed group and port, or disjoint
+    subgroups set up at the same index, are told apart by it alone)."""
     chosen = os.environ.get("COMMPRESS_MULTICAST_GROUP")
     rng = random.SystemRandom()
     channel = rng.randrange(1, CHANNELS + 1)
@@ -380,13 +386,23 @@ def _choose_group(index: int) -> tuple[tuple[str, int], int]:
                 f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be a multicast ADDRESS:PORT, "
                 f"PORT in [1, {MAX_PORT}], e.g. 239.255.12.34:45000"
             )
-        if int(port) + index > MAX_PORT:
-            raise ValueError(
-                f"COMMPRESS_MULTICAST_GROUP={chosen!r}: this process's channel {index} would "
-                f"use port {int(port) + index}, above {MAX_PORT}; choose a lower PORT"
-            )
-        return (address, int(port) + index), channel
+        return (address, int(port)), channel, True
     return (
-        f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}",
-        rng.randrange(40000, 60000),
-    ), channel
+        (f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}", rng.randrange(40000, 60000)),
+        channel,
+        False,
+    )
+
+
+def _placed(drawn: tuple[tuple[str, int], int, bool], index: int) -> tuple[tuple[str, int], int]:
+    """``((address, port), channel number)`` of the ``index``-th channel (agreed by the
+    group's ranks) from what :func:`_draw_group` drew: a fixed group's port + ``index``."""
+    (address, port), channel, fixed = drawn
+    if not fixed:
+        return (address, port), channel
+    if port + index > MAX_PORT:
+        raise ValueError(
+            f"COMMPRESS_MULTICAST_GROUP={address}:{port}: channel {index} would use port "
+            f"{port + index}, above {MAX_PORT}; choose a lower PORT"
+        )
+    return (address, port + index), channel
