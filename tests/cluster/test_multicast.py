@@ -245,12 +245,15 @@ def test_a_multicast_timeout_on_a_subgroup_names_the_global_ranks_too(prefix):
     """The multicast's own timeout named the ranks of a subgroup by their rank in it
     alone ("on rank 0 ... chunks missing by root {1: 3320}"), where every other error
     names their global ranks too: rank 1 read as the process launched as rank 1, the one
-    raising it, not the peer (global rank 2) that stopped."""
+    raising it, not the peer (global rank 2) that stopped. So did the stopped rank's own
+    error ("the multicast thread of rank 1 failed", raised by global rank 2)."""
     with Emulated(3, "1gbit", prefix=prefix) as cluster:
         errors = cluster.run(_a_subgroup_peer_stops_mid_operation, timeout=120)
     error = errors[1]
     assert error is not None and "multicast all-gather on rank 0, global rank 1" in error, error
     assert "rank 1 (global rank 2)" in error and "{1:" not in error, error
+    # the rank whose network went away: "the multicast thread of rank 1 failed"
+    assert "multicast" in errors[2] and "of rank 1, global rank 2" in errors[2], errors[2]
 
 
 def _overlapping_subgroups_on_a_fixed_port(rank, world_size):

@@ -1098,7 +1098,7 @@ def test_a_peer_whose_engine_cannot_start_fails_this_rank_at_once(monkeypatch):
     engines = []
 
     class Recorded:
-        def __init__(self, network, channel, options):
+        def __init__(self, network, channel, options, global_ranks):
             self.network, self.closed = network, False
             engines.append(self)
 

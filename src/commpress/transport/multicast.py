@@ -231,7 +231,7 @@ class Channel:
             try:
                 network.connect([address for _, address, _ in reports])
                 network.mtu = min(m for _, _, m in reports)  # every rank cuts payloads alike
-                engine = Engine(network, channel_number, options)
+                engine = Engine(network, channel_number, options, ranks)
             except Exception as error:  # noqa: BLE001 - not a peer waiting at the first operation
                 failure, cause = _described(error), error
             outcomes = all_gather_objects(failure, group, timeout)

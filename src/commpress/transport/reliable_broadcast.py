@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from commpress.ranks import by_rank, name_ranks
+from commpress.ranks import by_rank, name_ranks, this_rank
 from commpress.transport import native_receive
 from commpress.transport.datagrams import (
     FRAME_OVERHEAD,
@@ -341,9 +341,17 @@ class _Running:
 class Engine:
     """The protocol's state and its thread; one per channel (communicator)."""
 
-    def __init__(self, network: Network, channel: int, options: Options):
+    def __init__(
+        self,
+        network: Network,
+        channel: int,
+        options: Options,
+        global_ranks: list[int] | None = None,
+    ):
+        """``global_ranks``: on a subgroup, its ranks' global ranks (errors name them too)."""
         self.network, self.channel, self.options = network, channel, options
         self.rank, self.world_size = network.rank, network.world_size
+        self._this_rank = this_rank(self.rank, global_ranks)
         self.chunk_bytes = chunk_bytes_for(network.mtu)
         self.stats = Stats()
         self._pace = self._burst = 0.0  # the running operation's round's (_start sets them)
@@ -438,9 +446,9 @@ class Engine:
     def _stopped(self) -> BroadcastError:
         if self._failure is not None:
             return BroadcastError(
-                f"the multicast channel of rank {self.rank} has stopped: {self._failure}"
+                f"the multicast channel of {self._this_rank} has stopped: {self._failure}"
             )
-        return BroadcastError(f"the multicast channel of rank {self.rank} is closed")
+        return BroadcastError(f"the multicast channel of {self._this_rank} is closed")
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -459,7 +467,7 @@ class Engine:
                     self._finish_if_done()
         except BaseException as error:  # noqa: BLE001 - handed to every waiting caller
             self._failure = BroadcastError(
-                f"the multicast thread of rank {self.rank} failed: {error!r}"
+                f"the multicast thread of {self._this_rank} failed: {error!r}"
             )
             self._failure.__cause__ = error
         finally:  # nothing waits for an operation this thread will not run
