@@ -250,23 +250,53 @@ def test_a_hook_written_as_torchs_hears_of_a_failed_all_reduce():
 
 
 def _hooked_again(rank, world_size):
-    """A model wrapped and hooked in turn (a notebook cell run again, a sweep)."""
+    """A model wrapped and hooked in turn (a notebook cell run again, a sweep), each gone
+    before the next; then two hooks alive at once, then a hook after one whose group was
+    destroyed, and after one whose group failed on rank 1 alone."""
+    import gc
+
+    from commpress.transport import owned_groups
+
     groups, opened = [], []
     for spec in ("int8", "none@native", "int8", "none@native"):
-        model = small_model()
-        ddp, state = wrap(model, spec)
+        ddp, state = wrap(small_model(), spec)
         groups.append(state.group)
         sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
         opened.append(len(os.listdir("/proc/self/fd")))
-    compressed, native = groups[0::2], groups[1::2]
-    reused = compressed[0] is compressed[1] and native[0] is native[1]
-    return reused, compressed[0] is not native[0], opened
+        del ddp, state
+        gc.collect()
+    first, first_state = wrap(small_model(), "int8")
+    second, second_state = wrap(small_model(), "int8")
+    alive_apart = first_state.group is not second_state.group
+    destroyed = second_state.group
+    torch.distributed.destroy_process_group(destroyed)
+    del first, first_state, second, second_state
+    gc.collect()
+    ddp, state = wrap(small_model(), "int8")
+    after_destroyed = state.group is not destroyed
+    sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    failed = state.group
+    if rank == 1:
+        owned_groups.mark_failed(failed)
+    del ddp, state
+    gc.collect()
+    ddp, state = wrap(small_model(), "int8")
+    after_failed = state.group is not failed
+    sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    reused = all(group is groups[0] for group in groups)
+    return reused, opened, alive_apart, after_destroyed, after_failed
 
 
-def test_hooking_model_after_model_reuses_the_hooks_group():
+def test_hooking_model_after_model_takes_over_the_group_of_a_hook_gone():
     """Each hook made a process group, never freed: 5 file descriptors and 3 threads more
-    per call on gloo. Compressed hooks share one (their collectives run on the
-    communication thread, in issue order), native ones another (on the training thread)."""
-    for reused, apart, opened in run_distributed(_hooked_again, 2, timeout=120):
-        assert reused and apart
+    per call on gloo. A hook now takes over the group of one garbage-collected on every
+    rank, never one of a hook alive, nor one destroyed, nor one whose collective failed on
+    any rank (a choice that differed between ranks would call new_group on some alone)."""
+    for reused, opened, alive_apart, after_destroyed, after_failed in run_distributed(
+        _hooked_again, 2, timeout=120
+    ):
+        assert reused, "a hook gone left its group to no one"
         assert opened[1] == opened[-1], opened
+        assert alive_apart, "two live hooks shared a group"
+        assert after_destroyed, "a destroyed group was handed to the next hook"
+        assert after_failed, "a group that failed on rank 1 was handed to the next hook"

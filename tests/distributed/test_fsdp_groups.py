@@ -306,6 +306,8 @@ def test_compress_gives_up_on_a_peer_that_never_calls_it_within_its_timeout(tmp_
 
 def _compressed_again(rank, world_size):
     """Each model compressed in turn (a notebook cell run again, a sweep), trained a step."""
+    import gc
+
     twins, opened = [], []
     for _ in range(3):
         model = _model(prefetch=False)
@@ -313,12 +315,19 @@ def _compressed_again(rank, world_size):
         twins.append(compression.groups.twin(dist.group.WORLD))
         _train(model, rank)
         opened.append(len(os.listdir("/proc/self/fd")))
-    return all(twin is twins[0] for twin in twins), opened
+        del model, compression
+        gc.collect()
+    alive = _model(prefetch=False)
+    alive_twin = cp.fsdp.compress(alive).groups.twin(dist.group.WORLD)
+    other_twin = cp.fsdp.compress(_model(prefetch=False)).groups.twin(dist.group.WORLD)
+    return all(twin is twins[0] for twin in twins), opened, alive_twin is not other_twin
 
 
 def test_compressing_model_after_model_reuses_the_twin_groups():
     """Each compress made new twins, never freed: 5 file descriptors and 3 threads more per
-    call on gloo, for as long as the process lived, until it ran out of descriptors."""
-    for reused, opened in run_distributed(_compressed_again, 2, timeout=120):
+    call on gloo, for as long as the process lived, until it ran out of descriptors. The
+    twins of a model gone are taken over; a live model's are its own."""
+    for reused, opened, alive_apart in run_distributed(_compressed_again, 2, timeout=120):
         assert reused
         assert opened[0] == opened[-1], opened
+        assert alive_apart, "two live models shared twins"

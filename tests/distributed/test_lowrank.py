@@ -196,6 +196,8 @@ def _a_part_fails_part_way(rank, world_size, scheduler):
     with pytest.raises(RuntimeError) as caught:
         step()
     assert isinstance(caught.value.__cause__, ArithmeticError)
+    with pytest.raises(RuntimeError, match="failed part-way"):  # half a step's buffers
+        reducer.state_dict()
     return str(caught.value)
 
 
@@ -203,7 +205,8 @@ def _a_part_fails_part_way(rank, world_size, scheduler):
 def test_the_step_after_a_part_failed_part_way_is_refused_saying_why(scheduler):
     """A part that failed after it was planned left the step half done: serially, the next
     step was refused as 'keys ... already reduced this step (call finish_step ...)'; with
-    the scheduler every later bucket raised the first error again, as if it were its own."""
+    the scheduler every later bucket raised the first error again, as if it were its own.
+    A checkpoint of it, half a step's buffers, is refused too."""
     for message in run_distributed(_a_part_fails_part_way, 2, scheduler, timeout=120):
         assert message.startswith(
             "low-rank step 1 failed part-way (ArithmeticError: compression broke)"
@@ -937,9 +940,25 @@ def _groups_after_each_of_three_low_rank_hooks(rank, world_size):
     return groups
 
 
-def test_the_group_a_low_rank_hook_made_goes_with_its_reducer():
+def test_the_group_a_low_rank_hook_made_is_taken_over_once_its_reducer_is_gone():
     """The group ddp_hook makes (given none) stayed for as long as the process ran, with its
-    connections and gloo's threads: groups after each of three models 2, 3, 4; those of a
-    reducer gone are destroyed by the next ddp_hook: 2, 2, 2."""
+    connections and gloo's threads: groups after each of three models 2, 3, 4; the group
+    of a reducer gone is taken over by the next ddp_hook: 2, 2, 2."""
     for groups in run_distributed(_groups_after_each_of_three_low_rank_hooks, 2, timeout=120):
         assert groups == [2, 2, 2], groups
+
+
+def _hooked_with_timeouts(rank, world_size):
+    try:
+        cp.lowrank.ddp_hook("powersgd:rank=1", timeout=timedelta(seconds=5 + rank))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_ranks_that_ask_for_other_groups_all_raise_saying_so():
+    """Another timeout on one rank (part of the group asked for): every rank raises, where
+    a choice made by each rank alone would have one call new_group while the other takes a
+    group over (a hang until the store's timeout)."""
+    for message in run_distributed(_hooked_with_timeouts, 2, timeout=60):
+        assert message is not None and "asked for other process groups" in message, message

@@ -248,7 +248,7 @@ def test_calls_of_ever_new_sizes_keep_a_bounded_number_of_choices(monkeypatch):
     """Every size a job calls with kept a choice for good (about 1 kB each): a job whose
     calls vary in size (the last partial bucket, variable-length batches) grew it for as
     long as it ran. The least recently used go; one in use stays."""
-    monkeypatch.setattr(tuner, "KEPT_CHOICES", 8)
+    monkeypatch.setattr(tuner, "KEPT_MODEL_CHOICES", 8)
     kept = tuner.choose("all_gather", 4096, torch.float32, 4, "int8")
     for numel in range(1, 40):
         tuner.choose("all_gather", numel, torch.float32, 4, "int8")

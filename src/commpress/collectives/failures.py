@@ -12,13 +12,14 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from commpress.ranks import this_rank
-from commpress.transport import backends
+from commpress.transport import backends, owned_groups
 from commpress.transport.backends import registered
 
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!",
 #: and to the other transfers on a connection that timed out "Application timeout caused
 #: pair closure"; NCCL: "... before timing out").
-_TIMEOUT_WORDS = ("timed out", "timing out", "application timeout")
+_CLOSED_BY_A_TIMEOUT = "application timeout"
+_TIMEOUT_WORDS = ("timed out", "timing out", _CLOSED_BY_A_TIMEOUT)
 #: What a call on a group destroyed (torch.distributed.destroy_process_group) says.
 _DESTROYED = "its process group was destroyed (torch.distributed.destroy_process_group)"
 
@@ -81,13 +82,19 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
         timed_out = _timed_out(error)
         if type(error) is not RuntimeError and not timed_out:
             raise
+        owned_groups.mark_failed(group)  # the backend's own error: a peer stalled or died
         if not timed_out:
             raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
         limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"
+        what = f"timed out after {seconds:.1f} s ({limit})"
+        if _CLOSED_BY_A_TIMEOUT in str(error).lower():  # maybe an earlier call's, at once
+            what = (
+                f"failed after {seconds:.1f} s: a connection of its group was closed by a "
+                f"timeout, this call's ({limit}) or an earlier call's on the group"
+            )
         message = (
-            f"commpress {call} timed out after {seconds:.1f} s ({limit}): a peer stalled or "
-            "died; the group is not to be used again, as after any failed torch.distributed "
-            f"collective. The backend said: {error}"
+            f"commpress {call} {what}: a peer stalled or died; the group is not to be used "
+            f"again, as after any failed torch.distributed collective. The backend said: {error}"
         )
         if type(error) is not RuntimeError:
             getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on

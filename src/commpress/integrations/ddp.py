@@ -16,7 +16,7 @@ from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import for_ddp
-from commpress.integrations.groups import reused_group
+from commpress.integrations.groups import own_groups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
@@ -43,18 +43,20 @@ def hook(
 
     ``codec``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``, ``"int4@alltoall"``,
     ``"none@native"`` for torch's own all-reduce). Gradients are averaged over the
-    group. Call it on every rank: without ``group`` it creates one of the whole world (a
-    collective call; later hooks reuse it) so that commpress's traffic never interleaves
-    with DDP's own. For a
+    group. Call it on every rank: without ``group`` it makes one of the whole world (a
+    collective call), this hook's alone, so that commpress's traffic never interleaves
+    with DDP's own nor with another hook's; once ``state`` is garbage-collected, a later
+    hook takes it over (:mod:`commpress.transport.owned_groups`). For a
     DDP on a subgroup (``process_group=pg``), pass a group of ``pg``'s ranks made for the
     hook (not ``pg`` itself): the hook cannot read DDP's group.
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     check_timeout(timeout)
     check_group(group, member=True)
-    if group is None:  # native all-reduces run on the training thread, the others not
-        group = reused_group("ddp native hook" if spec.algorithm == "native" else "ddp hook")
-    return HookState(spec, group, timeout), compressed_allreduce_hook
+    state = HookState(spec, group, timeout)
+    if group is None:
+        (state.group,) = own_groups(state, [("ddp hook", None, None, None)], timeout, "ddp.hook")
+    return state, compressed_allreduce_hook
 
 
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from commpress.collectives.failures import named_as
 from commpress.ranks import this_rank
+from commpress.transport import owned_groups
 from commpress.transport.objects import all_gather_objects
 
 
@@ -24,6 +25,14 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None) -> list:
     this = this_rank(dist.get_rank(), None)
     with named_as(f"fsdp.compress on {dist.get_world_size()} ranks (this is {this})", timeout):
         return all_gather_objects(mine, None, timeout)
+
+
+def own_groups(owner: object, requests: list, timeout: timedelta | None, caller: str) -> list:
+    """:func:`commpress.transport.owned_groups.groups_for`, a peer that does not join within
+    ``timeout`` named as ``caller``'s."""
+    this = this_rank(dist.get_rank(), None)
+    with named_as(f"{caller} on {dist.get_world_size()} ranks (this is {this})", timeout):
+        return owned_groups.groups_for(owner, requests, timeout)
 
 
 class OwnGroups:
@@ -38,11 +47,13 @@ class OwnGroups:
         mine = {(tuple(dist.get_process_group_ranks(g)), dist.get_backend(g)) for g in groups}
         published = exchange_with_every_rank(sorted(mine), timeout)
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
-        self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {}
-        for ranks, backend in everyone:
-            twin = reused_group("fsdp twin", ranks, backend, timeout)
-            if dist.get_rank() in ranks:
-                self._twins[ranks, backend] = twin
+        requests = [("fsdp twin", ranks, backend, timeout) for ranks, backend in everyone]
+        twins = own_groups(self, requests, timeout, "fsdp.compress")
+        self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {
+            (ranks, backend): twin
+            for (ranks, backend), twin in zip(everyone, twins, strict=True)
+            if dist.get_rank() in ranks
+        }
 
     def own(self, group: dist.ProcessGroup, algorithm: str) -> dist.ProcessGroup:
         """commpress's twin of FSDP's ``group``; ``native`` keeps FSDP's own group, since
@@ -62,29 +73,3 @@ class OwnGroups:
                 "fully_shard and do not change the device mesh afterwards"
             )
         return twin
-
-
-#: The groups made so far in this process, and the world they belong to: a model compressed
-#: or hooked after another (a notebook cell run again, a sweep) reuses them rather than
-#: leaving a process group behind per call. Every rank makes them alike, so every rank
-#: reuses the same ones and calls ``new_group`` for the same others.
-_made: dict[tuple, dist.ProcessGroup] = {}
-_made_in: list[dist.ProcessGroup | None] = [None]
-
-
-def reused_group(
-    purpose: str,
-    ranks: tuple[int, ...] | None = None,
-    backend: str | None = None,
-    timeout: timedelta | None = None,
-) -> dist.ProcessGroup:
-    """A group of ``ranks`` (None: the world) for ``purpose``: one made before for it in this
-    world, or a new one (a collective call). Groups of different purposes stay apart."""
-    if _made_in[0] is not dist.group.WORLD:  # a world made again: its groups are new
-        _made.clear()
-        _made_in[0] = dist.group.WORLD
-    key = (purpose, ranks, backend, timeout)
-    if key not in _made:
-        members = None if ranks is None else list(ranks)
-        _made[key] = dist.new_group(members, timeout=timeout, backend=backend)
-    return _made[key]

@@ -30,9 +30,10 @@ import torch.distributed as dist
 
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
+from commpress.integrations.groups import own_groups
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer, not_dense, not_real
-from commpress.transport import collective, owned_groups
+from commpress.transport import collective
 
 
 @dataclass
@@ -95,7 +96,8 @@ def ddp_hook(
     ``model`` (the module DDP wraps) names the state of each parameter, which
     ``state.state_dict()`` needs. Call on every rank: without ``group`` it creates
     one of the whole world for the hook's all-reduces (the hook cannot see DDP's group: for
-    a DDP on a subgroup, pass ``group``), destroyed once the reducer is garbage-collected
+    a DDP on a subgroup, pass ``group``), the hook's alone until its reducer is
+    garbage-collected, then taken over by a later hook
     (:mod:`commpress.transport.owned_groups`). A ``group`` given may be the one DDP runs
     its own collectives on (with ``find_unused_parameters=True``, one right after the last
     bucket's hook): with any ``group`` given, the scheduler finishes each step's last
@@ -110,8 +112,8 @@ def ddp_hook(
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
-        reducer.group = owned_groups.new_group(timeout=timeout)
-        owned_groups.release_with(reducer, reducer.group)
+        request = ("low-rank hook", None, None, timeout)
+        (reducer.group,) = own_groups(reducer, [request], timeout, "lowrank.ddp_hook")
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
     state = LowRankHookState(reducer, names, shared_group=group is not None)
     if scheduler:

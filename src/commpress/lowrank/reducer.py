@@ -25,7 +25,7 @@ from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
 from commpress.schedules import wire_bytes
-from commpress.transport import collective, p2p
+from commpress.transport import collective, owned_groups, p2p
 
 STAGES = ("compress", "communicate", "reconstruct")
 FP32 = torch.float32
@@ -139,6 +139,7 @@ class Reducer:
         except BaseException as error:
             if self._failure is None:
                 self._failure = (self.step, error)
+                owned_groups.mark_failed(self.group)
             raise
 
     def _check_not_failed(self) -> None:
@@ -295,6 +296,7 @@ class Reducer:
     # -- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        self._check_not_failed()  # its buffers are half a step's: no checkpoint to resume from
         if any(not isinstance(key, str) for key in self.states):
             raise TypeError("state_dict needs string keys (parameter names) for every gradient")
         return {

@@ -11,7 +11,7 @@ each partial sum at every hop, so int8 errs about 1.9 times one encode's on 8 ra
 ``none`` always qualifies, and ``auto:max_rel_err=E,codecs=int8+int4`` restricts the
 codecs. Every rank
 computes the same choice from the same settings. Choices are cached per (op, elements, dtype, ranks,
-backend, request, network), the :data:`KEPT_CHOICES` most recently used, and each is logged
+backend, request, network), the :data:`KEPT_MODEL_CHOICES` most recently used, and each is logged
 when it is made (logger ``commpress.tuner``, level INFO).
 Every rank must be given the same settings: a rank that chose differently would run a
 different collective, and where one of them is ``native`` (which has no argument check)
@@ -124,7 +124,7 @@ _network: Network | None = None
 _configured: Network | None = None  # what configure() set, by value
 #: How many calls' choices are kept; past that the least recently used is dropped (and
 #: timed again if asked for): calls of ever new sizes would otherwise grow it for good.
-KEPT_CHOICES = 4096
+KEPT_MODEL_CHOICES = 4096
 _choices: collections.OrderedDict = collections.OrderedDict()
 _warned: set = set()
 _errors: dict[str, float] = {}
@@ -279,7 +279,7 @@ def _recalled(key) -> Choice | None:
 def _remember(key, choice: Choice) -> None:
     with _lock:
         _choices[key] = choice
-        while len(_choices) > KEPT_CHOICES:
+        while len(_choices) > KEPT_MODEL_CHOICES:
             _choices.popitem(last=False)
 
 

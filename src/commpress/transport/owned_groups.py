@@ -1,43 +1,88 @@
-"""Process groups commpress makes for one object of its own (a low-rank DDP hook's
-reducer, whose worker thread must not share its group with another hook's), destroyed
-once that object is gone. (The groups of ``cp.fsdp.compress`` and ``cp.ddp.hook`` are
-shared by every model instead: :mod:`commpress.integrations.groups`.)
+"""Process groups commpress makes for an object of its own: the twins of
+``cp.fsdp.compress``, the group of ``cp.ddp.hook`` and of ``cp.lowrank.ddp_hook`` (given
+none).
 
-torch keeps every group until ``destroy_process_group``: each one a hook made held its
-connections and the backend's threads for as long as the process ran, however many
-models came and went (``commpress train``'s runs, a sweep in one process). A group's
-owner, once garbage-collected, leaves it to be destroyed by the next :func:`new_group` on
-this rank: never from the collector itself, which may run on any thread in the middle of
-anything.
+torch keeps every group until ``destroy_process_group``, each with its connections and the
+backend's threads, so a group made per wrapped model stayed for as long as the process ran
+(``commpress train``'s runs, a sweep, a notebook cell run again). Here a group belongs to
+its owner alone while the owner lives (two live models never share one: their collectives
+would interleave on it), and once the owner is gone it is free for the next request of the
+same purpose, ranks, backend and timeout: a process keeps as many groups as it has live
+wrappers. A group is never destroyed (ranks collect their garbage at different times, and
+destroying an NCCL communicator can be a collective call).
+
+Whether to reuse is agreed, since ``new_group`` must be called by every rank alike: every
+rank offers the free groups it has for each request, and one is reused only where every
+rank offers it; a group destroyed, or one on which a collective failed
+(:func:`mark_failed`), is never offered, so the next owner gets a new group. Requests that
+differ between ranks (another timeout, say) raise on every rank, naming them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
+from datetime import timedelta
 
 import torch.distributed as dist
 
 from commpress.transport.backends import registered
+from commpress.transport.objects import all_gather_objects
 
-#: Groups whose owners were garbage-collected, not destroyed yet.
-_released: list[dist.ProcessGroup] = []
-
-
-def new_group(**kwargs) -> dist.ProcessGroup:
-    """``dist.new_group(**kwargs)`` (a collective call: every rank), after destroying the
-    groups released so far on this rank."""
-    destroy_released()
-    return dist.new_group(**kwargs)
+#: What a group is for, its ranks in the world (None: all), backend and timeout as
+#: ``new_group`` takes them.
+Request = tuple[str, "tuple[int, ...] | None", "str | None", "timedelta | None"]
 
 
-def release_with(owner: object, *groups: dist.ProcessGroup) -> None:
-    """Release ``groups`` once ``owner`` is garbage-collected."""
-    weakref.finalize(owner, _released.extend, groups).atexit = False
+@dataclasses.dataclass
+class _Made:
+    group: object  # a ProcessGroup, or GroupMember.NON_GROUP_MEMBER on a rank outside it
+    owner: weakref.ref | None = None
+
+    def offered(self) -> bool:
+        if self.owner is not None and self.owner() is not None:
+            return False
+        if self.group is dist.GroupMember.NON_GROUP_MEMBER:
+            return True
+        return registered(self.group) and self.group not in _failed
 
 
-def destroy_released() -> None:
-    """Destroy the groups released so far (those torch still has)."""
-    while _released:
-        group = _released.pop()
-        if registered(group):
-            dist.destroy_process_group(group)
+_made: dict[Request, list[_Made]] = {}
+_made_in: list[object] = [None]  # the world they were made in
+_failed: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_failed(group: dist.ProcessGroup | None) -> None:
+    """A collective on ``group`` failed: it is never handed to another owner."""
+    if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
+        _failed.add(group)
+
+
+def groups_for(owner: object, requests: list[Request], timeout: timedelta | None) -> list:
+    """A group for each of ``requests``, ``owner``'s alone until it is garbage-collected:
+    one that a former owner left on every rank, or a new one. A collective call: every rank
+    of the world makes the same requests (``timeout`` bounds the wait for them)."""
+    if _made_in[0] is not dist.group.WORLD:  # a world made again: its groups are new
+        _made.clear()
+        _made_in[0] = dist.group.WORLD
+    offers = [[i for i, made in enumerate(_made.get(r, [])) if made.offered()] for r in requests]
+    everyone = all_gather_objects((requests, offers), None, timeout)
+    differing = [rank for rank, (theirs, _) in enumerate(everyone) if theirs != requests]
+    if differing:
+        raise ValueError(
+            f"ranks {differing} asked for other process groups than rank {dist.get_rank()} "
+            f"({everyone[differing[0]][0]} against {requests}): every rank must pass the same "
+            "arguments (timeout included)"
+        )
+    groups = []
+    for index, request in enumerate(requests):
+        common = set.intersection(*(set(offered[index]) for _, offered in everyone))
+        made = _made.setdefault(request, [])
+        if not common:
+            _, ranks, backend, group_timeout = request
+            members = None if ranks is None else list(ranks)
+            made.append(_Made(dist.new_group(members, timeout=group_timeout, backend=backend)))
+        entry = made[min(common)] if common else made[-1]
+        entry.owner = weakref.ref(owner)
+        groups.append(entry.group)
+    return groups

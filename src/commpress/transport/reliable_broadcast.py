@@ -96,7 +96,7 @@ LINGER_S = 0.2
 LINGER_RETRIES = 10
 #: but never longer than this after the close: with ``retry_s`` above a tenth of it, fewer
 #: retries are covered, so that a close's blocking stays bounded.
-MAX_LINGER_S = 30.0
+MAX_LINGER_S = 5.0
 
 
 def newer(a: int, b: int) -> bool:
