@@ -64,6 +64,27 @@ def test_error_within_documented_bound(spec, x):
     assert torch.all(error <= bound), f"worst excess {(error - bound).max().item():.3e}"
 
 
+#: Half an ulp of a 16-bit type, relative and (half its smallest subnormal) absolute.
+HALF_ULP = {torch.bfloat16: (2.0**-8, 2.0**-134), torch.float16: (2.0**-11, 2.0**-25)}
+
+
+@pytest.mark.parametrize("spec", LOSSY_SPECS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_to_a_16_bit_type_errs_by_the_bound_plus_one_rounding(spec, dtype):
+    """README: ``error_bound`` is the fp32 decode's; the decode to the input's own 16-bit
+    type that a collective makes rounds once more, by half an ulp of the decoded value
+    (int8 on bf16 data: about 1.2 times ``error_bound`` alone)."""
+    codec = cp.get_codec(spec)
+    generator = torch.Generator().manual_seed(5)
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    subnormals = torch.randint(-250, 250, (2000,), generator=generator).double() * tiny
+    x = torch.cat([torch.randn(2000, generator=generator).double(), subnormals]).to(dtype)
+    decoded = codec.decode(codec.encode(x), x.numel(), dtype).float()
+    relative, absolute = HALF_ULP[dtype]
+    bound = codec.error_bound(x) + decoded.abs() * relative + absolute
+    assert torch.all((decoded - x.float()).abs() <= bound)
+
+
 @pytest.mark.parametrize("spec", LOSSY_SPECS)
 @settings(max_examples=20, deadline=None)
 @given(x=tensors(), out_dtype=st.sampled_from(FLOATS))
