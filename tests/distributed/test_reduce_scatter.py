@@ -232,6 +232,35 @@ def test_nan_propagates_through_reduce_scatter_and_all_reduce():
             assert torch.isnan(results[rank][algorithm][1][400 + 17]), (algorithm, rank)
 
 
+def _fp16_average_whose_sum_overflows(rank, world_size):
+    results = {}
+    for algorithm in ("native", *COMPRESSED):
+        for codec in ("none", "fp16", "int8"):
+            out = torch.empty(300, dtype=torch.float16)
+            inp = torch.full((300 * world_size,), 60000.0, dtype=torch.float16)
+            reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG, codec=codec, algorithm=algorithm)
+            reduced = inp.clone()
+            all_reduce(reduced, op=dist.ReduceOp.AVG, codec=codec, algorithm=algorithm)
+            results[algorithm, codec] = (out, reduced)
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_fp16_average_whose_sum_overflows_fp16_is_finite_unless_partial_sums_travel_in_fp16(
+    world_size,
+):
+    """README: torch's gloo sums fp16 in fp16 (Inf); the compressed paths sum in fp32 and
+    give the average, but for a ring with fp16 partial sums on the wire (3 ranks or more)."""
+    for results in run_distributed(_fp16_average_whose_sum_overflows, world_size):
+        for (algorithm, codec), reduced in results.items():
+            in_fp16 = algorithm == "native" or (
+                world_size > 2 and algorithm != "alltoall" and codec in ("none", "fp16")
+            )
+            expected = torch.inf if in_fp16 else 60000.0
+            for tensor in reduced:
+                assert (tensor == expected).all(), (algorithm, codec, tensor[0].item())
+
+
 def _error_feedback(rank, world_size, algorithm):
     numel = 3 * 1000
     generator = torch.Generator().manual_seed(rank)
