@@ -317,6 +317,24 @@ def test_a_non_finite_block_decodes_to_one_nan_and_encodes_again_to_its_payload(
     assert torch.equal(decoded[3 * block :], x[3 * block :])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "zfp:rate=16"])
+def test_a_non_finite_block_decodes_to_a_16_bit_type_as_torch_casts_the_canonical_nan(spec, dtype):
+    """README: the NaN of a 16-bit collective's output is torch's cast of 0x7fc00000 (bf16:
+    0xffff, not 0x7fc0, on a vectorised CPU), and its block, decoded so and encoded again
+    (``ring-hop``, which refuses codecs that are not idempotent), gives the same payload."""
+    codec = cp.get_codec(spec)
+    for numel in (1, 7, 300):
+        x = torch.ones(numel, dtype=dtype)
+        x[numel // 2] = float("inf")
+        payload = codec.encode(x)
+        decoded = codec.decode(payload, numel, dtype)
+        cast = torch.full((numel,), float("nan")).to(dtype).view(torch.int16)
+        nans = decoded.isnan()
+        assert nans[numel // 2] and (decoded.view(torch.int16)[nans] == cast[nans]).all()
+        assert not codec.idempotent or torch.equal(codec.encode(decoded), payload)
+
+
 def test_bf16_on_fp16_keeps_finite_values_finite():
     """65504 and 65408 round to bf16's 65536, which is Inf in fp16; the decode into fp16
     is still the fp32 decode cast, as for every codec."""
