@@ -261,6 +261,27 @@ def test_an_fp16_average_whose_sum_overflows_fp16_is_finite_unless_partial_sums_
                 assert (tensor == expected).all(), (algorithm, codec, tensor[0].item())
 
 
+def _negative_zeros_reduced(rank, world_size):
+    results = {}
+    for dtype in DTYPES:
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            for algorithm in ("native", *COMPRESSED, "backend"):
+                out = torch.empty(300, dtype=dtype)
+                inp = torch.full((300 * world_size,), -0.0, dtype=dtype)
+                reduce_scatter_tensor(out, inp, op=op, codec="none", algorithm=algorithm)
+                reduced = torch.full((301,), -0.0, dtype=dtype)
+                all_reduce(reduced, op=op, codec="none", algorithm=algorithm)
+                results[dtype, str(op), algorithm] = (out, reduced)
+    return results
+
+
+def test_negative_zeros_reduce_to_negative_zero_through_none_as_through_torch():
+    for results in run_distributed(_negative_zeros_reduced, 3):
+        for key, (out, reduced) in results.items():
+            assert torch.signbit(out).all() and (out == 0).all(), key
+            assert torch.signbit(reduced).all() and (reduced == 0).all(), key
+
+
 def _error_feedback(rank, world_size, algorithm):
     numel = 3 * 1000
     generator = torch.Generator().manual_seed(rank)

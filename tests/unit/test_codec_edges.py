@@ -335,6 +335,20 @@ def test_a_non_finite_block_decodes_to_a_16_bit_type_as_torch_casts_the_canonica
         assert not codec.idempotent or torch.equal(codec.encode(decoded), payload)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "spec, keeps_sign",
+    [("none", True), ("bf16", True), ("fp16", True), ("int8", False), ("int4", False),
+     ("fp8", False), ("zfp:rate=16", False)],
+)  # fmt: skip
+def test_negative_zero_keeps_its_sign_only_through_none_and_the_casts(spec, keeps_sign, dtype):
+    codec = cp.get_codec(spec)
+    x = torch.full((300,), -0.0, dtype=dtype)
+    decoded = codec.decode(codec.encode(x), x.numel(), dtype)
+    assert (decoded == 0).all()
+    assert torch.signbit(decoded).all() if keeps_sign else not torch.signbit(decoded).any()
+
+
 def test_bf16_on_fp16_keeps_finite_values_finite():
     """65504 and 65408 round to bf16's 65536, which is Inf in fp16; the decode into fp16
     is still the fp32 decode cast, as for every codec."""
