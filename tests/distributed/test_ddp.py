@@ -300,3 +300,51 @@ def test_hooking_model_after_model_takes_over_the_group_of_a_hook_gone():
         assert alive_apart, "two live hooks shared a group"
         assert after_destroyed, "a destroyed group was handed to the next hook"
         assert after_failed, "a group that failed on rank 1 was handed to the next hook"
+
+
+def _native_hook_whose_all_reduce_fails(rank, world_size):
+    """Whether a ``none@native`` hook's group is marked failed once its all-reduce fails."""
+    from commpress.integrations import ddp as ddp_integration
+    from commpress.transport import owned_groups
+
+    class _FailedWork:
+        def get_future(self):
+            future = torch.futures.Future()
+            future.set_exception(RuntimeError("Connection closed by peer"))
+            return future
+
+    ddp, state = wrap(small_model(), "none@native")
+    failed = state.group
+    real = ddp_integration.collective.all_reduce
+    ddp_integration.collective.all_reduce = lambda *args: _FailedWork()
+    try:
+        sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    except RuntimeError:
+        pass
+    finally:
+        ddp_integration.collective.all_reduce = real
+    return failed in owned_groups._failed  # DDP keeps the failed step's state alive anyway
+
+
+def test_a_native_hook_whose_all_reduce_failed_leaves_its_group_to_no_one():
+    """torch's own all-reduce of a ``@native`` hook ran outside the collectives' failure
+    naming, so a group it had failed on was not marked, and went to the next hook as if
+    sound once the first was collected."""
+    assert all(run_distributed(_native_hook_whose_all_reduce_fails, 2, timeout=60))
+
+
+def test_a_rank_that_hooks_late_is_waited_for_as_by_new_group():
+    """The hook's agreement on its group is a set-up step, bounded like ``new_group`` by the
+    world's timeout, not by the steps' ``timeout=`` (0.5 s here, via cp.ddp.hook): a rank two
+    seconds late made both raise, and left the world's collectives out of step."""
+    assert all(run_distributed(_hooked_late_with_a_short_timeout, 2, timeout=60))
+
+
+def _hooked_late_with_a_short_timeout(rank, world_size):
+    ddp = DistributedDataParallel(small_model())  # a collective: the ranks meet here
+    if rank == 1:
+        time.sleep(2.0)
+    state, hook = cp.ddp.hook("int8", timeout=timedelta(seconds=0.5))
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    return True

@@ -80,9 +80,10 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
         if not isinstance(error, RuntimeError):
             raise
         timed_out = _timed_out(error)
+        if type(error) is RuntimeError or timed_out or isinstance(error, dist.DistError):
+            owned_groups.mark_failed(group)  # the backend's own error: a peer stalled or died
         if type(error) is not RuntimeError and not timed_out:
             raise
-        owned_groups.mark_failed(group)  # the backend's own error: a peer stalled or died
         if not timed_out:
             raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
         limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"

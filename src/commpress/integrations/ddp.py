@@ -20,7 +20,7 @@ from commpress.integrations.groups import own_groups
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
-from commpress.transport import collective
+from commpress.transport import collective, owned_groups
 
 
 @dataclass
@@ -55,7 +55,7 @@ def hook(
     check_group(group, member=True)
     state = HookState(spec, group, timeout)
     if group is None:
-        (state.group,) = own_groups(state, [("ddp hook", None, None, None)], timeout, "ddp.hook")
+        (state.group,) = own_groups(state, [("ddp hook", None, None, None)], "ddp.hook")
     return state, compressed_allreduce_hook
 
 
@@ -73,7 +73,11 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
         work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)
 
         def averaged(summed: torch.futures.Future) -> torch.Tensor:
-            summed.value()  # re-raises the all-reduce's error
+            try:
+                summed.value()  # re-raises the all-reduce's error
+            except Exception:
+                owned_groups.mark_failed(state.group)
+                raise
             watch.stop()
             return tensor
 

@@ -218,7 +218,7 @@ def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -
     twins' set-up, which would leave the others waiting for a rank that failed alone: one
     given tuner settings of its own, say); this rank raises its own error as it is."""
     mine = None if problem is None else f"{type(problem).__name__}: {problem}"
-    said = exchange_with_every_rank(mine, timeout)
+    said = exchange_with_every_rank(mine, timeout, "fsdp.compress")
     if problem is not None:
         raise problem
     failed = by_rank(said)

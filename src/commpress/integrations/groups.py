@@ -14,25 +14,36 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from commpress.collectives.failures import named_as
+from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
 from commpress.transport import owned_groups
 from commpress.transport.objects import all_gather_objects
 
 
-def exchange_with_every_rank(mine: object, timeout: timedelta | None) -> list:
-    """Every rank's ``mine``, exchanged by ``cp.fsdp.compress`` before it sets anything up:
-    a peer that does not call it within ``timeout`` makes it raise, naming it."""
+def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: str) -> list:
+    """Every rank's ``mine``, exchanged over the world by ``caller`` before it sets anything
+    up, after the compressed collectives given before it (on one rank it could otherwise
+    reach the backend before one of them, on another after); a peer that does not call it
+    within ``timeout`` (None: the world's) makes it raise, naming ``caller``."""
     this = this_rank(dist.get_rank(), None)
-    with named_as(f"fsdp.compress on {dist.get_world_size()} ranks (this is {this})", timeout):
-        return all_gather_objects(mine, None, timeout)
+    exchanged = []
 
+    def exchange() -> None:
+        exchanged.extend(all_gather_objects(mine, None, timeout))
 
-def own_groups(owner: object, requests: list, timeout: timedelta | None, caller: str) -> list:
-    """:func:`commpress.transport.owned_groups.groups_for`, a peer that does not join within
-    ``timeout`` named as ``caller``'s."""
-    this = this_rank(dist.get_rank(), None)
     with named_as(f"{caller} on {dist.get_world_size()} ranks (this is {this})", timeout):
-        return owned_groups.groups_for(owner, requests, timeout)
+        in_queue_order(exchange)
+    return exchanged
+
+
+def own_groups(
+    owner: object, requests: list, caller: str, timeout: timedelta | None = None
+) -> list:
+    """:mod:`commpress.transport.owned_groups`' group for each of ``requests``, agreed by
+    one exchange over the world (:func:`exchange_with_every_rank`)."""
+    offers = owned_groups.offers(requests)
+    everyone = exchange_with_every_rank((requests, offers), timeout, caller)
+    return owned_groups.take(owner, requests, everyone)
 
 
 class OwnGroups:
@@ -45,10 +56,10 @@ class OwnGroups:
 
     def __init__(self, groups: list[dist.ProcessGroup], timeout: timedelta | None = None):
         mine = {(tuple(dist.get_process_group_ranks(g)), dist.get_backend(g)) for g in groups}
-        published = exchange_with_every_rank(sorted(mine), timeout)
+        published = exchange_with_every_rank(sorted(mine), timeout, "fsdp.compress")
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
         requests = [("fsdp twin", ranks, backend, timeout) for ranks, backend in everyone]
-        twins = own_groups(self, requests, timeout, "fsdp.compress")
+        twins = own_groups(self, requests, "fsdp.compress", timeout)
         self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {
             (ranks, backend): twin
             for (ranks, backend), twin in zip(everyone, twins, strict=True)

@@ -113,7 +113,7 @@ def ddp_hook(
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
         request = ("low-rank hook", None, None, timeout)
-        (reducer.group,) = own_groups(reducer, [request], timeout, "lowrank.ddp_hook")
+        (reducer.group,) = own_groups(reducer, [request], "lowrank.ddp_hook")
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
     state = LowRankHookState(reducer, names, shared_group=group is not None)
     if scheduler:

@@ -12,10 +12,13 @@ wrappers. A group is never destroyed (ranks collect their garbage at different t
 destroying an NCCL communicator can be a collective call).
 
 Whether to reuse is agreed, since ``new_group`` must be called by every rank alike: every
-rank offers the free groups it has for each request, and one is reused only where every
-rank offers it; a group destroyed, or one on which a collective failed
-(:func:`mark_failed`), is never offered, so the next owner gets a new group. Requests that
-differ between ranks (another timeout, say) raise on every rank, naming them.
+rank offers the free groups it has for each request (:func:`offers`), the offers are
+exchanged (by the caller, in the order of the compressed collectives given before), and a
+group is taken over only where every rank offers it (:func:`take`); a group destroyed, or
+one on which a collective failed (:func:`mark_failed`), is never offered, so the next owner
+gets a new group. Requests that differ between ranks (another timeout, say) raise on every
+rank, naming them. A failed group stays open until the world is made again (destroying it
+could hang where its peers do not do the same at once).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from commpress.transport.backends import registered
-from commpress.transport.objects import all_gather_objects
 
 #: What a group is for, its ranks in the world (None: all), backend and timeout as
 #: ``new_group`` takes them.
@@ -36,15 +38,20 @@ Request = tuple[str, "tuple[int, ...] | None", "str | None", "timedelta | None"]
 
 @dataclasses.dataclass
 class _Made:
-    group: object  # a ProcessGroup, or GroupMember.NON_GROUP_MEMBER on a rank outside it
+    group: object  # a ProcessGroup, NON_GROUP_MEMBER outside it, None once destroyed
     owner: weakref.ref | None = None
 
     def offered(self) -> bool:
+        """Free (its owner gone), and usable; a group found destroyed is let go of here,
+        so that its connections close (the entry keeps its place: every rank's list of a
+        request must stay in step)."""
         if self.owner is not None and self.owner() is not None:
             return False
         if self.group is dist.GroupMember.NON_GROUP_MEMBER:
             return True
-        return registered(self.group) and self.group not in _failed
+        if self.group is not None and not registered(self.group):
+            self.group = None
+        return self.group is not None and self.group not in _failed
 
 
 _made: dict[Request, list[_Made]] = {}
@@ -58,16 +65,24 @@ def mark_failed(group: dist.ProcessGroup | None) -> None:
         _failed.add(group)
 
 
-def groups_for(owner: object, requests: list[Request], timeout: timedelta | None) -> list:
-    """A group for each of ``requests``, ``owner``'s alone until it is garbage-collected:
-    one that a former owner left on every rank, or a new one. A collective call: every rank
-    of the world makes the same requests (``timeout`` bounds the wait for them)."""
+def offers(requests: list[Request]) -> list[tuple[int, list[int]]]:
+    """What this rank offers for each of ``requests``: how many groups it has made for it,
+    and which of them (by position) are free and usable. Every rank's are exchanged before
+    :func:`take`."""
     if _made_in[0] is not dist.group.WORLD:  # a world made again: its groups are new
         _made.clear()
         _made_in[0] = dist.group.WORLD
-    offers = [[i for i, made in enumerate(_made.get(r, [])) if made.offered()] for r in requests]
-    everyone = all_gather_objects((requests, offers), None, timeout)
-    differing = [rank for rank, (theirs, _) in enumerate(everyone) if theirs != requests]
+    made = [_made.get(request, []) for request in requests]
+    return [(len(entries), [i for i, e in enumerate(entries) if e.offered()]) for entries in made]
+
+
+def take(owner: object, requests: list[Request], everyone: list) -> list:
+    """A group for each of ``requests``, ``owner``'s alone until it is garbage-collected: one
+    that every rank offers (``everyone``: every rank's ``(requests, offers(requests))``), or
+    a new one (``new_group``, on every rank alike, since every rank decides from the same
+    ``everyone``). Raises ``ValueError`` on every rank where the ranks' requests differ."""
+    mine = everyone[dist.get_rank()][0]
+    differing = [rank for rank, (theirs, _) in enumerate(everyone) if theirs != mine]
     if differing:
         raise ValueError(
             f"ranks {differing} asked for other process groups than rank {dist.get_rank()} "
@@ -76,8 +91,12 @@ def groups_for(owner: object, requests: list[Request], timeout: timedelta | None
         )
     groups = []
     for index, request in enumerate(requests):
-        common = set.intersection(*(set(offered[index]) for _, offered in everyone))
+        counts = {offered[index][0] for _, offered in everyone}
         made = _made.setdefault(request, [])
+        common = set.intersection(*(set(offered[index][1]) for _, offered in everyone))
+        if len(counts) > 1:  # a new_group failed on some ranks: start this list afresh
+            made.clear()
+            common = set()
         if not common:
             _, ranks, backend, group_timeout = request
             members = None if ranks is None else list(ranks)

@@ -1,0 +1,77 @@
+"""transport.owned_groups' agreement, on every rank's offers written by hand: which group
+each rank takes is decided from what all ranks said, so ranks never part ways."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from commpress.transport import owned_groups
+from commpress.transport.owned_groups import _Made
+
+REQUEST = ("ddp hook", None, None, None)
+
+
+class _Owner:
+    pass
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """This process as rank 0, with an empty record; ``new_group`` gives numbered names."""
+    monkeypatch.setattr(owned_groups, "_made", {})
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    created = []
+
+    def new_group(ranks=None, timeout=None, backend=None):
+        created.append(f"new {len(created)}")
+        return created[-1]
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    return owned_groups._made
+
+
+def test_a_group_every_rank_offers_is_taken_over(made):
+    made[REQUEST] = [_Made("G0"), _Made("G1")]
+    everyone = [([REQUEST], [(2, [0, 1])]), ([REQUEST], [(2, [1])])]
+    assert owned_groups.take(_Owner(), [REQUEST], everyone) == ["G1"]
+
+
+def test_a_group_one_rank_does_not_offer_is_not_taken_over(made):
+    made[REQUEST] = [_Made("G0")]
+    everyone = [([REQUEST], [(1, [0])]), ([REQUEST], [(1, [])])]
+    assert owned_groups.take(_Owner(), [REQUEST], everyone) == ["new 0"]
+    assert [entry.group for entry in made[REQUEST]] == ["G0", "new 0"]
+
+
+def test_lists_out_of_step_between_ranks_start_afresh_on_every_rank(made):
+    """A new_group that failed on one rank left its list one shorter: the same position
+    named different groups on the two ranks (rank 0 would take G0, rank 1 its G1)."""
+    made[REQUEST] = [_Made("G0"), _Made("G1")]
+    everyone = [([REQUEST], [(2, [0, 1])]), ([REQUEST], [(1, [0])])]
+    assert owned_groups.take(_Owner(), [REQUEST], everyone) == ["new 0"]
+    assert [entry.group for entry in made[REQUEST]] == ["new 0"]
+
+
+def test_requests_that_differ_raise_naming_the_ranks(made):
+    other = ("ddp hook", None, None, 5)
+    everyone = [([REQUEST], [(0, [])]), ([other], [(0, [])])]
+    with pytest.raises(ValueError, match=r"ranks \[1\] asked for other process groups"):
+        owned_groups.take(_Owner(), [REQUEST], everyone)
+
+
+def test_a_group_taken_is_its_owners_until_the_owner_is_gone(made, monkeypatch):
+    monkeypatch.setattr(owned_groups, "registered", lambda group: True)
+    owner = _Owner()
+    made[REQUEST] = [_Made("G0")]
+    owned_groups.take(owner, [REQUEST], [([REQUEST], [(1, [0])])])
+    assert not made[REQUEST][0].offered()
+    del owner
+    assert made[REQUEST][0].offered()
+
+
+def test_a_destroyed_group_is_let_go_of_and_never_offered(monkeypatch):
+    monkeypatch.setattr(owned_groups, "registered", lambda group: False)
+    entry = _Made("G0")
+    assert not entry.offered()
+    assert entry.group is None  # its connections may close
