@@ -331,3 +331,39 @@ def test_compressing_model_after_model_reuses_the_twin_groups():
         assert reused
         assert opened[0] == opened[-1], opened
         assert alive_apart, "two live models shared twins"
+
+
+def _where_the_exchange_runs(rank, world_size):
+    import contextlib
+    import threading
+
+    from commpress.integrations import groups
+
+    seen = {}
+    entered = []
+
+    @contextlib.contextmanager
+    def device(index):
+        entered.append(index)
+        yield
+
+    def recorded(mine, group, timeout):
+        seen["thread"] = threading.current_thread().name
+        seen["device"] = entered[-1] if entered else None
+        return [mine] * world_size
+
+    groups.all_gather_objects = recorded
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: 3
+    torch.cuda.device = device
+    groups.exchange_with_every_rank("mine", None, "a test")
+    return seen, threading.current_thread().name
+
+
+def test_the_set_up_exchange_runs_after_queued_work_on_the_callers_gpu():
+    """It ran on the calling thread, where it could reach the backend before a compressed
+    collective given earlier on one rank and after it on another; on the communication
+    thread it must enter the caller's GPU (that thread's own current one is cuda:0)."""
+    (seen, caller), *_ = run_distributed(_where_the_exchange_runs, 1, timeout=60)
+    assert seen["thread"] != caller, seen
+    assert seen["device"] == 3, seen

@@ -6,9 +6,12 @@ import sys
 from datetime import timedelta
 
 import pytest
+import torch
 
 from commpress.collectives import failures
 from commpress.collectives.failures import CollectiveTimeoutError, named_failures
+from commpress.collectives.fingerprint import CollectiveMismatchError
+from commpress.transport import owned_groups
 
 
 class _BackendError(RuntimeError):
@@ -74,3 +77,30 @@ def test_what_is_not_a_backend_error_passes_as_it_is(described, error):
     with pytest.raises(type(error)) as caught, waiting:
         raise error
     assert caught.value is error
+
+
+class _Group:
+    """Stands for a process group (weakly referenced, as owned_groups keeps them)."""
+
+
+@pytest.mark.parametrize(
+    "error, failed",
+    [
+        (RuntimeError("Connection closed by peer"), True),
+        (RuntimeError("Timed out waiting 3000ms for recv operation to complete"), True),
+        # NCCL's own type, a RuntimeError of its own: a peer that died
+        (torch.distributed.DistBackendError("NCCL error: remote process exited"), True),
+        # the group stays in step after a mismatch, and after bad input
+        (CollectiveMismatchError("ranks of a group of 2 called ..."), False),
+        (ValueError("out must be ..."), False),
+    ],
+    ids=["closed", "timed-out", "nccl", "mismatch", "bad-input"],
+)
+def test_a_backends_error_marks_the_group_failed_and_only_that(monkeypatch, error, failed):
+    """A group marked failed is never handed to another wrapper (owned_groups); NCCL's
+    DistBackendError was not marked, being neither a plain RuntimeError nor a timeout."""
+    monkeypatch.setattr(failures, "registered", lambda group: True)
+    group = _Group()
+    with pytest.raises(type(error)), failures.named_as("a call", None, group):
+        raise error
+    assert (group in owned_groups._failed) is failed

@@ -9,8 +9,10 @@ NCCL. So each of FSDP's groups gets a twin with the same ranks, created once by
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from commpress.collectives.failures import named_as
@@ -23,13 +25,17 @@ from commpress.transport.objects import all_gather_objects
 def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: str) -> list:
     """Every rank's ``mine``, exchanged over the world by ``caller`` before it sets anything
     up, after the compressed collectives given before it (on one rank it could otherwise
-    reach the backend before one of them, on another after); a peer that does not call it
-    within ``timeout`` (None: the world's) makes it raise, naming ``caller``."""
+    reach the backend before one of them, on another after), on the caller's GPU where the
+    world moves CUDA tensors; a peer that does not call it within ``timeout`` (None: the
+    world's) makes it raise, naming ``caller``."""
     this = this_rank(dist.get_rank(), None)
     exchanged = []
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
 
-    def exchange() -> None:
-        exchanged.extend(all_gather_objects(mine, None, timeout))
+    def exchange() -> None:  # on the communication thread, whose current GPU is cuda:0
+        place = contextlib.nullcontext() if device is None else torch.cuda.device(device)
+        with place:
+            exchanged.extend(all_gather_objects(mine, None, timeout))
 
     with named_as(f"{caller} on {dist.get_world_size()} ranks (this is {this})", timeout):
         in_queue_order(exchange)

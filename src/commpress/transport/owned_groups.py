@@ -55,7 +55,7 @@ class _Made:
 
 
 _made: dict[Request, list[_Made]] = {}
-_made_in: list[object] = [None]  # the world they were made in
+_made_in: list[weakref.ref] = [lambda: None]  # the world they were made in
 _failed: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -69,9 +69,9 @@ def offers(requests: list[Request]) -> list[tuple[int, list[int]]]:
     """What this rank offers for each of ``requests``: how many groups it has made for it,
     and which of them (by position) are free and usable. Every rank's are exchanged before
     :func:`take`."""
-    if _made_in[0] is not dist.group.WORLD:  # a world made again: its groups are new
+    if _made_in[0]() is not dist.group.WORLD:  # a world made again: its groups are new
         _made.clear()
-        _made_in[0] = dist.group.WORLD
+        _made_in[0] = weakref.ref(dist.group.WORLD)
     made = [_made.get(request, []) for request in requests]
     return [(len(entries), [i for i, e in enumerate(entries) if e.offered()]) for entries in made]
 
