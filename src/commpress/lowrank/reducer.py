@@ -324,27 +324,33 @@ class Reducer:
                 f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
                 f"error_feedback={self.algorithm.error_feedback}"
             )
-        # unknown: a checkpoint from before it was saved, or a load before init_process_group
-        saved_size, size = state.get("world_size"), _world_size(self.group)
-        if saved and fed_back and None not in (saved_size, size) and saved_size != size:
-            raise ValueError(
-                f"checkpoint was saved by one of {saved_size} ranks, this reducer averages "
-                f"over {size}: its error feedback is that rank's own "
-                f"(save and load one checkpoint per rank, in a world of the same size)"
-            )
-        saved_rank, here = state.get("group_rank"), _group_rank(self.group)
-        if saved and fed_back and None not in (saved_rank, here) and saved_rank != here:
-            raise ValueError(
-                f"checkpoint was saved by rank {saved_rank} of the reducer's group, this is "
-                f"rank {here}: its error feedback is rank {saved_rank}'s own (each rank loads "
-                f"the checkpoint it saved)"
-            )
+        if saved and fed_back:  # error feedback is one rank's own, in a world of one size
+            self._check_same_world(state)
         self.step = state["step"]
         self._generator.set_state(state["generator"])
         self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
         self._loaded = True
         self._error_stacks.clear()
         self._keys_this_step.clear()
+
+    def _check_same_world(self, state: dict) -> None:
+        """Refuse error feedback saved in a world of another size or by another rank; either
+        is unknown (None) in a checkpoint from before it was saved, or before
+        ``init_process_group``, and then not checked."""
+        saved_size, size = state.get("world_size"), _world_size(self.group)
+        if None not in (saved_size, size) and saved_size != size:
+            raise ValueError(
+                f"checkpoint was saved by one of {saved_size} ranks, this reducer averages "
+                f"over {size}: its error feedback is that rank's own "
+                f"(save and load one checkpoint per rank, in a world of the same size)"
+            )
+        saved_rank, here = state.get("group_rank"), _group_rank(self.group)
+        if None not in (saved_rank, here) and saved_rank != here:
+            raise ValueError(
+                f"checkpoint was saved by rank {saved_rank} of the reducer's group, this is "
+                f"rank {here}: its error feedback is rank {saved_rank}'s own (each rank loads "
+                f"the checkpoint it saved)"
+            )
 
     def _adopt_loaded(self) -> None:
         """States that :meth:`load_state_dict` cloned on CUDA belong to the stream current
