@@ -353,7 +353,7 @@ def _where_the_exchange_runs(rank, world_size):
         return [mine] * world_size
 
     groups.all_gather_objects = recorded
-    torch.cuda.is_available = lambda: True
+    groups.backends.moves = lambda group, device_type: None  # as an NCCL-only world
     torch.cuda.current_device = lambda: 3
     torch.cuda.device = device
     groups.exchange_with_every_rank("mine", None, "a test")
@@ -366,4 +366,4 @@ def test_the_set_up_exchange_runs_after_queued_work_on_the_callers_gpu():
     thread it must enter the caller's GPU (that thread's own current one is cuda:0)."""
     (seen, caller), *_ = run_distributed(_where_the_exchange_runs, 1, timeout=60)
     assert seen["thread"] != caller, seen
-    assert seen["device"] == 3, seen
+    assert seen["device"] == torch.device("cuda", 3), seen

@@ -256,14 +256,10 @@ def _agree(
     everyone: list = []
 
     def exchange() -> None:
-        place = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-        with (
-            place,
-            named_failures(PUBLIC_NAMES[call.op], call.codec, call.algorithm, group, timeout),
-        ):
+        with named_failures(PUBLIC_NAMES[call.op], call.codec, call.algorithm, group, timeout):
             everyone.extend(all_gather_objects(mine, group, timeout))
 
-    in_queue_order(exchange)
+    in_queue_order(exchange, device)
     global_ranks = dist.get_process_group_ranks(backends.or_world(group))
     if len({p.call for p in everyone}) > 1:
         this = this_rank(dist.get_rank(group), global_ranks)

@@ -312,15 +312,23 @@ def launch(
     return None
 
 
-def in_queue_order(run: Callable[[], None]) -> None:
+def in_queue_order(run: Callable[[], None], device: torch.device | None = None) -> None:
     """Run ``run`` (a collective of commpress's own) after every compressed collective
     given before it, on the communication thread, and wait for it; at once where this is
     that thread (what was given before has run). Issued from the calling thread, it could
-    reach the backend before a queued collective on one rank and after it on another."""
+    reach the backend before a queued collective on one rank and after it on another.
+    ``device``: a CUDA device made current around ``run`` (the communication thread's own
+    current one is cuda:0 on every rank); None or another type: nothing."""
+
+    def placed() -> None:
+        place = torch.cuda.device(device) if device is not None and device.type == "cuda" else None
+        with place or contextlib.nullcontext():
+            run()
+
     if getattr(_on_comm_thread, "active", False):
-        run()
+        placed()
         return
-    launch(run, async_op=False)
+    launch(placed, async_op=False)
 
 
 def queued_on(group, work: CollectiveWork | None) -> CollectiveWork | None:

@@ -9,7 +9,6 @@ NCCL. So each of FSDP's groups gets a twin with the same ranks, created once by
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 
 import torch
@@ -18,7 +17,7 @@ import torch.distributed as dist
 from commpress.collectives.failures import named_as
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
-from commpress.transport import owned_groups
+from commpress.transport import backends, owned_groups
 from commpress.transport.objects import all_gather_objects
 
 
@@ -30,15 +29,15 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     world's) makes it raise, naming ``caller``."""
     this = this_rank(dist.get_rank(), None)
     exchanged = []
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    # the world moves CPU tensors (gloo): no GPU; else (NCCL alone) the caller's current one
+    on_gpu = not backends.moves(None, "cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
 
-    def exchange() -> None:  # on the communication thread, whose current GPU is cuda:0
-        place = contextlib.nullcontext() if device is None else torch.cuda.device(device)
-        with place:
-            exchanged.extend(all_gather_objects(mine, None, timeout))
+    def exchange() -> None:
+        exchanged.extend(all_gather_objects(mine, None, timeout))
 
     with named_as(f"{caller} on {dist.get_world_size()} ranks (this is {this})", timeout):
-        in_queue_order(exchange)
+        in_queue_order(exchange, device)
     return exchanged
 
 
