@@ -562,3 +562,33 @@ def test_the_channel_of_a_destroyed_group_goes_with_the_next_channel(prefix):
     with Emulated(2, "1gbit", prefix=prefix) as cluster:
         threads = cluster.run(_groups_destroyed_but_referred_to, timeout=120)
     assert threads == [1, 1], threads
+
+
+def _channels_set_up_and_closed_near_the_last_port(rank, world_size):
+    """A subgroup's channel kept open, then ten channels of the world set up (each call
+    with new options closes the one before) on a fixed group six ports below 65536."""
+    kept = dist.new_group()
+    inp = _inputs(rank, 1000)
+    cp.all_gather_into_tensor(torch.empty(world_size * 1000), inp, kept, algorithm="multicast")
+    ports = [multicast.channel_for(kept).group_address[1]]
+    for seed in range(10):
+        multicast.configure(None, seed=seed)
+        out = torch.empty(world_size * 1000)
+        try:
+            cp.all_gather_into_tensor(out, inp, codec="none", algorithm="multicast")
+        except multicast.MulticastSetupError as error:
+            return ports, str(error)
+        assert torch.equal(out, torch.cat([_inputs(r, 1000) for r in range(world_size)]))
+        ports.append(multicast.channel_for(None).group_address[1])
+    return ports, None
+
+
+def test_the_port_of_a_closed_channel_is_taken_again(prefix, monkeypatch):
+    """With COMMPRESS_MULTICAST_GROUP each channel took PORT + the count of channels set up
+    so far, open or closed: PORT 65530 left room for six set-ups in a process, and the
+    seventh was refused ("channel 6 would use port 65536"), as any process is after about
+    65535 - PORT of them. A closed channel's port is free again; an open one's is not."""
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.41.42:65530")
+    with Emulated(2, "1gbit", prefix=prefix) as cluster:
+        results = cluster.run(_channels_set_up_and_closed_near_the_last_port, timeout=120)
+    assert results == [([65530] + [65531] * 10, None)] * 2, results

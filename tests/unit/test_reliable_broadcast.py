@@ -1000,7 +1000,7 @@ def test_a_channel_refuses_operation_ids_that_do_not_increase():
         channel.operation_id(6)
 
 
-PEER_ADDRESSES = ("10.1.2.4", None, None, 0)  # rank 1's part of a channel's first exchange
+PEER_ADDRESSES = ("10.1.2.4", None, None, ())  # rank 1's part of a channel's first exchange
 PEER_SOCKETS = (None, ("10.1.2.4", 1), 1500)  # and of its second: no failure, its port, MTU
 
 
@@ -1021,7 +1021,7 @@ def _set_up_as_rank_0_of_2(monkeypatch, network, peer_reports) -> list:
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_ADDRESS", "10.1.2.3")
     monkeypatch.setattr(multicast, "UdpNetwork", network)
-    monkeypatch.setattr(multicast, "_created", multicast._created)
+    monkeypatch.setattr(multicast, "_indices_in_use", set())
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [0, 1])
@@ -1148,7 +1148,7 @@ def test_a_bad_fixed_multicast_group_is_named(monkeypatch, group, message):
 
 
 def test_a_fixed_multicast_group_gives_each_channel_of_a_process_its_own_port(monkeypatch):
-    """The n-th channel takes PORT + n; one that would pass 65535 is refused."""
+    """The channel at index n takes PORT + n; one that would pass 65535 is refused."""
     from commpress.transport.multicast import _draw_group, _placed
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:47000")
@@ -1210,3 +1210,30 @@ def test_a_wake_racing_a_close_writes_to_its_own_pipe_or_not_at_all(monkeypatch)
     network.wake()  # raised OSError (EBADF) when close() got there first
     closer.join(5)
     assert network._wake_write is None and not closer.is_alive()
+
+
+def test_a_channel_takes_the_lowest_port_free_on_every_rank_and_frees_it_on_close(monkeypatch):
+    """Ports PORT + n were handed out past every channel ever set up: closed ones were
+    never taken again, so a process ran out of ports after 65535 - PORT set-ups. The
+    channel takes the lowest n that no rank of its group has open, and frees it once
+    closed."""
+
+    class Engine:
+        def __init__(self, network, channel, options, global_ranks):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(multicast, "Engine", Engine)
+    monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", "239.255.3.3:47000")
+    peer_using_1_and_3 = ("10.1.2.4", None, None, (1, 3))
+    exchanges = [peer_using_1_and_3, PEER_SOCKETS, None] * 3
+    sent = _set_up_as_rank_0_of_2(monkeypatch, _Sockets, exchanges)
+    multicast._indices_in_use.add(0)
+    first = multicast.Channel(object(), Options())
+    second = multicast.Channel(object(), Options())
+    assert [first.group_address[1], second.group_address[1]] == [47002, 47004]
+    assert [s[3] for s in sent[::3]] == [(0,), (0, 2)]
+    first.close()
+    assert multicast.Channel(object(), Options()).group_address[1] == 47002

@@ -15,9 +15,9 @@ process, such as those FSDP and DDP make for commpress), else from the environme
 subset; ``ttl`` above 1 for multicast routed between subnets).
 The local address is ``COMMPRESS_MULTICAST_ADDRESS``, else the address this host reaches
 ``MASTER_ADDR`` from; the group ``COMMPRESS_MULTICAST_GROUP=239.x.y.z:PORT`` (a group's
-channel uses PORT + n, n past every channel that any of its ranks has), else random in
-239.255.0.0/16 (administratively scoped: it does not leave the site). Ranks agree on the
-smallest MTU of their interfaces.
+channel uses PORT + n, n the lowest that no open channel of any of its ranks uses), else
+random in 239.255.0.0/16 (administratively scoped: it does not leave the site). Ranks agree
+on the smallest MTU of their interfaces.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import itertools
 import os
 import random
 import weakref
@@ -183,7 +184,6 @@ class Channel:
     ):
         """``problem``: why this rank has no options (every rank raises it); ``timeout``:
         how long each exchange waits for the slowest peer (None: the group's)."""
-        global _created
         self.options = options
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         if self.world_size > MAX_RANKS:
@@ -199,12 +199,12 @@ class Channel:
                 drawn = _draw_group() if self.rank == 0 else None
         except (MulticastSetupError, ValueError) as error:
             failure = str(error)
-        addresses = all_gather_objects((local, drawn, failure, _created), group, timeout)
+        in_use = tuple(sorted(_indices_in_use))
+        addresses = all_gather_objects((local, drawn, failure, in_use), group, timeout)
         ranks = self.global_ranks = dist.get_process_group_ranks(group)
         _raise_failures([f for _, _, f, _ in addresses], ranks)
-        # past every channel that any rank of the group has: none has two on one port
-        index = max(created for *_, created in addresses)
-        _created = index + 1
+        # free on every rank of the group: none has two open channels on one port
+        index = _lowest_free({used for *_, in_use in addresses for used in in_use})
         try:
             self.group_address, channel_number = _placed(addresses[0][1], index)
         except ValueError as error:  # the same on every rank
@@ -243,7 +243,8 @@ class Channel:
                 network.close()
             raise
         self.network, self.engine = network, engine
-        self._close = weakref.finalize(self, Engine.close, self.engine)  # also at exit
+        _indices_in_use.add(index)
+        self._close = weakref.finalize(self, _close_engine, self.engine, index)  # also at exit
 
     def operation_id(self, call: int) -> int:
         """The id of the operation of collective call number ``call`` on the group (the same
@@ -262,8 +263,19 @@ class Channel:
         self._close()
 
 
-#: Channels set up by this process so far: a fixed COMMPRESS_MULTICAST_GROUP's port + this.
-_created = 0
+#: The indices of this process's open channels: a fixed COMMPRESS_MULTICAST_GROUP's port +
+#: index is each one's port, free again once it is closed.
+_indices_in_use: set[int] = set()
+
+
+def _lowest_free(used: set[int]) -> int:
+    return next(index for index in itertools.count() if index not in used)
+
+
+def _close_engine(engine: Engine, index: int) -> None:
+    """Close a channel's engine (and its sockets), then free its port."""
+    engine.close()
+    _indices_in_use.discard(index)
 
 
 def _described(error: Exception) -> str:
@@ -395,7 +407,7 @@ def _draw_group() -> tuple[tuple[str, int], int, bool]:
 
 
 def _placed(drawn: tuple[tuple[str, int], int, bool], index: int) -> tuple[tuple[str, int], int]:
-    """``((address, port), channel number)`` of the ``index``-th channel (agreed by the
+    """``((address, port), channel number)`` of the channel at ``index`` (agreed by the
     group's ranks) from what :func:`_draw_group` drew: a fixed group's port + ``index``."""
     (address, port), channel, fixed = drawn
     if not fixed:
@@ -403,6 +415,7 @@ def _placed(drawn: tuple[tuple[str, int], int, bool], index: int) -> tuple[tuple
     if port + index > MAX_PORT:
         raise ValueError(
             f"COMMPRESS_MULTICAST_GROUP={address}:{port}: channel {index} would use port "
-            f"{port + index}, above {MAX_PORT}; choose a lower PORT"
+            f"{port + index}, above {MAX_PORT} (open channels of the group's ranks hold the "
+            "ports below): close some, or choose a lower PORT"
         )
     return (address, port + index), channel
