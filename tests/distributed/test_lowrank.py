@@ -797,6 +797,35 @@ def test_a_hook_checkpoint_of_another_model_is_refused():
         assert "state for parameters this model does not have: '1.weight'" in other
 
 
+def _loaded_from_the_wrong_entry(rank, world_size):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    ddp = DistributedDataParallel(model)
+    state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", model=model)
+    ddp.register_comm_hook(state, hook)
+    messages = []
+    for target in (state, Reducer(PowerSGD(rank=2))):
+        for wrong in (model.state_dict(), {}, [("a", torch.zeros(3))]):
+            try:
+                target.load_state_dict(wrong)
+            except (TypeError, ValueError) as error:
+                messages.append(f"{type(error).__name__}: {error}")
+    return messages
+
+
+def test_loading_what_is_not_a_low_rank_checkpoint_says_so():
+    """The model's state_dict given to the hook's (a checkpoint's entries mixed up) raised
+    ``KeyError: 'states'``, and to a reducer ``KeyError: 'algorithm'``, naming nothing."""
+    for messages in run_distributed(_loaded_from_the_wrong_entry, 2, timeout=120):
+        assert len(messages) == 6, messages
+        for model_state, empty, pairs in (messages[:3], messages[3:]):
+            assert model_state.startswith("ValueError: not a low-rank state_dict: it lacks"), (
+                model_state
+            )
+            assert "'0.weight', '0.bias', '1.weight', '1.bias'" in model_state
+            assert "(its keys: none)" in empty
+            assert pairs.startswith("TypeError: state must be the dict a low-rank state_dict()")
+
+
 def _hook_checkpoint_without_names(rank, world_size):
     messages = []
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.integrations.groups import own_groups
 from commpress.lowrank.algorithm import LowRankAlgorithm
-from commpress.lowrank.reducer import Part, Reducer, not_dense, not_real
+from commpress.lowrank.reducer import Part, Reducer, check_checkpoint, not_dense, not_real
 from commpress.transport import collective
 
 
@@ -71,6 +71,7 @@ class LowRankHookState:
     def load_state_dict(self, state: dict) -> None:
         """Refuses a checkpoint with state for parameters the model (given to ``ddp_hook``)
         does not have: one of another model."""
+        check_checkpoint(state)
         if self.names:
             unknown = sorted(set(state["states"]) - set(self.names.values()))
             if unknown:

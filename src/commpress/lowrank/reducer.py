@@ -311,6 +311,7 @@ class Reducer:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        check_checkpoint(state)
         if (state["algorithm"], state["rank"]) != (self.algorithm.name, self.algorithm.rank):
             raise ValueError(
                 f"checkpoint is for {state['algorithm']} rank {state['rank']}, this reducer "
@@ -365,6 +366,26 @@ class Reducer:
             for tensor in state.values():
                 if tensor.is_cuda:
                     tensor.record_stream(torch.cuda.current_stream(tensor.device))
+
+
+#: What every checkpoint of :meth:`Reducer.state_dict` holds (older ones lack the others).
+CHECKPOINT_KEYS = ("algorithm", "rank", "step", "generator", "states")
+
+
+def check_checkpoint(state) -> None:
+    """Refuse what is not a low-rank ``state_dict`` (the model's, an optimizer's, a whole
+    checkpoint), which raised a KeyError naming one of its missing keys."""
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"state must be the dict a low-rank state_dict() returned, got {type(state).__name__}"
+        )
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        keys = ", ".join(map(repr, list(state)[:5])) + (" ..." if len(state) > 5 else "")
+        raise ValueError(
+            f"not a low-rank state_dict: it lacks {', '.join(map(repr, missing))} (its keys: "
+            f"{keys or 'none'}); load what the hook's or reducer's state_dict() returned"
+        )
 
 
 def not_dense(key, layout) -> str:
