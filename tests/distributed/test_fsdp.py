@@ -644,3 +644,53 @@ def test_error_feedback_carries_the_residual_from_step_to_step():
         one_step = (reduced[0] - exact).norm()
         assert one_step > 0  # int8 rounds this gradient
         assert (torch.stack(reduced).mean(dim=0) - exact).norm() < one_step / 3
+
+
+def _momentum_steps(model, optimizer, rank, steps: range) -> None:
+    for step in steps:
+        x, y = data(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _compressed_with_momentum():
+    model = shard(small_model())
+    cp.fsdp.compress(model, all_gather="int8", reduce_scatter="int8")
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+
+
+def _run_and_checkpoint(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optimizer = _compressed_with_momentum()
+    _momentum_steps(model, optimizer, rank, range(2))
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
+    _momentum_steps(model, optimizer, rank, range(2, 4))
+    return full_parameters(model)
+
+
+def _resumed(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, optimizer = _compressed_with_momentum()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    saved = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(saved, checkpoint_id=directory)
+    set_state_dict(
+        model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"]
+    )
+    _momentum_steps(model, optimizer, rank, range(2, 4))
+    return full_parameters(model)
+
+
+def test_a_run_resumed_from_a_dcp_checkpoint_in_new_processes_is_the_uninterrupted_run(tmp_path):
+    """The README's promise for round-to-nearest codecs: commpress keeps no state a resumed
+    FSDP2 run needs beyond the model's and optimizer's, and adds nothing to them."""
+    directory = str(tmp_path / "checkpoint")
+    uninterrupted = run_distributed(_run_and_checkpoint, 2, directory, timeout=120)[0]
+    resumed = run_distributed(_resumed, 2, directory, timeout=120)[0]
+    assert same(uninterrupted, resumed)
