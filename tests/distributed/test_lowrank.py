@@ -763,6 +763,32 @@ def test_a_checkpoint_loaded_before_the_process_group_exists_is_not_refused():
     assert reducer.step == saved[True]["step"]
 
 
+def _through_dcp(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0))
+    reducer.reduce([("a", gradients(rank, 0)["a"])])
+    saved = reducer.state_dict()
+    dcp.save({"lowrank": saved}, checkpoint_id=directory)
+    loaded = {"lowrank": saved}
+    dcp.load(loaded, checkpoint_id=directory)
+    try:
+        Reducer(PowerSGD(rank=2, start_iter=0)).load_state_dict(loaded["lowrank"])
+    except ValueError as error:
+        return str(error)
+    return "loaded"
+
+
+def test_error_feedback_saved_through_dcp_is_refused_saying_why(tmp_path):
+    """torch.distributed.checkpoint saves one rank's copy of plain tensors and values: every
+    rank got one rank's number, and another's error buffers. A rank that noticed told the
+    user to load "the checkpoint it saved", which it had."""
+    outcomes = run_distributed(_through_dcp, 2, str(tmp_path / "dcp"), timeout=120)
+    refused = [outcome for outcome in outcomes if outcome != "loaded"]
+    assert len(refused) == 1, outcomes
+    assert "torch.save, one file per rank; torch.distributed.checkpoint takes" in refused[0]
+
+
 def _hook_checkpoint_into_another_model(rank, world_size):
     def hooked(model):
         ddp = DistributedDataParallel(model)

@@ -350,7 +350,7 @@ class Reducer:
             raise ValueError(
                 f"checkpoint was saved by rank {saved_rank} of the reducer's group, this is "
                 f"rank {here}: its error feedback is rank {saved_rank}'s own (each rank loads "
-                f"the checkpoint it saved)"
+                f"the checkpoint it saved: {ONE_FILE_PER_RANK})"
             )
 
     def _adopt_loaded(self) -> None:
@@ -401,6 +401,13 @@ def not_real(key, dtype) -> str:
         f"(DDP hands a complex one as a real view of half of it; use torch.view_as_real "
         f"parameters, or cp.ddp.hook, which averages the whole bucket)"
     )
+
+
+#: How a state with error feedback is saved; what went wrong with DCP.
+ONE_FILE_PER_RANK = (
+    "torch.save, one file per rank; torch.distributed.checkpoint takes tensors that are not "
+    "DTensors for the same on every rank, and saves one rank's copy of each"
+)
 
 
 def _world_size(group) -> int | None:
