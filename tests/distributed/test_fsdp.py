@@ -694,3 +694,32 @@ def test_a_run_resumed_from_a_dcp_checkpoint_in_new_processes_is_the_uninterrupt
     uninterrupted = run_distributed(_run_and_checkpoint, 2, directory, timeout=120)[0]
     resumed = run_distributed(_resumed, 2, directory, timeout=120)[0]
     assert same(uninterrupted, resumed)
+
+
+def _state_dicts_while_unsharded(rank, world_size):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    exact = small_model().state_dict()
+    model = shard(small_model())
+    cp.fsdp.compress(model, all_gather="int4", reduce_scatter="int8")
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+    gathered = model[0].weight.detach().clone()
+    local = {name: value.full_tensor() for name, value in model.state_dict().items()}
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return (
+        torch.equal(gathered, exact["0.weight"]),
+        all(torch.equal(local[name], value) for name, value in exact.items()),
+        all(torch.equal(full[name], value) for name, value in exact.items()),
+    )
+
+
+def test_state_dicts_hold_the_exact_weights_while_unshard_holds_the_codecs():
+    """The README's promise: a compressed all-gather never reaches a state dict, full or
+    sharded, even while the modules are unsharded, whose parameters are the codec's."""
+    for unsharded_exact, local_exact, full_exact in run_distributed(
+        _state_dicts_while_unsharded, 2, timeout=60
+    ):
+        assert not unsharded_exact
+        assert local_exact and full_exact

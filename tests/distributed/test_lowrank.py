@@ -789,6 +789,54 @@ def test_error_feedback_saved_through_dcp_is_refused_saying_why(tmp_path):
     assert "torch.save, one file per rank; torch.distributed.checkpoint takes" in refused[0]
 
 
+def _hooked_acpsgd():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 10))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002)  # several buckets
+    state, hook = cp.lowrank.ddp_hook("acpsgd:rank=2,start_iter=1", model=model)
+    ddp.register_comm_hook(state, hook)
+    return ddp, state
+
+
+def _plain_sgd_steps(ddp, rank, steps: range) -> None:
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in steps:
+        generator = torch.Generator().manual_seed(10 * step + rank)
+        x, y = (
+            torch.randn(8, 32, generator=generator),
+            torch.randint(0, 10, (8,), generator=generator),
+        )
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _hooked_run_saved_midway(rank, world_size, directory):
+    ddp, state = _hooked_acpsgd()
+    _plain_sgd_steps(ddp, rank, range(3))
+    torch.save((ddp.module.state_dict(), state.state_dict()), f"{directory}/{rank}.pt")
+    _plain_sgd_steps(ddp, rank, range(3, 6))
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
+def _hooked_run_resumed(rank, world_size, directory):
+    ddp, state = _hooked_acpsgd()
+    model_state, hook_state = torch.load(f"{directory}/{rank}.pt")
+    ddp.module.load_state_dict(model_state)
+    state.load_state_dict(hook_state)
+    _plain_sgd_steps(ddp, rank, range(3, 6))
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
+def test_a_hooked_run_resumed_in_new_processes_is_the_uninterrupted_run(tmp_path):
+    """The README's promise: the hook's state_dict (factors, error feedback, step, the
+    generator) is all a resumed run needs, whatever DDP's buckets were in its first step."""
+    uninterrupted = run_distributed(_hooked_run_saved_midway, 2, str(tmp_path), timeout=120)
+    resumed = run_distributed(_hooked_run_resumed, 2, str(tmp_path), timeout=120)
+    for ours, theirs in zip(uninterrupted, resumed, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
 def _hook_checkpoint_into_another_model(rank, world_size):
     def hooked(model):
         ddp = DistributedDataParallel(model)
