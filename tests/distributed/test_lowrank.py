@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -923,6 +924,29 @@ def test_a_hook_checkpoint_without_parameter_names_says_to_pass_the_model():
         assert "ddp_hook(..., model=) was not given" in without
         assert "lacks 2 parameters of shapes (32, 32), (10, 32)" in other
         assert "model= is not the module DDP wraps" in other
+
+
+def _kept_states_of_models_dropped(rank, world_size):
+    alive = []
+    for scheduler in (True, False):
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", scheduler=scheduler)
+        ddp.register_comm_hook(state, hook)
+        sgd_steps(ddp, 2, rank, features=32, batch=8, seed_stride=10)
+        weight = weakref.ref(model[0].weight)
+        del model, ddp
+        gc.collect()
+        alive.append(weight() is not None and state.reducer.stats.steps == 2)
+    return alive
+
+
+def test_a_state_kept_without_model_lets_the_models_parameters_go():
+    """Without ``model=`` the reducer's states were keyed by the parameters themselves: a
+    hook state kept (for its stats, say) after its model was dropped kept that model's
+    parameters and gradients alive."""
+    for alive in run_distributed(_kept_states_of_models_dropped, 2, timeout=120):
+        assert alive == [False, False]
 
 
 def _sparse_gradients(rank, world_size):

@@ -27,6 +27,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
@@ -34,6 +35,20 @@ from commpress.integrations.groups import own_groups
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import Part, Reducer, check_checkpoint, not_dense, not_real
 from commpress.transport import collective
+
+
+class UnnamedParameter:
+    """The key of a parameter's state where ``ddp_hook`` was given no model to name it
+    (the parameter itself, as key, kept the model's parameters and gradients alive for as
+    long as the hook's state, one kept for its stats after the model was dropped, say)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, parameter: torch.nn.Parameter) -> None:
+        self.shape = tuple(parameter.shape)
+
+    def __repr__(self) -> str:
+        return f"<parameter of shape {self.shape}>"
 
 
 @dataclass
@@ -44,10 +59,22 @@ class LowRankHookState:
     pipeline: "Pipeline | None" = field(default=None, repr=False)
     #: The caller's group, which may be the one DDP itself uses (see ``ddp_hook``).
     shared_group: bool = False
+    #: The key of each parameter ``names`` lacks, by the parameter, held weakly.
+    unnamed: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary, repr=False)
 
     @property
     def scheduler(self) -> bool:
         return self.worker is not None
+
+    def key(self, parameter: torch.nn.Parameter):
+        """The key of ``parameter``'s state: its name, or an :class:`UnnamedParameter`."""
+        name = self.names.get(id(parameter))
+        if name is not None:
+            return name
+        key = self.unnamed.get(parameter)
+        if key is None:
+            key = self.unnamed[parameter] = UnnamedParameter(parameter)
+        return key
 
     def state_dict(self) -> dict:
         unnamed = [key for key in self.reducer.states if not isinstance(key, str)]
@@ -135,7 +162,7 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
             key = state.names.get(id(parameter), f"of shape {tuple(parameter.shape)}")
             raise TypeError(not_real(key, parameter.dtype))
     pairs = [
-        (state.names.get(id(parameter), parameter), gradient)
+        (state.key(parameter), gradient)
         for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True)
     ]
     buffer, last = bucket.buffer(), bucket.is_last()
