@@ -949,6 +949,38 @@ def test_a_state_kept_without_model_lets_the_models_parameters_go():
         assert alive == [False, False]
 
 
+def _dropped_after_a_failed_step(rank, world_size, scheduler):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    ddp = DistributedDataParallel(model)
+    state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", scheduler=scheduler)
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 2, rank, features=32, batch=8, seed_stride=10)
+
+    def factor(*args):
+        raise ArithmeticError("compression broke")
+
+    state.reducer.algorithm.factor = factor
+    with pytest.raises(Exception, match="compression broke"):  # serially, the error itself
+        sgd_steps(ddp, 1, rank, features=32, batch=8, seed_stride=10)
+    with pytest.raises(RuntimeError, match=r"failed part-way \(ArithmeticError: compression"):
+        state.reducer.plan([])  # still says why
+    kept = weakref.ref(state), weakref.ref(model)
+    del model, ddp, state, hook
+    gc.collect()
+    return [ref() is not None for ref in kept]
+
+
+@pytest.mark.parametrize("scheduler", [True, False], ids=["scheduler", "serial"])
+def test_a_hook_whose_step_failed_is_collected_with_its_model(scheduler):
+    """The failure's traceback, kept by the reducer and set on DDP's futures, held frames
+    that held the hook's state (and, serially, DDP and the model up the training thread's
+    stack), while torch's C++ held the error or the state out of the garbage collector's
+    sight: each failed step kept its state (reducer, scheduler thread) for good, and
+    serially its model too."""
+    for kept in run_distributed(_dropped_after_a_failed_step, 2, scheduler, timeout=120):
+        assert kept == [False, False], "the hook's state, the model"
+
+
 def _sparse_gradients(rank, world_size):
     messages = []
     sparse = torch.sparse_coo_tensor([[0, 3]], torch.ones(2, 16), (50, 16))

@@ -33,7 +33,14 @@ from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.integrations.groups import own_groups
 from commpress.lowrank.algorithm import LowRankAlgorithm
-from commpress.lowrank.reducer import Part, Reducer, check_checkpoint, not_dense, not_real
+from commpress.lowrank.reducer import (
+    Part,
+    Reducer,
+    check_checkpoint,
+    frameless,
+    not_dense,
+    not_real,
+)
 from commpress.transport import collective
 
 
@@ -234,15 +241,19 @@ class Pipeline:
         try:
             with self.reducer.failing_for_good():
                 self._take(pairs, future, buffer, last, handed)
+                return
         except BaseException as error:  # never leave DDP waiting on a future
-            self.in_flight.extend(self.finished)
-            self.finished.clear()
-            for waiting in self.in_flight:
-                if not waiting.future.done():
-                    waiting.future.set_exception(error)
-            if not future.done():
-                future.set_exception(error)
-            self.in_flight.clear()
+            told = frameless(error)
+        # out of the except clause: a callback that runs at set_exception (DDP's) and
+        # raises would get ``error`` as its context, held by torch's C++ again
+        self.in_flight.extend(self.finished)
+        self.finished.clear()
+        for waiting in self.in_flight:
+            if not waiting.future.done():
+                waiting.future.set_exception(told)
+        if not future.done():
+            future.set_exception(told)
+        self.in_flight.clear()
 
     def _take(self, pairs, future, buffer, last: bool, handed: float) -> None:
         slot = self.sequence % (self.reducer.algorithm.rounds(0) + 2)  # parts alive at once

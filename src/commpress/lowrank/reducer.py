@@ -12,6 +12,7 @@ name), so it survives a change of bucketing, and checkpoints with
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,7 @@ class Reducer:
             yield
         except BaseException as error:
             if self._failure is None:
-                self._failure = (self.step, error)
+                self._failure = (self.step, frameless(error))
                 owned_groups.mark_failed(self.group)
             raise
 
@@ -386,6 +387,21 @@ def check_checkpoint(state) -> None:
             f"not a low-rank state_dict: it lacks {', '.join(map(repr, missing))} (its keys: "
             f"{keys or 'none'}); load what the hook's or reducer's state_dict() returned"
         )
+
+
+def frameless(error: BaseException) -> BaseException:
+    """A copy of ``error`` and of its cause, without their tracebacks, to keep or to hand
+    on. The frames of a traceback hold the hook's state, and up the training thread's stack
+    DDP and the model, while torch's C++ holds, out of the garbage collector's sight, the
+    error a future fails with and DDP's hook state: a failed step's state stayed for as
+    long as the process ran, with its reducer, its thread, and serially the model."""
+    try:
+        copied = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an error type that cannot be copied
+        copied = RuntimeError(f"{type(error).__name__}: {error}")
+    if error.__cause__ is not None:
+        copied.__cause__ = frameless(error.__cause__)
+    return copied.with_traceback(None)
 
 
 def not_dense(key, layout) -> str:
