@@ -48,6 +48,14 @@ def wrap(model, spec, corruption=None):
     return ddp, state
 
 
+def wrap_with(model, spec, **options):
+    """DDP around ``model``, all-reducing with ``cp.ddp.hook(spec, **options)``."""
+    ddp = DistributedDataParallel(model)
+    state, hook = cp.ddp.hook(spec, **options)
+    ddp.register_comm_hook(state, hook)
+    return ddp, state
+
+
 def _train(rank, spec):
     model = small_model()
     ddp, _ = wrap(model, spec)
@@ -331,6 +339,33 @@ def test_a_native_hook_whose_all_reduce_failed_leaves_its_group_to_no_one():
     naming, so a group it had failed on was not marked, and went to the next hook as if
     sound once the first was collected."""
     assert all(run_distributed(_native_hook_whose_all_reduce_fails, 2, timeout=60))
+
+
+def _native_hook_with_a_peer_late(rank, world_size):
+    ddp, _ = wrap_with(small_model(), "none@native", timeout=timedelta(seconds=1))
+    sgd_steps(ddp, 2, rank, features=32, batch=16, seed_stride=SEED_STRIDE)  # DDP's rebuild
+    start, message = time.monotonic(), None
+    if rank == 0:
+        try:
+            sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+        except RuntimeError as error:
+            message = str(error)
+    else:
+        time.sleep(4)  # never joins the step
+    elapsed = time.monotonic() - start
+    torch.distributed.barrier()
+    return message, elapsed
+
+
+def test_a_native_hook_raises_after_its_timeout():
+    """``cp.ddp.hook("none@native", timeout=1 s)`` made its group with the world's timeout,
+    which torch's own all-reduce waits for: a peer that stalled was waited for as long
+    (30 minutes by default), where every commpress algorithm raised after 1 s. With a
+    ``group`` given, ``timeout=`` cannot reach torch's all-reduce, and is refused."""
+    message, elapsed = run_distributed(_native_hook_with_a_peer_late, 2, timeout=30)[0]
+    assert message is not None and elapsed < 3.5, (message, elapsed)
+    with pytest.raises(ValueError, match="runs torch's all-reduce"):
+        cp.ddp.hook("none@native", group=object(), timeout=timedelta(seconds=1))
 
 
 def test_a_rank_that_hooks_late_is_waited_for_as_by_new_group():

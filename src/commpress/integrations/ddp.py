@@ -48,14 +48,24 @@ def hook(
     with DDP's own nor with another hook's; once ``state`` is garbage-collected, a later
     hook takes it over (:mod:`commpress.transport.owned_groups`). For a
     DDP on a subgroup (``process_group=pg``), pass a group of ``pg``'s ranks made for the
-    hook (not ``pg`` itself): the hook cannot read DDP's group.
+    hook (not ``pg`` itself): the hook cannot read DDP's group. ``timeout``: a peer that
+    dies or stalls makes the step raise after at most this long (default: the group's);
+    torch's all-reduce (``@native``) takes the group's own, so there it needs the group
+    the hook makes (no ``group``).
     """
     spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
     check_timeout(timeout)
+    if spec.algorithm == "native" and timeout is not None and group is not None:
+        raise ValueError(
+            f"codec={codec!r} runs torch's all-reduce, which waits as long as its group's "
+            "timeout, not timeout=: pass no group (the hook makes one with timeout=), or a "
+            "group made with new_group(timeout=...) and no timeout="
+        )
     check_group(group, member=True)
     state = HookState(spec, group, timeout)
     if group is None:
-        (state.group,) = own_groups(state, [("ddp hook", None, None, None)], "ddp.hook")
+        request = ("ddp hook", None, None, timeout)  # torch's own all-reduce (@native) too
+        (state.group,) = own_groups(state, [request], "ddp.hook")
     return state, compressed_allreduce_hook
 
 
