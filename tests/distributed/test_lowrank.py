@@ -1107,6 +1107,55 @@ def test_the_group_a_low_rank_hook_made_is_taken_over_once_its_reducer_is_gone()
         assert groups == [2, 2, 2], groups
 
 
+class _Bucket:
+    """A DDP bucket of one parameter, not the step's last."""
+
+    def __init__(self, parameter):
+        self.parameter = parameter
+
+    def buffer(self):
+        return self.parameter.grad.view(-1)
+
+    def parameters(self):
+        return [self.parameter]
+
+    def gradients(self):
+        return [self.parameter.grad]
+
+    def is_last(self):
+        return False
+
+
+def _owner_gone_with_an_all_reduce_in_flight(rank, world_size):
+    state, hook = cp.lowrank.ddp_hook("powersgd:rank=1,start_iter=5")
+    old = state.reducer.group
+    if rank == 0:  # a step abandoned on rank 0 alone after its first bucket: never waited for
+        parameter = torch.nn.Parameter(torch.zeros(3))
+        parameter.grad = torch.full((3,), 200.0)
+        hook(state, _Bucket(parameter))
+        state.worker.submit(lambda: None).result()  # the bucket's all-reduce issued
+    del state, hook
+    gc.collect()
+    state, _ = cp.lowrank.ddp_hook("powersgd:rank=1,start_iter=5")
+    mine = torch.full((3,), float(rank + 1))
+    work = dist.all_reduce(mine, group=state.reducer.group, async_op=True)
+    try:
+        work.wait(timeout=timedelta(seconds=3))
+    except RuntimeError as error:
+        mine = str(error)
+    dist.barrier()
+    return state.reducer.group is not old, mine if isinstance(mine, str) else mine.tolist()
+
+
+def test_a_group_with_an_all_reduce_in_flight_is_not_taken_over():
+    """The scheduler's all-reduce of a bucket, issued on rank 0 alone and never waited for
+    (the step abandoned there), stayed pending on the group when its reducer was collected,
+    and the next hook took the group over: its first all-reduce met the stale one, and
+    rank 1 summed rank 0's abandoned bucket (202 for 3) while rank 0 timed out."""
+    for apart, summed in run_distributed(_owner_gone_with_an_all_reduce_in_flight, 2, timeout=60):
+        assert apart and summed == [3.0, 3.0, 3.0], (apart, summed)
+
+
 def _hooked_with_timeouts(rank, world_size):
     try:
         cp.lowrank.ddp_hook("powersgd:rank=1", timeout=timedelta(seconds=5 + rank))

@@ -7,25 +7,29 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from commpress.transport.owned_groups import track
+
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
-    return _named("all_gather_single", "all_gather_into_tensor")(
+    work = _named("all_gather_single", "all_gather_into_tensor")(
         out, inp, group=group, async_op=True
     )
+    return track(group, work)
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
-    return dist.all_to_all_single(out, inp, group=group, async_op=True)
+    return track(group, dist.all_to_all_single(out, inp, group=group, async_op=True))
 
 
 def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op, group: dist.ProcessGroup | None):
-    return _named("reduce_scatter_single", "reduce_scatter_tensor")(
+    work = _named("reduce_scatter_single", "reduce_scatter_tensor")(
         out, inp, op=op, group=group, async_op=True
     )
+    return track(group, work)
 
 
 def all_reduce(tensor: torch.Tensor, op, group: dist.ProcessGroup | None):
-    return dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    return track(group, dist.all_reduce(tensor, op=op, group=group, async_op=True))
 
 
 def _named(name: str, before_torch_2_13: str):

@@ -16,14 +16,17 @@ rank offers the free groups it has for each request (:func:`offers`), the offers
 exchanged (by the caller, in the order of the compressed collectives given before), and a
 group is taken over only where every rank offers it (:func:`take`); a group destroyed, or
 one on which a collective failed (:func:`mark_failed`), is never offered, so the next owner
-gets a new group. Requests that differ between ranks (another timeout, say) raise on every
-rank, naming them. A failed group stays open until the world is made again (destroying it
-could hang where its peers do not do the same at once).
+gets a new group; nor is one with a collective of torch's issued on it still pending (an
+owner gone in the middle of a step, on one rank: the next owner's first collective would
+meet it, and take its data) (:func:`track`). Requests that differ between ranks (another
+timeout, say) raise on every rank, naming them. A failed group stays open until the world
+is made again (destroying it could hang where its peers do not do the same at once).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from datetime import timedelta
 
@@ -51,12 +54,40 @@ class _Made:
             return True
         if self.group is not None and not registered(self.group):
             self.group = None
-        return self.group is not None and self.group not in _failed
+        return self.group is not None and self.group not in _failed and not _pending(self.group)
 
 
 _made: dict[Request, list[_Made]] = {}
 _made_in: list[weakref.ref] = [lambda: None]  # the world they were made in
 _failed: weakref.WeakSet = weakref.WeakSet()
+_owned: set[int] = set()  # the ids of the groups handed to owners, in this world
+#: Each group with collectives of torch's pending on it (:func:`track`), and how many.
+_in_flight: dict[object, int] = {}
+_in_flight_lock = threading.Lock()
+
+
+def track(group: dist.ProcessGroup | None, work):
+    """``work``, a collective of torch's just issued on ``group``; while it is pending, a group
+    of an owner gone is offered to no one. Returns ``work``."""
+    if group is None or id(group) not in _owned:
+        return work
+    _count(group, 1)
+    work.get_future().add_done_callback(lambda _: _count(group, -1))
+    return work
+
+
+def _count(group: object, change: int) -> None:
+    with _in_flight_lock:
+        count = _in_flight.get(group, 0) + change
+        if count:
+            _in_flight[group] = count
+        else:
+            _in_flight.pop(group, None)
+
+
+def _pending(group: object) -> bool:
+    with _in_flight_lock:
+        return group in _in_flight
 
 
 def mark_failed(group: dist.ProcessGroup | None) -> None:
@@ -71,6 +102,7 @@ def offers(requests: list[Request]) -> list[tuple[int, list[int]]]:
     :func:`take`."""
     if _made_in[0]() is not dist.group.WORLD:  # a world made again: its groups are new
         _made.clear()
+        _owned.clear()
         _made_in[0] = weakref.ref(dist.group.WORLD)
     made = [_made.get(request, []) for request in requests]
     return [(len(entries), [i for i, e in enumerate(entries) if e.offered()]) for entries in made]
@@ -103,5 +135,6 @@ def take(owner: object, requests: list[Request], everyone: list) -> list:
             made.append(_Made(dist.new_group(members, timeout=group_timeout, backend=backend)))
         entry = made[min(common)] if common else made[-1]
         entry.owner = weakref.ref(owner)
+        _owned.add(id(entry.group))
         groups.append(entry.group)
     return groups
