@@ -85,6 +85,10 @@ class ParamGroup:
     #: Every process group FSDP may hand this group's custom collectives: the shard
     #: group, the post-forward shard group, a separate reduce-scatter group.
     process_groups: tuple[dist.ProcessGroup, ...]
+    #: The post-forward shard group of an int ``reshard_after_forward`` (a smaller group
+    #: than the shard group), or None: the group on which FSDP2 all-gathers again the
+    #: parameters that forward's all-gather produced (for backward, for recomputation).
+    regather_group: dist.ProcessGroup | None = None
 
 
 def fsdp_param_groups(module: torch.nn.Module) -> list[ParamGroup]:
@@ -121,11 +125,16 @@ def _param_group(group: Any) -> ParamGroup:
         separate = getattr(mesh, "reduce_scatter_process_group", None)  # optional by design
         if separate is not None:
             process_groups.append(separate)
+    shard_mesh, post_forward_mesh = meshes
+    regather = None
+    if post_forward_mesh is not None and post_forward_mesh is not shard_mesh:
+        regather = post_forward_mesh.shard_process_group
     return ParamGroup(
         fsdp_params=list(fsdp_params),
         sharded=sharded,
         mp_policy=_attribute(group, "mp_policy", "FSDPParamGroup.mp_policy"),
         process_groups=tuple(process_groups),
+        regather_group=regather,
     )
 
 

@@ -723,3 +723,55 @@ def test_state_dicts_hold_the_exact_weights_while_unshard_holds_the_codecs():
     ):
         assert not unsharded_exact
         assert local_exact and full_exact
+
+
+def _saved_weights_forward_and_backward(rank, world_size):
+    """How far each weight backward read (a tensor autograd saved in forward, all-gathered
+    again for backward on the post-forward group of ``reshard_after_forward=2``) is from
+    what forward read; and the sizes of the groups the all-gathers ran on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 40), nn.GELU(), nn.Linear(40, 24), nn.GELU())
+    mesh = cp.fsdp.cpu_mesh()
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=2)
+    cp.fsdp.compress(model, "int8", None)
+    sizes = set()
+
+    def recording(collective):
+        def call(output_tensor, input_tensor, group, async_op=False):
+            sizes.add(group.size())
+            return collective(output_tensor, input_tensor, group, async_op)
+
+        call.allocate = collective.allocate
+        return call
+
+    for layer in (model[0], model[2]):
+        _torch_private.wrap_fsdp_collectives(layer, "all_gather", recording)
+    weights = {(40, 48), (24, 40)}
+    distances = []
+
+    def pack(tensor):
+        is_weight = tuple(tensor.t().shape) in weights if tensor.dim() == 2 else False
+        return tensor, tensor.detach().clone() if is_weight else None
+
+    def unpack(saved):
+        tensor, forward = saved
+        if forward is not None:
+            distances.append((tensor - forward).abs().max().item())
+        return tensor
+
+    x = torch.randn(8, 48, generator=torch.Generator().manual_seed(rank))
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = model(x).square().mean()
+    loss.backward()
+    return distances, sizes
+
+
+def test_backward_sees_the_weights_forward_saw_after_resharding_to_a_smaller_group():
+    """reshard_after_forward=2 on 4 ranks: FSDP2 keeps a 2-rank shard of the decoded
+    parameters after forward and all-gathers them on that smaller group for backward. int8
+    re-encoded them there, on other blocks, and backward computed its gradients with
+    weights up to 5e-4 from forward's; they are now sent as they are."""
+    for distances, sizes in run_distributed(_saved_weights_forward_and_backward, 4, timeout=120):
+        assert sizes == {4, 2}  # forward's all-gathers, then backward's on the smaller group
+        assert distances and all(distance == 0 for distance in distances), distances

@@ -51,6 +51,7 @@ try:
 except _torch_private.PrivateAPIMissing as missing:  # DDP users must still import commpress
     AllGather, ReduceScatter, _unavailable = object, object, missing
 MARK = "_commpress_fsdp"
+LOSSLESS = get_codec("none")
 ON_UNSUPPORTED = ("raise", "native")
 
 
@@ -175,9 +176,10 @@ def compress(
             result.left_native.append(name)
             continue
         if gather is not None:
-            module.set_custom_all_gather(
-                CompressedAllGather(gather, result.all_gather, timeout, name, result.groups)
+            compressed = CompressedAllGather(
+                gather, result.all_gather, timeout, name, result.groups, _regather_ranks(module)
             )
+            module.set_custom_all_gather(compressed)
             if unshard_async_op:
                 _torch_private.unshard_asynchronously(module)
         if scatter is not None:
@@ -211,6 +213,15 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
             continue
         _check_dtypes(name, module, gather, scatter, error_feedback)
     return unsupported
+
+
+def _regather_ranks(module) -> tuple[int, ...] | None:
+    """The ranks of the group on which FSDP2 all-gathers ``module``'s decoded parameters
+    again (an int ``reshard_after_forward``), or None."""
+    for group in _torch_private.fsdp_param_groups(module):
+        if group.regather_group is not None:
+            return tuple(dist.get_process_group_ranks(group.regather_group))
+    return None
 
 
 def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -> None:
@@ -365,9 +376,18 @@ class FutureWork(dist.Work):
 
 
 class CompressedAllGather(AllGather):
-    def __init__(self, spec: CollectiveSpec, stats: CommStats, timeout, module_name, groups):
+    """``regather_ranks``: the ranks of the post-forward group of an int
+    ``reshard_after_forward``, where FSDP2 gathers the parameters forward's all-gather
+    decoded: sent as they are, so that backward sees forward's values (a lossy codec would
+    round them again, on other blocks)."""
+
+    def __init__(
+        self, spec: CollectiveSpec, stats: CommStats, timeout, module_name, groups,
+        regather_ranks: tuple[int, ...] | None = None,
+    ):  # fmt: skip
         self.spec, self.stats, self.timeout, self.module_name = spec, stats, timeout, module_name
         self.groups: OwnGroups = groups
+        self.regather_ranks = regather_ranks
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -377,6 +397,8 @@ class CompressedAllGather(AllGather):
         algorithm, codec = _resolve(
             self.spec, "all_gather", input_tensor, group, self.groups, self.timeout
         )
+        if tuple(dist.get_process_group_ranks(group)) == self.regather_ranks:
+            codec = LOSSLESS
         own = self.groups.own(group, algorithm)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
