@@ -383,3 +383,40 @@ def _hooked_late_with_a_short_timeout(rank, world_size):
     ddp.register_comm_hook(state, hook)
     sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
     return True
+
+
+def _sparse_gradients(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True), torch.nn.Linear(8, 2))
+    tokens = torch.randint(0, 50, (4, 3), generator=torch.Generator().manual_seed(rank))
+    errors = {}
+    for spec in ("int8", "none@native"):
+        ddp, _ = wrap(copy.deepcopy(model), spec)
+        try:
+            ddp(tokens).sum().backward()
+            errors[spec] = None
+        except (TypeError, ValueError) as error:
+            errors[spec] = f"{type(error).__name__}: {error}"
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    calls = {
+        "all_reduce": lambda: cp.all_reduce(sparse),
+        "all_gather": lambda: cp.all_gather_into_tensor(torch.zeros(8), sparse),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except (TypeError, ValueError) as error:
+            errors[name] = f"{type(error).__name__}: {error}"
+    return errors
+
+
+def test_a_sparse_gradient_is_refused_saying_so_not_as_not_contiguous():
+    """nn.Embedding(sparse=True) under the compressed hook raised "tensor must be
+    contiguous" (a ValueError), as did the collectives given a sparse tensor."""
+    errors = run_distributed(_sparse_gradients, 2, timeout=60)[0]
+    assert errors["int8"].startswith("TypeError: the gradient of the parameter of shape (50, 8)")
+    assert "is a torch.sparse_coo tensor" in errors["int8"]
+    assert "cp.ddp.hook('none@native')" in errors["int8"]
+    assert errors["none@native"] is None  # torch's all-reduce takes it
+    for name in ("all_reduce", "all_gather"):
+        assert errors[name].startswith("TypeError: ") and "sparse_coo" in errors[name]

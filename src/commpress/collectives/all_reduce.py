@@ -17,6 +17,7 @@ from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
     check_codec_has_no_tuner,
+    check_dense,
     check_device,
     check_flag,
     check_op,
@@ -58,6 +59,7 @@ def all_reduce(
     op = check_op(op)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    check_dense(tensor, "tensor")
     if not tensor.is_contiguous():
         raise ValueError("tensor must be contiguous")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")

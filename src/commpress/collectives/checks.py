@@ -198,8 +198,18 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
             "must have the same dtype and device"
         )
     for name, tensor in (("out", out), ("inp", inp)):
+        check_dense(tensor, name)
         if not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+
+
+def check_dense(tensor: torch.Tensor, argument: str) -> None:
+    """A sparse tensor is never contiguous: say what it is, not that."""
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"{argument} is a {tensor.layout} tensor: commpress's collectives move dense "
+            f"tensors only ({argument}.to_dense(), or torch.distributed's own collective)"
+        )
 
 
 def check_reduction_dtype(dtype: torch.dtype, argument: str) -> None:

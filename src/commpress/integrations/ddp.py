@@ -72,6 +72,8 @@ def hook(
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
+    if tensor.layout != torch.strided and spec.algorithm != "native":
+        raise TypeError(_not_dense(bucket, spec))
     numel, dtype = tensor.numel(), tensor.dtype
     raw = wire_bytes("all_reduce", "native", "none", numel, world_size, dtype)
     wire = call_wire_bytes("all_reduce", spec.algorithm, spec.codec, tensor, state.group)
@@ -102,3 +104,13 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
         timeout=state.timeout,
     )
     return for_ddp(work.torch_future(tensor, before=watch.stop))
+
+
+def _not_dense(bucket, spec: CollectiveSpec) -> str:
+    """DDP hands a sparse gradient (``nn.Embedding(sparse=True)``) in a bucket of its own."""
+    shapes = ", ".join(str(tuple(parameter.shape)) for parameter in bucket.parameters())
+    return (
+        f"the gradient of the parameter of shape {shapes} is a {bucket.buffer().layout} "
+        f"tensor (nn.Embedding(sparse=True) and the like): cp.ddp.hook({spec.text!r}) takes "
+        "dense gradients only; use dense gradients, or cp.ddp.hook('none@native')"
+    )
