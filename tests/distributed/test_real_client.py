@@ -1,14 +1,15 @@
-"""A real client: a small Hugging Face GPT-2 (random init, built from a config: nothing is
-downloaded), trained with FSDP2 and with DDP, compressed and not."""
+"""Real clients: a small Hugging Face GPT-2 and Llama (random init, built from configs:
+nothing is downloaded), trained with FSDP2 and with DDP, compressed and not."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
 import pytest
 import torch
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
@@ -30,6 +31,65 @@ def gpt2() -> torch.nn.Module:
         n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=CONTEXT
     )
     return transformers.GPT2LMHeadModel(config)  # its lm_head is tied to wte
+
+
+def llama() -> torch.nn.Module:
+    """Grouped-query attention, rotary embeddings (a buffer), RMSNorm, untied head."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config)
+
+
+def train_accumulating(model, rank: int, sync) -> list[torch.Tensor]:
+    """SGD steps of two micro-batches, the first without gradient sync (``sync(False)``
+    returns the context to run it in), and a no_grad eval forward after each step; every
+    parameter after each step, read from the optimizer's (sharded) ones."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    snapshots = []
+    for step in range(STEPS):
+        for micro in range(2):
+            generator = torch.Generator().manual_seed(100 * step + 10 * rank + micro)
+            tokens = torch.randint(0, VOCAB, (2, CONTEXT), generator=generator)
+            with sync(micro == 1):
+                model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=tokens)
+        model.train()
+        snapshots.append(_parameters(optimizer.param_groups[0]["params"]))
+    return snapshots
+
+
+def _llama_fsdp(spec):
+    model, mesh = llama(), cp.fsdp.cpu_mesh()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for module in (*model.model.layers, model):
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    if spec is not None:
+        cp.fsdp.compress(model, all_gather=spec, reduce_scatter=spec)
+
+    def sync(on):
+        model.set_requires_gradient_sync(on)
+        return contextlib.nullcontext()
+
+    return model, sync
+
+
+def _llama_ddp(spec):
+    model = DistributedDataParallel(
+        llama(), find_unused_parameters=True, gradient_as_bucket_view=True, bucket_cap_mb=0.05
+    )
+    if spec is not None:
+        model.register_comm_hook(*cp.ddp.hook(spec))
+    return model, lambda on: contextlib.nullcontext() if on else model.no_sync()
 
 
 def train(model, rank: int, negate=False) -> tuple[list[float], list[torch.Tensor]]:
@@ -54,8 +114,10 @@ def train(model, rank: int, negate=False) -> tuple[list[float], list[torch.Tenso
 
 
 def _parameters(model) -> torch.Tensor:
+    """``model``'s parameters (or those given), as one flat tensor."""
+    parameters = model.parameters() if isinstance(model, torch.nn.Module) else model
     flat = []
-    for parameter in model.parameters():
+    for parameter in parameters:
         full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
         flat.append(full.detach().reshape(-1).clone())
     return torch.cat(flat)
@@ -97,6 +159,10 @@ def _runs(rank, world_size):
         ddp[spec] = train(model, rank)
         if spec is not None:
             calls[f"ddp {spec}"] = model.hook_state.stats.snapshot()["calls"]
+    for trained, make in ((fsdp, _llama_fsdp), (ddp, _llama_ddp)):
+        for spec in (None, "none"):
+            model, sync = make(spec)
+            trained[f"llama {spec}"] = train_accumulating(model, rank, sync)
     return fsdp, ddp, _parameters(gpt2()), calls
 
 
@@ -123,6 +189,18 @@ def test_none_trains_gpt2_to_the_plain_wrappers_bits(runs, wrapper):
     for fsdp, ddp, _, _ in runs:
         trained = fsdp if wrapper == "fsdp" else ddp
         _assert_same_bits(trained["none"], trained[None])
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
+def test_none_trains_llama_to_the_plain_wrappers_bits_on_every_rank(runs, wrapper):
+    """Llama under FSDP2 (bf16 parameters, fp32 reduction, no resharding after forward) and
+    DDP (unused-parameter search, gradients as bucket views, small buckets), each with a
+    micro-batch without gradient sync and a no_grad eval forward after every step."""
+    trained = [fsdp if wrapper == "fsdp" else ddp for fsdp, ddp, _, _ in runs]
+    for by_rank in trained:
+        plain, compressed = by_rank["llama None"], by_rank["llama none"]
+        assert all(torch.equal(a, b) for a, b in zip(compressed, plain, strict=True))
+    assert torch.equal(trained[0]["llama none"][-1], trained[1]["llama none"][-1])
 
 
 def test_fsdp_int8_updates_gpt2_as_plain_fsdp_does(runs):
