@@ -119,20 +119,36 @@ def main(argv: list[str] | None = None) -> int:
 
 #: Options that name a file a command writes.
 OUTPUT_OPTIONS = ("json", "markdown", "plot", "save_fit")
+#: Options that name files a command reads (one path, or a list of them).
+INPUT_OPTIONS = ("calibrate", "fit", "codec_speeds", "tune_fit")
 
 
 def _check_outputs_differ(args) -> None:
-    """ValueError where two outputs name one file (``--json r --markdown r``): the second
-    written would replace the first."""
+    """ValueError where two outputs name one file (``--json r --markdown r``), or an output
+    names a file the command reads (``--calibrate b.json --save-fit b.json``): the second
+    written would replace the first, or the output the measurements it was made from."""
     seen = {}
+    for name in INPUT_OPTIONS:
+        paths = getattr(args, name, None) or []
+        for path in [paths] if isinstance(paths, str) else paths:
+            seen.setdefault(os.path.realpath(path), name)
     for name in OUTPUT_OPTIONS:
         path = getattr(args, name, None)
         if not path:
             continue
         first = seen.setdefault(os.path.realpath(path), name)
+        if first in INPUT_OPTIONS:
+            raise ValueError(
+                f"--{_option(name)} names {path!r}, which --{_option(first)} reads: "
+                "writing it would replace what the command reads"
+            )
         if first != name:
-            options = f"--{first.replace('_', '-')} and --{name.replace('_', '-')}"
+            options = f"--{_option(first)} and --{_option(name)}"
             raise ValueError(f"{options} name the same file, {path!r}: one would replace the other")
+
+
+def _option(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _discard_stdout() -> None:

@@ -759,6 +759,30 @@ def test_two_outputs_naming_one_file_are_refused(argv, tmp_path, capsys):
     assert not path.exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sim", "--calibrate", "a.json", "{read}", "--save-fit", "{read}"],
+         "--save-fit names '{read}', which --calibrate reads"),
+        (["sim", "--fit", "{read}", "--json", "{read}"],
+         "--json names '{read}', which --fit reads"),
+        (["sim", "--codec-speeds", "{read}", "--markdown", "{read}"],
+         "--markdown names '{read}', which --codec-speeds reads"),
+        (["bench", "--algorithm", "auto", "--tune-fit", "{read}", "--json", "{read}"],
+         "--json names '{read}', which --tune-fit reads"),
+    ],
+)  # fmt: skip
+def test_an_output_naming_a_file_the_command_reads_is_refused(argv, message, tmp_path, capsys):
+    """From a bug hunt: ``sim --calibrate b.json --save-fit b.json`` replaced the measured
+    rows with the fit, and ``--fit f.json --json f.json`` the fit with the rows, exit 0."""
+    read = tmp_path / "measured.json"
+    read.write_text("kept")
+    argv = [word.format(read=read) for word in argv]
+    assert main(argv) == 2
+    assert message.format(read=read) in capsys.readouterr().err
+    assert read.read_text() == "kept"
+
+
 @pytest.mark.parametrize("command", ["bench", "train"])
 def test_nprocs_is_refused_past_the_most_local_processes(command, monkeypatch, capsys):
     """``bench --nprocs 1025`` forked 1025 ranks (on 2 cores) before anything failed."""
