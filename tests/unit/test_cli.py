@@ -163,6 +163,24 @@ def test_an_empty_output_path_is_refused(argv, capsys, monkeypatch):
     assert f"argument {argv[1]}: an empty path" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["sim", "--fit", ""], ["sim", "--codec-speeds", " "], ["sim", "--calibrate", ""],
+     ["bench", "--algorithm", "auto", "--tune-fit", ""]],
+)  # fmt: skip
+def test_an_empty_input_path_is_refused(argv, capsys, monkeypatch):
+    """``sim --fit ""`` (an unset shell variable) ran on the model's defaults, exit 0;
+    ``--calibrate ""`` said 'cannot read : Is a directory'; ``bench --tune-fit ""`` started
+    the ranks, which each failed on that path (exit 1)."""
+    import commpress.bench.collectives as bench
+
+    monkeypatch.setattr(bench, "run_distributed", lambda *a, **k: pytest.fail("ranks ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {argv[-2]}: an empty path" in capsys.readouterr().err
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

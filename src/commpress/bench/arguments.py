@@ -182,6 +182,13 @@ def output_path(text: str) -> str:
     return text
 
 
+def input_path(text: str) -> str:
+    """A file the command reads: named, for an empty path (an unset shell variable) would
+    be taken for no file at all, or fail only once the ranks have started."""
+    _check_named(text)
+    return text
+
+
 def plot_path(text: str) -> str:
     """``--plot``: an :func:`output_path` with matplotlib there to draw it, checked now so
     that a long sweep does not end in an ImportError and exit status 2."""

@@ -54,6 +54,7 @@ from commpress.bench.arguments import (
     byte_size,
     comma_list,
     dtype_list,
+    input_path,
     local_processes,
     non_negative_int,
     output_path,
@@ -556,6 +557,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="multicast: seed of --loss (0)")
     parser.add_argument(
         "--tune-fit",
+        type=input_path,
         metavar="FIT.json",
         help="--algorithm auto / --codec auto:...: the fit of `commpress sim --save-fit` the "
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",

@@ -24,6 +24,7 @@ from commpress.bench import report
 from commpress.bench.arguments import (
     byte_size,
     comma_list,
+    input_path,
     output_path,
     plot_path,
     positive_int,
@@ -113,19 +114,23 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--codec-speeds",
+        type=input_path,
         metavar="CODECS.json",
         help="encode/decode speeds from `commpress codecs --json`",
     )
     parser.add_argument(
         "--calibrate",
         nargs="+",
+        type=input_path,
         metavar="BENCH.json",
         help="fit message time and efficiency to `commpress bench --json` rows",
     )
     parser.add_argument(
         "--save-fit", type=output_path, metavar="FIT.json", help="where --calibrate saves its fit"
     )
-    parser.add_argument("--fit", metavar="FIT.json", help="use a fit saved by --save-fit")
+    parser.add_argument(
+        "--fit", type=input_path, metavar="FIT.json", help="use a fit saved by --save-fit"
+    )
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
     )
