@@ -694,6 +694,21 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback():
     assert done.returncode == 141  # 128 + SIGPIPE, as a shell tool's
 
 
+def test_a_reader_gone_before_a_short_output_ends_the_command_quietly():
+    """``commpress sim ... | true``: a table shorter than the output buffer was written at
+    the interpreter's exit, which said 'Exception ignored ... BrokenPipeError', exit 120."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    command = [sys.executable, "-m", "commpress.cli", "schedule", "--op", "all_gather",
+               "--algorithm", "ring", "--world", "2", "--numel", "8"]  # fmt: skip
+    done = subprocess.run(command, stdout=write, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
 def test_a_broken_pipe_other_than_standard_output_keeps_its_traceback(monkeypatch, capsys):
     """Only a reader that stopped reading standard output ends a command quietly: another
     broken pipe (a dead peer of a local run, say) is an error to see."""
