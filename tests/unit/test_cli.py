@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import subprocess
 import sys
@@ -707,6 +709,54 @@ def test_a_reader_gone_before_a_short_output_ends_the_command_quietly():
     done = subprocess.run(command, stdout=write, stderr=subprocess.PIPE, text=True, env=env)
     os.close(write)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+class _ReaderGone(io.StringIO):
+    """Standard output whose reader has gone, as a pipe written unbuffered
+    (``PYTHONUNBUFFERED``) reports it at the first print."""
+
+    def write(self, text):
+        raise BrokenPipeError(errno.EPIPE, "the reader has gone")
+
+
+_BENCH_ROW = {"op": "all_gather", "size_bytes": 4096, "count": 1024, "type": "float",
+              "algorithm": "native", "codec": "none", "time_us": 1.0, "algbw_gbps": 1.0,
+              "busbw_gbps": 1.0, "wire_bytes": 1, "rel_err": 0.0, "wrong": 0, "speedup": 1.0,
+              "nprocs": 2}  # fmt: skip
+_TRAIN_ROW = {"run": "plain", "step_s": 0.1, "eval_loss": 5.0, "wire_bytes": 8.0, "steps": 2,
+              "losses": [5.0, 4.0], "step_times": [0.1, 0.1], "tokens_per_s": 1.0,
+              "comm_fraction": 0.5, "final_loss": 4.5}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "written"),
+    [
+        (["sim", "--nodes", "2", "--json", "r.json", "--markdown", "r.md"], ["r.json", "r.md"]),
+        (["codecs", "--codec", "none", "--numel", "8", "--repeats", "1", "--json", "r.json",
+          "--markdown", "r.md"], ["r.json", "r.md"]),
+        (["bench", "-b", "4K", "-e", "4K", "--json", "r.json", "--markdown", "r.md"],
+         ["r.json", "r.md"]),
+        (["train", "--compare", "plain", "--out", "out", "--markdown", "r.md"],
+         ["out/summary.json", "out/losses.csv", "r.md"]),
+    ],
+)  # fmt: skip
+def test_the_files_are_written_before_a_reader_gone_can_stop_the_command(
+    argv, written, tmp_path, monkeypatch
+):
+    """From a bug hunt: ``commpress train ... | grep -m1 plain`` (standard output unbuffered)
+    trained to the end, then lost summary.json, the curves and --markdown to the
+    BrokenPipeError of the table printed before them; bench, sim and codecs their --json and
+    --markdown alike."""
+    from commpress.bench import collectives
+    from commpress.train import command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(collectives, "run_distributed", lambda *a, **k: [[dict(_BENCH_ROW)]])
+    monkeypatch.setattr(command, "run_distributed", lambda *a, **k: [[dict(_TRAIN_ROW)]])
+    monkeypatch.setattr(sys, "stdout", _ReaderGone())
+    with pytest.raises(BrokenPipeError):
+        main(argv)
+    assert [path for path in written if not (tmp_path / path).is_file()] == []
 
 
 def test_a_broken_pipe_other_than_standard_output_keeps_its_traceback(monkeypatch, capsys):

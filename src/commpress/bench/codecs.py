@@ -136,14 +136,14 @@ def main(args) -> int:
         raise ValueError(f"--codec {repeated} are the same codec")
     torch.set_num_threads(args.threads)
     rows = run(specs, args.numel, args.repeats, args.seed)
-    print(summary(args, rows[0]))
-    print(report.format_table(rows, COLUMNS))
-    if args.json:
+    if args.json:  # before printing: a reader of standard output that has gone cannot cost it
         report.write_json(args.json, rows)
     if args.markdown:
         report.write_markdown(
             args.markdown, "Codec throughput and error", rows, COLUMNS, notes=summary(args, rows[0])
         )
+    print(summary(args, rows[0]))
+    print(report.format_table(rows, COLUMNS))
     return 0
 
 

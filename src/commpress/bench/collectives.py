@@ -500,8 +500,7 @@ def main(args) -> int:
         for row in rows:
             row.setdefault("chosen", "")
     heading = f"{title(args.op, rows[0]['nprocs'], link, racks, uplink)}, median of {args.iters}"
-    print(f"# {heading}")
-    report.publish(rows, columns, f"{heading}: compressed vs native", args, plot)
+    report.publish(rows, columns, f"{heading}: compressed vs native", args, plot, f"# {heading}")
     return 0
 
 

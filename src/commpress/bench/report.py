@@ -79,16 +79,19 @@ def _commit() -> str:
     return commit + ("+" if dirty else "")
 
 
-def publish(rows: Sequence[dict], columns, title: str, args, plot) -> None:
-    """Print the table, then write what ``--json``, ``--markdown`` and ``--plot`` ask for
-    (``plot(rows, path)`` draws)."""
-    print(format_table(rows, columns))
+def publish(rows: Sequence[dict], columns, title: str, args, plot, heading: str = "") -> None:
+    """Write what ``--json``, ``--markdown`` and ``--plot`` ask for (``plot(rows, path)``
+    draws), then print ``heading`` and the table: the files first, so that a reader of
+    standard output that has gone (``| head -1``) cannot cost them."""
     if args.json:
         write_json(args.json, rows)
     if args.markdown:
         write_markdown(args.markdown, title, rows, columns)
     if args.plot:
         plot(rows, args.plot)
+    if heading:
+        print(heading)
+    print(format_table(rows, columns))
 
 
 def pyplot():

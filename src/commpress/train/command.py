@@ -123,11 +123,12 @@ def main(args) -> int:
         _add_hidden_share(results)
         columns = COLUMNS + LOWRANK_COLUMNS
     title = heading(config, where)
-    print(f"# {title}")
-    print(report.format_table(results, columns))
+    # written before printing: a reader of standard output that has gone cannot cost them
     plotted = write_outputs(Path(args.out), title, results)
     if args.markdown:
         report.write_markdown(args.markdown, title, results, columns)
+    print(f"# {title}")
+    print(report.format_table(results, columns))
     if plotted:
         print(f"loss curves, summary and plot in {args.out}/")
     else:
