@@ -833,6 +833,23 @@ def test_codec_lists_keep_the_options_of_a_spec_together(tmp_path):
     ]
 
 
+def test_an_auto_codec_keeps_candidates_that_have_options_of_their_own():
+    """From a bug hunt: ``bench --codec auto:max_rel_err=1e-2,codecs=int8+zfp:rate=8`` (a
+    spec the tuner takes) was cut at ``codecs=...``, refused as an unknown codec."""
+    from commpress.bench.arguments import spec_list
+
+    auto = "auto:max_rel_err=1e-2,codecs=int8+zfp:rate=8"
+    assert spec_list(f"{auto},int4") == [auto, "int4"]
+    assert spec_list("auto:codecs=int8:block=128+int4,none") == [
+        "auto:codecs=int8:block=128+int4",
+        "none",
+    ]
+    assert spec_list("zfp:rate=8,int8:block=128,stochastic=true") == [
+        "zfp:rate=8",
+        "int8:block=128,stochastic=true",
+    ]
+
+
 @pytest.mark.parametrize("argv", [["sim"], ["codecs", "--codec", "none", "--numel", "8"]])
 def test_two_outputs_naming_one_file_are_refused(argv, tmp_path, capsys):
     """From a bug hunt: ``--json r --markdown r`` wrote the JSON, then the markdown over it."""

@@ -112,15 +112,22 @@ def comma_list(text: str) -> list[str]:
 
 def spec_list(text: str) -> list[str]:
     """Comma-separated specs ``NAME[:key=value,...]``, whose options are comma-separated
-    too: a ``key=value`` part continues the spec before it, so
-    ``int8:block=128,stochastic=true,int4`` is two specs. At least one, none twice."""
+    too: a ``key=value`` part (no ``:`` before its ``=``) continues the spec before it, so
+    ``int8:block=128,stochastic=true,int4`` is two specs, and so is
+    ``auto:max_rel_err=0.01,codecs=int8+zfp:rate=8,int4``. At least one, none twice."""
     specs = []
     for part in (part.strip() for part in text.split(",")):
-        if specs and "=" in part and ":" not in part:
+        if specs and _is_option(part):
             specs[-1] += f",{part}"
         elif part:
             specs.append(part)
     return _distinct(text, specs)
+
+
+def _is_option(part: str) -> bool:
+    """Whether ``part`` is a spec's ``key=value`` option, not a spec ``NAME:key=value``."""
+    key, equals, _ = part.partition("=")
+    return bool(equals) and ":" not in key
 
 
 def _distinct(text: str, items: list[str]) -> list[str]:
