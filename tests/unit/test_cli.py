@@ -43,6 +43,15 @@ def test_codecs_benchmark_writes_rows_for_each_codec(tmp_path, capsys):
     assert "**command**" in markdown.read_text()
 
 
+@pytest.mark.parametrize("seed", [str(1 << 64), str(-(1 << 63) - 1)])
+def test_codecs_refuses_a_seed_torch_cannot_take_naming_the_option(seed, capsys):
+    """From a bug hunt: it said only 'Overflow when unpacking long long'."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["codecs", "--codec", "none", "--numel", "8", "--repeats", "1", "--seed", seed])
+    assert exit_info.value.code == 2
+    assert f"argument --seed: '{seed}': torch takes seeds in" in capsys.readouterr().err
+
+
 def test_bad_codec_spec_is_a_clean_error(capsys):
     assert main(["codecs", "--codec", "int9"]) == 2
     assert "unknown codec 'int9'" in capsys.readouterr().err

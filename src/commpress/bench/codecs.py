@@ -124,6 +124,19 @@ def thread_count(text: str) -> int:
     return value
 
 
+#: The seeds torch's generators take: ``[-2**63, 2**64)``.
+SEED_RANGE = (-(1 << 63), 1 << 64)
+
+
+def torch_seed(text: str) -> int:
+    """``--seed``: an integer torch's generators take (past their range torch said only
+    'Overflow when unpacking long long')."""
+    value = int(text)
+    if not SEED_RANGE[0] <= value < SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: torch takes seeds in [-2**63, 2**64)")
+    return value
+
+
 def main(args) -> int:
     specs = args.codec or available_default_codecs()
     for spec in specs:
@@ -172,7 +185,7 @@ def add_arguments(parser) -> None:
         default=1,
         help="torch intra-op threads, at most the cores (default: 1)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the test data (0)")
+    parser.add_argument("--seed", type=torch_seed, default=0, help="seed of the test data (0)")
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
     )
