@@ -192,6 +192,16 @@ def test_an_empty_input_path_is_refused(argv, capsys, monkeypatch):
     assert f"argument {argv[-2]}: an empty path" in capsys.readouterr().err
 
 
+def test_sim_refuses_roots_without_multicast(capsys):
+    """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
+    ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""
+    assert main(["sim", "--nodes", "4", "--roots", "4"]) == 2
+    assert "--roots 4: for --algorithm multicast, which is not simulated" in (
+        capsys.readouterr().err
+    )
+    assert main(["sim", "--nodes", "4", "--roots", "4", "--algorithm", "ring,multicast"]) == 0
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

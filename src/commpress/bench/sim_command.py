@@ -148,6 +148,8 @@ def main(args) -> int:
     for op in args.op:
         if op not in OPS or op == "all_reduce":
             raise ValueError(f"--op {op!r}: choose from all_gather, reduce_scatter")
+    if args.roots is not None and "multicast" not in args.algorithm:  # as bench refuses it
+        raise ValueError(f"--roots {args.roots}: for --algorithm multicast, which is not simulated")
     for option, meaning in (
         ("--link", lambda link: parse_rate_bits(link, "--link")),
         ("--codec", lambda codec: str(get_codec(codec))),
