@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_outputs_differ(args)
         status = args.handler(args)
-        sys.stdout.flush()  # here, not at exit, where a reader gone is beyond our handling
         if status and _stdout_reader_gone():  # a failed job whose output's reader left
             _discard_stdout()
+        sys.stdout.flush()  # here, not at exit, where a reader gone is beyond our handling
         return status
     except (ValueError, TypeError, ImportError) as error:
         print(f"commpress {args.command}: error: {error}", file=sys.stderr)

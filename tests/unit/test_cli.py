@@ -730,6 +730,30 @@ def test_a_reader_gone_before_a_short_output_ends_the_command_quietly():
     assert (done.returncode, done.stderr) == (141, "")
 
 
+def test_a_failed_command_whose_reader_has_gone_keeps_its_status(monkeypatch):
+    """Flushing standard output before returning turned a failed job's status into 141
+    where its reader had gone with output still buffered (``launch ... | head -1`` of a job
+    that exits 3, without PYTHONUNBUFFERED)."""
+    import os
+
+    from commpress.bench import schedule_command
+
+    read, write = os.pipe()
+    os.close(read)
+    stdout = open(write, "w")  # noqa: SIM115 - closed below, after main has used it
+
+    def fails(args):
+        print("output still in the buffer")
+        return 3
+
+    monkeypatch.setattr(schedule_command, "run", fails)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        assert main(["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "2"]) == 3
+    finally:
+        stdout.close()
+
+
 class _ReaderGone(io.StringIO):
     """Standard output whose reader has gone, as a pipe written unbuffered
     (``PYTHONUNBUFFERED``) reports it at the first print."""
