@@ -963,6 +963,17 @@ def test_every_option_of_every_command_says_what_it_does(command):
     assert [(path, a.option_strings) for path, a in options if not a.help] == []
 
 
+@pytest.mark.parametrize(("command", "option"), [("bench", "--timeout"), ("launch", "--port")])
+def test_an_option_with_a_default_names_it_in_its_help(command, option):
+    """From a bug hunt: ``bench --timeout`` (1800 s) and ``launch --port`` (29500) were the
+    only options with a default that --help did not give."""
+    from commpress import cli
+
+    (action,) = [a for _, a in _options_of(cli.build_parser([command]), "")
+                 if option in a.option_strings]  # fmt: skip
+    assert f"({action.default:g})" in action.help
+
+
 def test_train_strategy_says_what_each_runs():
     """``commpress train --help`` listed ``--strategy {fsdp,ddp}`` with no word on either."""
     from commpress import cli

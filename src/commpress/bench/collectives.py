@@ -561,7 +561,9 @@ def add_arguments(parser) -> None:
         help="--algorithm auto / --codec auto:...: the fit of `commpress sim --save-fit` the "
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
     )
-    parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds for the sweep")
+    parser.add_argument(
+        "--timeout", type=seconds, default=1800.0, help="seconds for the sweep (1800)"
+    )
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"
     )

@@ -152,7 +152,12 @@ def cluster_status(args) -> int:
 def add_launch_arguments(parser) -> None:
     add_link_arguments(parser, required=False)
     parser.add_argument("--nproc-per-host", type=positive_int, default=1, help="ranks per host (1)")
-    parser.add_argument("--port", type=port, default=DEFAULT_PORT, help="rendezvous port")
+    parser.add_argument(
+        "--port",
+        type=port,
+        default=DEFAULT_PORT,
+        help=f"rendezvous port, the ranks' MASTER_PORT ({DEFAULT_PORT})",
+    )
     parser.add_argument("--timeout", type=seconds, help="stop every rank after this many seconds")
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="-- the program to run and its arguments"
