@@ -192,6 +192,17 @@ def test_an_empty_input_path_is_refused(argv, capsys, monkeypatch):
     assert f"argument {argv[-2]}: an empty path" in capsys.readouterr().err
 
 
+def test_bench_refuses_a_seed_of_no_loss(monkeypatch, capsys):
+    """From a bug hunt: ``bench --algorithm multicast --seed 5`` without --loss ran, the
+    seed (of the injected loss alone) unused, and the rows looked seeded."""
+    import commpress.bench.collectives as bench
+
+    monkeypatch.setattr(bench, "cluster_from", lambda args: pytest.fail("a cluster was built"))
+    argv = ["bench", "--hosts", "2", "--link", "1gbit", "--algorithm", "multicast", "--seed", "5"]
+    assert main(argv) == 2
+    assert "--seed 5: the seed of --loss, which drops nothing (0)" in capsys.readouterr().err
+
+
 def test_sim_refuses_roots_without_multicast(capsys):
     """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
     ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""

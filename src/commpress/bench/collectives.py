@@ -442,6 +442,8 @@ def main(args) -> int:
              if value != default]  # fmt: skip
     if given and not multicasts:
         raise ValueError(f"{' and '.join(given)}: for --algorithm multicast, which is not run")
+    if args.seed != 0 and args.loss == 0:
+        raise ValueError(f"--seed {args.seed}: the seed of --loss, which drops nothing (0)")
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
         if tuner.is_auto(codec):
             tuner.budget(codec)
