@@ -213,6 +213,15 @@ def test_sim_refuses_roots_without_multicast(capsys):
     assert main(["sim", "--nodes", "4", "--roots", "4", "--algorithm", "ring,multicast"]) == 0
 
 
+def test_sim_refuses_an_uplink_efficiency_where_there_is_no_uplink(capsys):
+    """From a bug hunt: ``sim --uplink-efficiency 0.5`` on the default one switch printed
+    the rows of full efficiency, exit 0."""
+    assert main(["sim", "--nodes", "4", "--uplink-efficiency", "0.5"]) == 2
+    assert "which --topology switch has none of" in capsys.readouterr().err
+    argv = ["sim", "--nodes", "4", "--uplink-efficiency", "0.5", "--topology", "racks:count=2"]
+    assert main(argv) == 0
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

@@ -43,7 +43,7 @@ from commpress.schedules.registry import (
 )
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
-from commpress.sim.topology import Racks, Topology, parse_topology
+from commpress.sim.topology import Racks, Topology, check_topology, parse_topology
 from commpress.units import parse_rate_bits
 
 COLUMNS = (
@@ -150,6 +150,11 @@ def main(args) -> int:
             raise ValueError(f"--op {op!r}: choose from all_gather, reduce_scatter")
     if args.roots is not None and "multicast" not in args.algorithm:  # as bench refuses it
         raise ValueError(f"--roots {args.roots}: for --algorithm multicast, which is not simulated")
+    if args.uplink_efficiency is not None and check_topology(args.topology)[0] == "switch":
+        raise ValueError(
+            "--uplink-efficiency: for the links above the hosts', which --topology switch "
+            "has none of"
+        )
     for option, meaning in (
         ("--link", lambda link: parse_rate_bits(link, "--link")),
         ("--codec", lambda codec: str(get_codec(codec))),
