@@ -175,12 +175,14 @@ class CollectiveWork:
                 "future, say): it is queued behind this callback and would never finish; "
                 "wait from another thread"
             )
-        seconds = None if timeout is None else timeout.total_seconds()
         try:
-            # not result(timeout=...): its TimeoutError is the builtin one, which the
-            # collective itself may raise (a socket's), and would be taken for the wait's
-            if not concurrent.futures.wait([self._future], timeout=seconds).done:
-                raise TimeoutError(f"collective did not complete within {timeout}")
+            # with a timeout, not result(timeout=...): its TimeoutError is the builtin one,
+            # which the collective itself may raise (a socket's), and would be taken for the
+            # wait's; without one, on the future's own condition (no waiter made per call)
+            if timeout is not None:
+                seconds = timeout.total_seconds()
+                if not concurrent.futures.wait([self._future], timeout=seconds).done:
+                    raise TimeoutError(f"collective did not complete within {timeout}")
             self._future.result()
         finally:
             if self._order is not None and self._future.done():
