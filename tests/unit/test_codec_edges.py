@@ -40,6 +40,15 @@ def test_spec_options_are_parsed_and_round_trip():
     assert cp.get_codec(codec) is codec
 
 
+def test_the_spec_made_once_follows_the_options_of_each_codec():
+    codec = cp.get_codec("int8:impl=reference")
+    assert str(codec) == "int8:impl=reference"
+    assert str(dataclasses.replace(codec, block=64)) == "int8:block=64,impl=reference"
+    assert str(dataclasses.replace(codec, impl="fused")) == "int8"
+    assert str(cp.get_codec("int4:impl=reference")) == "int4:impl=reference"
+    assert str(codec) == "int8:impl=reference"
+
+
 @pytest.mark.parametrize("rate", [3.1249999, 7.1234567, 8.5, 16.0])
 def test_a_float_option_round_trips_through_the_canonical_spec(rate):
     # str(codec) is what the schedules, the wire-byte counts and the argument check carry;

@@ -9,6 +9,7 @@ the property that lets a ring forward compressed bytes unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -67,6 +68,12 @@ class CodecBase:
 
     def __str__(self) -> str:
         """The canonical spec string: the name and every option that differs from its default."""
+        return self._spec
+
+    @functools.cached_property
+    def _spec(self) -> str:
+        """:meth:`__str__`, made once per codec (immutable): every collective names its codec
+        (its argument check, its failures' messages)."""
         changed = [
             f"{f.name}={_format_option(getattr(self, f.name))}"
             for f in dataclasses.fields(self)
