@@ -45,6 +45,18 @@ def test_the_backend_of_each_device(made, reported, cpu, cuda):
     assert backends.moves(None, "cpu") == cpu and backends.moves(None, "cuda") == cuda
 
 
+def test_the_backend_of_each_device_follows_the_group_asked_about(monkeypatch):
+    from commpress.transport import backends
+
+    configs = {"a": GLOO[1], "b": NCCL[1], "c": UNNAMED_ON_A_CPU_MACHINE[1]}
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: configs[group])
+    for _ in range(2):  # read again: each group still gets its own
+        assert [backends.moves(g, "cpu") for g in "abc"] == ["gloo", None, "gloo"]
+        assert [backends.moves(g, "cuda") for g in "abc"] == ["gloo", "nccl", None]
+    configs["a"] = NCCL[1]
+    assert backends.moves("a", "cpu") is None
+
+
 @pytest.mark.parametrize(
     "reported, staged, alone, digest_on",
     [(GLOO, True, True, "cpu"), (NCCL, False, False, "cuda"), (MIXED, False, True, "cpu"),

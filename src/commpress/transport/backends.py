@@ -9,14 +9,21 @@ there), gloo where not. ``dist.get_backend_config`` says which (``"cuda:nccl"``,
 
 from __future__ import annotations
 
+import functools
+
 import torch.distributed as dist
 
 
 def moves(group: dist.ProcessGroup | None, device_type: str) -> str | None:
     """The backend that moves ``group``'s tensors of ``device_type`` ("gloo", "nccl"), or
     None where none does."""
-    pairs = dict(pair.split(":", 1) for pair in dist.get_backend_config(group).split(","))
-    return pairs.get(device_type)
+    return _by_device(dist.get_backend_config(group)).get(device_type)
+
+
+@functools.lru_cache(maxsize=64)  # read on every compressed call, and several times in one
+def _by_device(config: str) -> dict[str, str]:
+    """``{"cpu": "gloo", "cuda": "nccl"}`` of ``"cpu:gloo,cuda:nccl"`` (never modified)."""
+    return dict(pair.split(":", 1) for pair in config.split(","))
 
 
 def name(group: dist.ProcessGroup | None) -> str:
