@@ -77,7 +77,7 @@ def all_gather_into_tensor(
     check_pair(out, inp, world_size=dist.get_world_size(group), gather=True)
     if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
         check_moved(inp, group)
-    algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm, timeout=timeout)
+        algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm, timeout=timeout)
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, tunable=True)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":

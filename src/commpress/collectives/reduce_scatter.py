@@ -96,9 +96,9 @@ def reduce_scatter_tensor(
         check_residual_tensor(residual, inp)
     if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
         check_moved(inp, group)
-    algorithm, codec = auto.resolve(
-        "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes, op, timeout
-    )
+        algorithm, codec = auto.resolve(
+            "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes, op, timeout
+        )
     check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS, tunable=True)
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
