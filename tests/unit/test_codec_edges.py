@@ -49,6 +49,25 @@ def test_the_spec_made_once_follows_the_options_of_each_codec():
     assert str(codec) == "int8:impl=reference"
 
 
+def test_the_payload_sizes_a_codec_keeps_follow_numel_dtype_and_codec():
+    """Encodes and decodes check their buffers against sizes each codec keeps per
+    ``(numel, dtype)``: a size kept for one key is never taken for another."""
+    none, int8 = cp.get_codec("none"), make("int8")
+    for numel, dtype in [(10, torch.float32), (10, torch.float16), (12, torch.float32)] * 2:
+        x = torch.ones(numel, dtype=dtype)
+        for codec in (none, int8):
+            size = codec.wire_bytes(numel, dtype)
+            payload = codec.encode(x, out=torch.empty(size, dtype=torch.uint8))
+            assert_same_bits(codec.decode(payload, numel, dtype), x)
+            with pytest.raises(ValueError, match=f"of {size} bytes"):
+                codec.encode(x, out=torch.empty(size + 1, dtype=torch.uint8))
+            with pytest.raises(ValueError, match=f"into exactly {size} bytes"):
+                codec.decode(torch.cat([payload, payload[:1]]), numel, dtype)
+    assert none.wire_bytes(10, torch.float16) != none.wire_bytes(10, torch.float32)
+    with pytest.raises(TypeError, match="int8"):  # a refused dtype is never kept
+        int8.decode(torch.empty(14, dtype=torch.uint8), 10, torch.int32)
+
+
 @pytest.mark.parametrize("rate", [3.1249999, 7.1234567, 8.5, 16.0])
 def test_a_float_option_round_trips_through_the_canonical_spec(rate):
     # str(codec) is what the schedules, the wire-byte counts and the argument check carry;

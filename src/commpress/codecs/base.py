@@ -16,6 +16,8 @@ import torch
 
 #: Dtypes a lossy codec accepts as input and can decode to.
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+#: Payload sizes a codec keeps (:meth:`CodecBase._kept_wire_bytes`): a model's shapes.
+KEPT_WIRE_SIZES = 1024
 
 
 @runtime_checkable
@@ -112,7 +114,7 @@ class CodecBase:
             raise ValueError("payload must be contiguous (a strided view: pass .contiguous())")
         check_numel(numel)
         self.check_dtype(dtype, "dtype")
-        expected = self.wire_bytes(numel, dtype)
+        expected = self._kept_wire_bytes(numel, dtype)
         if payload.numel() != expected:
             raise ValueError(
                 f"payload has {payload.numel()} bytes but codec {str(self)!r} encodes "
@@ -121,7 +123,7 @@ class CodecBase:
 
     def payload_buffer(self, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
         """The destination of an encode: ``out`` (checked) or a new uint8 tensor."""
-        size = self.wire_bytes(x.numel(), x.dtype)
+        size = self._kept_wire_bytes(x.numel(), x.dtype)
         if out is None:
             return torch.empty(size, dtype=torch.uint8, device=x.device)
         check_tensor(out, "out")
@@ -133,6 +135,22 @@ class CodecBase:
         if out.device != x.device or not out.is_contiguous():
             raise ValueError(f"out must be contiguous and on {x.device}, like x")
         return out
+
+    def _kept_wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        """:meth:`wire_bytes`, kept per ``(numel, dtype)`` once it has answered (the checks
+        of every encode and decode ask it; it depends on nothing else)."""
+        sizes = self._wire_sizes
+        size = sizes.get((numel, dtype))
+        if size is None:
+            size = self.wire_bytes(numel, dtype)
+            if len(sizes) >= KEPT_WIRE_SIZES:
+                sizes.clear()
+            sizes[numel, dtype] = size
+        return size
+
+    @functools.cached_property
+    def _wire_sizes(self) -> dict[tuple[int, torch.dtype], int]:
+        return {}
 
     def output(
         self, out: torch.Tensor | None, numel: int, dtype: torch.dtype, device: torch.device
