@@ -104,3 +104,46 @@ def test_a_backends_error_marks_the_group_failed_and_only_that(monkeypatch, erro
     with pytest.raises(type(error)), failures.named_as("a call", None, group):
         raise error
     assert (group in owned_groups._failed) is failed
+
+
+class _Formatting(RuntimeError):
+    def __init__(self, part):
+        super().__init__(f"part {part} failed")
+
+
+class _KeywordOnly(RuntimeError):
+    def __init__(self, *, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _raise_in_a_named_frame(error: BaseException) -> None:
+    raise error
+
+
+def _caught(error: BaseException) -> BaseException:
+    try:
+        try:
+            raise ValueError("the first failure")
+        except ValueError:
+            _raise_in_a_named_frame(error)
+    except BaseException as caught:  # noqa: BLE001 - the test's own
+        return caught
+    raise AssertionError("not raised")
+
+
+@pytest.mark.parametrize("error", [_Formatting(3), _KeywordOnly(reason="gone")], ids=repr)
+def test_a_frameless_copy_keeps_type_message_chain_and_where_it_was_raised(error):
+    """The copy of a failed low-rank step's error kept for later calls and handed to DDP
+    holds no frame; copy.copy re-ran __init__ on its formatted message ('part part 3 failed
+    failed'), lost keyword-only types (a RuntimeError), and dropped the context and the
+    traceback, the only record of where the step failed."""
+    from commpress.lowrank.reducer import frameless
+
+    original = _caught(error)
+    copied = frameless(original)
+    assert type(copied) is type(original) and str(copied) == str(original)
+    assert copied.__traceback__ is None and copied.__context__.__traceback__ is None
+    assert str(copied.__context__) == "the first failure"
+    assert any("_raise_in_a_named_frame" in note for note in copied.__notes__)
+    assert getattr(copied, "reason", None) == getattr(original, "reason", None)

@@ -12,8 +12,8 @@ name), so it survives a change of bucketing, and checkpoints with
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
+import traceback
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -390,17 +390,37 @@ def check_checkpoint(state) -> None:
 
 
 def frameless(error: BaseException) -> BaseException:
-    """A copy of ``error`` and of its cause, without their tracebacks, to keep or to hand
-    on. The frames of a traceback hold the hook's state, and up the training thread's stack
-    DDP and the model, while torch's C++ holds, out of the garbage collector's sight, the
-    error a future fails with and DDP's hook state: a failed step's state stayed for as
-    long as the process ran, with its reducer, its thread, and serially the model."""
+    """A copy of ``error``, of its cause and of its context, without their tracebacks, to
+    keep or to hand on, with where it was raised as a note (text: it holds no frame). The
+    frames of a traceback hold the hook's state, and up the training thread's stack DDP and
+    the model, while torch's C++ holds, out of the garbage collector's sight, the error a
+    future fails with and DDP's hook state: a failed step's state stayed for as long as the
+    process ran, with its reducer, its thread, and serially the model."""
+    where = "".join(traceback.format_exception(error)).rstrip()
+    copied = _copy_without_frames(error, {})
+    copied.add_note(f"where it was raised (the frames are not kept):\n{where}")
+    return copied
+
+
+def _copy_without_frames(error: BaseException, copies: dict) -> BaseException:
+    """``error`` copied without calling its ``__init__`` (which may format its arguments
+    again), its attributes and notes kept; its cause and context copied likewise."""
+    if id(error) in copies:
+        return copies[id(error)]
     try:
-        copied = copy.copy(error)
-    except Exception:  # noqa: BLE001 - an error type that cannot be copied
+        copied = type(error).__new__(type(error), *error.args)
+        copied.args = error.args
+        copied.__dict__.update(getattr(error, "__dict__", {}))
+    except Exception:  # noqa: BLE001 - a type that cannot be made so
         copied = RuntimeError(f"{type(error).__name__}: {error}")
+    copies[id(error)] = copied
     if error.__cause__ is not None:
-        copied.__cause__ = frameless(error.__cause__)
+        copied.__cause__ = _copy_without_frames(error.__cause__, copies)
+    if error.__context__ is not None:
+        copied.__context__ = _copy_without_frames(error.__context__, copies)
+    copied.__suppress_context__ = error.__suppress_context__
+    if getattr(error, "__notes__", None) is not None:
+        copied.__notes__ = list(error.__notes__)
     return copied.with_traceback(None)
 
 
