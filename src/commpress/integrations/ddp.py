@@ -112,5 +112,6 @@ def _not_dense(bucket, spec: CollectiveSpec) -> str:
     return (
         f"the gradient of the parameter of shape {shapes} is a {bucket.buffer().layout} "
         f"tensor (nn.Embedding(sparse=True) and the like): cp.ddp.hook({spec.text!r}) takes "
-        "dense gradients only; use dense gradients, or cp.ddp.hook('none@native')"
+        "dense gradients only; use dense gradients, or cp.ddp.hook('none@native') (torch's "
+        "own all-reduce, which takes sparse tensors on gloo)"
     )
