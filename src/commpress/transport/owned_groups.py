@@ -16,27 +16,20 @@ rank offers the free groups it has for each request (:func:`offers`), the offers
 exchanged (by the caller, in the order of the compressed collectives given before), and a
 group is taken over only where every rank offers it (:func:`take`); a group destroyed, or
 one on which a collective failed (:func:`mark_failed`), is never offered, so the next owner
-gets a new group; nor is one with a collective of the backend's that commpress issued on CPU
-tensors still pending (an owner gone in the middle of a step on one rank, such as the
-low-rank scheduler's all-reduce of a bucket: the next owner's first collective would meet
-it, and take its data), and once that collective has failed, never (:func:`track`). Not
-tracked: the point-to-point transfers of ``ring`` and ``ring-hop`` (a call made on one rank
-alone and dropped can leave its group to a next owner whose first call then fails on every
-rank), and anything on NCCL, whose works complete their futures once queued on the GPU.
-Requests that differ between ranks (another timeout, say) raise on every rank, naming them.
-A failed group stays open until the world is made again (destroying it could hang where
-its peers do not do the same at once).
+gets a new group; nor is one with a collective of torch's issued on it still pending (an
+owner gone in the middle of a step, on one rank: the next owner's first collective would
+meet it, and take its data) (:func:`track`). Requests that differ between ranks (another
+timeout, say) raise on every rank, naming them. A failed group stays open until the world
+is made again (destroying it could hang where its peers do not do the same at once).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import weakref
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from commpress.transport.backends import registered
@@ -69,42 +62,24 @@ _made_in: list[weakref.ref] = [lambda: None]  # the world they were made in
 _failed: weakref.WeakSet = weakref.WeakSet()
 _owned: set[int] = set()  # the ids of the groups handed to owners, in this world
 #: Each group with collectives of torch's pending on it (:func:`track`), and how many.
-_in_flight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_in_flight: dict[object, int] = {}
 _in_flight_lock = threading.Lock()
 
 
-def track(group: dist.ProcessGroup | None, work, device: torch.device):
-    """``work``, a collective of torch's just issued on ``group`` with tensors on ``device``;
-    while it is pending, a group of an owner gone is offered to no one, and once it has
-    failed, never again. CPU tensors only: NCCL completes a work's future once it is queued
-    on the GPU, not once it has run, so there it would say nothing (a collective left
-    pending on an NCCL group is ended by NCCL's watchdog). Returns ``work``."""
-    if group is None or device.type != "cpu" or id(group) not in _owned:
-        return work
-    try:
-        future = work.get_future()
-    except (AttributeError, RuntimeError):  # a backend whose works have no future
+def track(group: dist.ProcessGroup | None, work):
+    """``work``, a collective of torch's just issued on ``group``; while it is pending, a group
+    of an owner gone is offered to no one. Returns ``work``."""
+    if group is None or id(group) not in _owned:
         return work
     _count(group, 1)
-    future.add_done_callback(functools.partial(_completed, weakref.ref(group)))
+    work.get_future().add_done_callback(lambda _: _count(group, -1))
     return work
-
-
-def _completed(group_ref: weakref.ref, future) -> None:
-    group = group_ref()
-    if group is None:
-        return
-    _count(group, -1)
-    try:
-        future.value()
-    except Exception:  # noqa: BLE001 - any error of the backend's: a peer stalled or died
-        mark_failed(group)
 
 
 def _count(group: object, change: int) -> None:
     with _in_flight_lock:
         count = _in_flight.get(group, 0) + change
-        if count > 0:
+        if count:
             _in_flight[group] = count
         else:
             _in_flight.pop(group, None)
