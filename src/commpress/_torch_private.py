@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -187,6 +188,18 @@ def unshard_asynchronously(module: torch.nn.Module) -> None:
     for group in _state_param_groups(module):
         _attribute(group, "unshard_async_op", "FSDPParamGroup.unshard_async_op")
         group.unshard_async_op = True
+
+
+def group_timeout(group: dist.ProcessGroup) -> timedelta:
+    """The timeout ``group`` was made with (``ProcessGroup._get_backend(device).options._timeout``),
+    the longest of its backends' where they differ."""
+    devices = [pair.split(":", 1)[0] for pair in dist.get_backend_config(group).split(",")]
+    get_backend = _attribute(group, "_get_backend", "ProcessGroup._get_backend")
+    timeouts = []
+    for device in devices:
+        options = _attribute(get_backend(torch.device(device)), "options", "Backend.options")
+        timeouts.append(_attribute(options, "_timeout", "Backend.Options._timeout"))
+    return max(timeouts)
 
 
 def negative_view(x: torch.Tensor) -> torch.Tensor:

@@ -420,3 +420,42 @@ def test_a_sparse_gradient_is_refused_saying_so_not_as_not_contiguous():
     assert errors["none@native"] is None  # torch's all-reduce takes it
     for name in ("all_reduce", "all_gather"):
         assert errors[name].startswith("TypeError: ") and "sparse_coo" in errors[name]
+
+
+def _hooked_in_a_world_with_a_short_timeout(rank, world_size, store, lowrank, directory):
+    from commpress.testing.stall import stall, timed_outcome
+
+    torch.distributed.destroy_process_group()
+    torch.distributed.init_process_group(
+        "gloo",
+        store=torch.distributed.FileStore(store, world_size),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=2),
+    )
+    ddp = DistributedDataParallel(small_model())
+    if lowrank:
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=1")
+    else:
+        state, hook = cp.ddp.hook("int8")
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 2, rank, features=32, batch=16, seed_stride=SEED_STRIDE)  # DDP's rebuild
+    if rank == 1:
+        stall(directory, (0,), 15.0)
+        return None
+    step = lambda: sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)  # noqa: E731
+    return timed_outcome(step, directory, rank)
+
+
+@pytest.mark.parametrize("lowrank", [False, True])
+def test_without_a_timeout_the_hook_waits_as_long_as_the_world(lowrank, tmp_path):
+    """The hook's group was made by ``new_group`` without a timeout, so with torch's 30
+    minutes whatever ``init_process_group`` had been given: a peer that stalled was waited
+    for until it came back (2 s said, 15 s waited)."""
+    store, directory = str(tmp_path / "store"), str(tmp_path)
+    results = run_distributed(
+        _hooked_in_a_world_with_a_short_timeout, 2, store, lowrank, directory, timeout=60
+    )
+    kind, message, elapsed = results[0]
+    assert "timed out" in message or "timeout" in message, message
+    assert 1.5 < elapsed < 8, (elapsed, message)

@@ -367,3 +367,32 @@ def test_the_set_up_exchange_runs_after_queued_work_on_the_callers_gpu():
     (seen, caller), *_ = run_distributed(_where_the_exchange_runs, 1, timeout=60)
     assert seen["thread"] != caller, seen
     assert seen["device"] == torch.device("cuda", 3), seen
+
+
+def _twins_of_a_group_with_a_short_timeout(rank, world_size, directory):
+    from datetime import timedelta
+
+    from commpress.testing.stall import stall, timed_outcome
+
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    for layer in model:
+        fully_shard(layer, mesh=cp.fsdp.cpu_mesh(group))
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh(group))
+    cp.fsdp.compress(model)  # no timeout=: the group's
+    if rank == 1:
+        stall(directory, (0,), 15.0)
+        return None
+    return timed_outcome(lambda: model(torch.ones(4, 8)).sum().backward(), directory, rank)
+
+
+def test_without_a_timeout_the_twins_wait_as_long_as_fsdps_group(tmp_path):
+    """The twins were made by ``new_group`` without a timeout, so with torch's 30 minutes
+    whatever FSDP's group had been given: a peer that stalled was waited for until it came
+    back (2 s said, 15 s waited)."""
+    kind, message, elapsed = run_distributed(
+        _twins_of_a_group_with_a_short_timeout, 2, str(tmp_path), timeout=60
+    )[0]
+    assert kind == "CollectiveTimeoutError", message
+    assert "(the process group's timeout)" in message, message
+    assert 1.5 < elapsed < 8, (elapsed, message)

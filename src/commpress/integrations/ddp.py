@@ -16,7 +16,7 @@ from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import for_ddp
-from commpress.integrations.groups import own_groups
+from commpress.integrations.groups import own_groups, standing_in_for
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
@@ -49,7 +49,8 @@ def hook(
     hook takes it over (:mod:`commpress.transport.owned_groups`). For a
     DDP on a subgroup (``process_group=pg``), pass a group of ``pg``'s ranks made for the
     hook (not ``pg`` itself): the hook cannot read DDP's group. ``timeout``: a peer that
-    dies or stalls makes the step raise after at most this long (default: the group's);
+    dies or stalls makes the step raise after at most this long (default: the group's; for the
+    group the hook makes, the world's);
     torch's all-reduce (``@native``) takes the group's own, so there it needs the group
     the hook makes (no ``group``).
     """
@@ -64,7 +65,8 @@ def hook(
     check_group(group, member=True)
     state = HookState(spec, group, timeout)
     if group is None:
-        request = ("ddp hook", None, None, timeout)  # torch's own all-reduce (@native) too
+        # torch's own all-reduce (@native) waits for this timeout too
+        request = ("ddp hook", None, None, standing_in_for(None, timeout))
         (state.group,) = own_groups(state, [request], "ddp.hook")
     return state, compressed_allreduce_hook
 

@@ -110,7 +110,8 @@ def compress(
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
     ``timeout``: how long each compressed collective, and ``compress``'s own exchanges
-    with the other ranks, wait for a peer that stalls or dies (None: the process group's).
+    with the other ranks, wait for a peer that stalls or dies (None: the timeout of FSDP's
+    process group, which commpress's twin of it is made with).
 
     ``unshard_async_op``: FSDP2 calls a module's all-gathers with ``async_op=False``
     unless told otherwise, and a compressed one, run on the communication thread, then

@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress import _torch_private
 from commpress.collectives.failures import named_as
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
@@ -41,6 +42,15 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     return exchanged
 
 
+def standing_in_for(group: dist.ProcessGroup | None, timeout: timedelta | None) -> timedelta:
+    """The timeout of a group commpress makes in place of ``group`` (None: the world):
+    ``timeout``, or for None ``group``'s own (``new_group``'s default is torch's 30 minutes,
+    whatever ``init_process_group`` or ``group`` was given)."""
+    if timeout is not None:
+        return timeout
+    return _torch_private.group_timeout(backends.or_world(group))
+
+
 def own_groups(
     owner: object, requests: list, caller: str, timeout: timedelta | None = None
 ) -> list:
@@ -49,6 +59,10 @@ def own_groups(
     offers = owned_groups.offers(requests)
     everyone = exchange_with_every_rank((requests, offers), timeout, caller)
     return owned_groups.take(owner, requests, everyone)
+
+
+def _ranks(group: dist.ProcessGroup) -> tuple[int, ...]:
+    return tuple(dist.get_process_group_ranks(group))
 
 
 class OwnGroups:
@@ -60,14 +74,14 @@ class OwnGroups:
     """
 
     def __init__(self, groups: list[dist.ProcessGroup], timeout: timedelta | None = None):
-        mine = {(tuple(dist.get_process_group_ranks(g)), dist.get_backend(g)) for g in groups}
+        mine = {(_ranks(g), dist.get_backend(g), standing_in_for(g, timeout)) for g in groups}
         published = exchange_with_every_rank(sorted(mine), timeout, "fsdp.compress")
         everyone = sorted({group for groups_of_rank in published for group in groups_of_rank})
-        requests = [("fsdp twin", ranks, backend, timeout) for ranks, backend in everyone]
+        requests = [("fsdp twin", *group) for group in everyone]
         twins = own_groups(self, requests, "fsdp.compress", timeout)
         self._twins: dict[tuple[tuple[int, ...], str], dist.ProcessGroup] = {
             (ranks, backend): twin
-            for (ranks, backend), twin in zip(everyone, twins, strict=True)
+            for (ranks, backend, _), twin in zip(everyone, twins, strict=True)
             if dist.get_rank() in ranks
         }
 

@@ -31,7 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
-from commpress.integrations.groups import own_groups
+from commpress.integrations.groups import own_groups, standing_in_for
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import (
     Part,
@@ -139,7 +139,8 @@ def ddp_hook(
     bucket before the hook returns, so that every rank issues DDP's collective after the
     hook's (the default, a group of the hook's own, keeps that bucket's work overlapped
     with the rest of backward). ``timeout``: a peer that dies or stalls makes the step raise
-    on every other rank after at most this long (default: the group's).
+    on every other rank after at most this long (default: the group's; for the group the hook
+    makes, the world's).
     """
     check_group(group, member=True)
     check_flag(scheduler, "scheduler")
@@ -147,7 +148,7 @@ def ddp_hook(
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
-        request = ("low-rank hook", None, None, timeout)
+        request = ("low-rank hook", None, None, standing_in_for(None, timeout))
         (reducer.group,) = own_groups(reducer, [request], "lowrank.ddp_hook")
     names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
     state = LowRankHookState(reducer, names, shared_group=group is not None)
