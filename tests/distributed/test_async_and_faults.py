@@ -358,3 +358,55 @@ def test_a_first_tuned_call_gives_up_within_its_timeout(tmp_path):
         assert kind == "CollectiveTimeoutError", (kind, message)
         assert message.startswith("commpress all_gather_into_tensor (int8@auto) on a group of 3")
         assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
+
+
+_PENDING_AT_EXIT = r"""
+import sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import commpress as cp
+from commpress.transport import collective
+
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+state, _ = cp.ddp.hook("none@native", timeout=timedelta(seconds=1))
+if rank == 1:
+    time.sleep(6)  # never joins the all-reduce
+    sys.exit(0)
+collective.all_reduce(torch.ones(4), dist.ReduceOp.SUM, state.group)
+
+
+class _Late:
+    def __del__(self):
+        time.sleep(2)  # the interpreter is finalizing when the all-reduce times out
+
+
+late = _Late()
+"""
+
+
+def test_a_collective_on_an_owned_group_pending_at_exit_does_not_abort_the_process(tmp_path):
+    """Each collective of torch's on a group commpress owns (a hook's, a twin) had a Python
+    callback on its future; one still pending when the interpreter exited (a peer stalled,
+    and this rank gave up after the same timeout) failed on gloo's thread during
+    finalization, whose taking of the GIL ended that thread through C++ code: "terminate
+    called after throwing an instance of 'gloo::IoException'", SIGABRT, a core dump."""
+    import subprocess
+    import sys
+
+    store = str(tmp_path / "store")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PENDING_AT_EXIT, str(rank), store],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        _, errors = ranks[0].communicate(timeout=60)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[0].returncode == 0, errors[-2000:]

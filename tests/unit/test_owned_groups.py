@@ -75,3 +75,27 @@ def test_a_destroyed_group_is_let_go_of_and_never_offered(monkeypatch):
     entry = _Made("G0")
     assert not entry.offered()
     assert entry.group is None  # its connections may close
+
+
+class _WorkWithoutFuture:
+    """gloo's ``reduce_scatter_tensor`` work: ``get_future`` is not implemented."""
+
+    def __init__(self):
+        self.done = False
+
+    def get_future(self):
+        raise RuntimeError("Work::getFuture not implemented.")
+
+    def is_completed(self):
+        return self.done
+
+
+def test_a_work_without_a_future_keeps_its_group_pending_until_it_completes(monkeypatch):
+    group = object()
+    monkeypatch.setattr(owned_groups, "_owned", {id(group)})
+    monkeypatch.setattr(owned_groups, "_in_flight", {})
+    work = _WorkWithoutFuture()
+    assert owned_groups.track(group, work) is work
+    assert owned_groups._pending(group)
+    work.done = True
+    assert not owned_groups._pending(group)

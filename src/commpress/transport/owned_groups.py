@@ -61,33 +61,38 @@ _made: dict[Request, list[_Made]] = {}
 _made_in: list[weakref.ref] = [lambda: None]  # the world they were made in
 _failed: weakref.WeakSet = weakref.WeakSet()
 _owned: set[int] = set()  # the ids of the groups handed to owners, in this world
-#: Each group with collectives of torch's pending on it (:func:`track`), and how many.
-_in_flight: dict[object, int] = {}
+#: The collectives of torch's issued on each group (:func:`track`), until seen completed.
+_in_flight: dict[object, list] = {}
 _in_flight_lock = threading.Lock()
 
 
 def track(group: dist.ProcessGroup | None, work):
     """``work``, a collective of torch's just issued on ``group``; while it is pending, a group
-    of an owner gone is offered to no one. Returns ``work``."""
+    of an owner gone is offered to no one. Returns ``work``.
+
+    Polled (``is_completed``), not called back: a Python callback on the future of a gloo
+    collective still pending at interpreter exit aborted the process ("terminate called after
+    throwing an instance of 'gloo::IoException'") where gloo's thread completed it during
+    finalization; nor has every gloo ``Work`` a future (``reduce_scatter_tensor``'s)."""
     if group is None or id(group) not in _owned:
         return work
-    _count(group, 1)
-    work.get_future().add_done_callback(lambda _: _count(group, -1))
+    with _in_flight_lock:
+        _in_flight[group] = [*_still_pending(group), work]
     return work
 
 
-def _count(group: object, change: int) -> None:
-    with _in_flight_lock:
-        count = _in_flight.get(group, 0) + change
-        if count:
-            _in_flight[group] = count
-        else:
-            _in_flight.pop(group, None)
+def _still_pending(group: object) -> list:
+    return [work for work in _in_flight.get(group, ()) if not work.is_completed()]
 
 
 def _pending(group: object) -> bool:
     with _in_flight_lock:
-        return group in _in_flight
+        works = _still_pending(group)
+        if works:
+            _in_flight[group] = works
+        else:
+            _in_flight.pop(group, None)
+        return bool(works)
 
 
 def mark_failed(group: dist.ProcessGroup | None) -> None:
