@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -94,8 +95,7 @@ def _mixed(rank, world_size):
         "calls": len(used_groups),
         "on_fsdp_group": sum(g is fsdp_group for g in used_groups),
         "twin_ranks": {tuple(dist.get_process_group_ranks(g)) for g in used_groups},
-        "twin": compression.groups.own(fsdp_group, "ring") is not fsdp_group,
-        "native_keeps": compression.groups.own(fsdp_group, "native") is fsdp_group,
+        "twin": compression.groups.twin(fsdp_group) is not fsdp_group,
     }
 
 
@@ -106,7 +106,7 @@ def test_compressed_all_gather_with_torch_reduce_scatter_and_prefetching():
         assert result["calls"] >= 2 * STEPS * 5  # every layer, forward and backward
         assert result["on_fsdp_group"] == 0, "commpress shared FSDP's group"
         assert result["twin_ranks"] == {(0, 1)}
-        assert result["twin"] and result["native_keeps"]
+        assert result["twin"]
         assert result["same"], "prefetching changed the result"
         # FSDP2's default blocks on each all-gather; with unshard_async_op=True it waits
         # only where it needs the parameters, for the same result
@@ -242,7 +242,7 @@ def _tuned_all_gathers(rank, world_size):
     finally:
         tuner.choose = choose
     fsdp_group = _torch_private.fsdp_param_groups(model[0])[0].process_groups[0]
-    twin = compression.groups.own(fsdp_group, "ring")
+    twin = compression.groups.twin(fsdp_group)
     return set(timed_with), multicast.options_of(twin), compression.all_gather.calls
 
 
@@ -395,4 +395,42 @@ def test_without_a_timeout_the_twins_wait_as_long_as_fsdps_group(tmp_path):
     )[0]
     assert kind == "CollectiveTimeoutError", message
     assert "(the process group's timeout)" in message, message
+    assert 1.5 < elapsed < 8, (elapsed, message)
+
+
+def _native_with_a_stalled_peer(rank, world_size, where, directory):
+    from datetime import timedelta
+
+    from commpress.testing.stall import stall, timed_outcome
+
+    model = _model(False)
+    cp.fsdp.compress(model, "none@native", "none@native", timeout=timedelta(seconds=2))
+    if rank == 1:
+        if where == "backward":  # inside its first reduce-scatter, before torch's starts
+            scatter = fsdp_integration.CompressedReduceScatter.__call__
+
+            def stalled(*args, **kwargs):
+                stall(directory, (0,), 15.0)
+                return scatter(*args, **kwargs)
+
+            fsdp_integration.CompressedReduceScatter.__call__ = stalled
+        else:
+            stall(directory, (0,), 15.0)
+            return None
+    step = lambda: F.cross_entropy(model(torch.ones(8, 32)), torch.zeros(8).long()).backward()  # noqa: E731
+    outcome = timed_outcome(step, directory, rank)
+    return outcome if rank == 0 else None
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_native_collective_gives_up_within_compress_timeout(where, tmp_path):
+    """``native`` ran torch's collective on FSDP's own group and waited for it without a
+    timeout: a stalled peer was waited for as long as that group's timeout (the world's,
+    30 minutes by default), whatever ``compress(timeout=)`` said; and its error was
+    torch's bare one."""
+    kind, message, elapsed = run_distributed(
+        _native_with_a_stalled_peer, 2, where, str(tmp_path), timeout=60
+    )[0]
+    assert kind == "CollectiveTimeoutError", message
+    assert "(none@native) on a group of 2 ranks (this is rank 0) timed out after 2." in message
     assert 1.5 < elapsed < 8, (elapsed, message)

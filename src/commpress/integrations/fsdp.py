@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from commpress.collectives.checks import (
     check_timeout,
     op_kind,
 )
+from commpress.collectives.failures import named_failures
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups, exchange_with_every_rank
@@ -44,6 +46,7 @@ from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
 from commpress.transport import backends
+from commpress.transport.p2p import wait as wait_work
 
 try:
     AllGather, ReduceScatter = _torch_private.fsdp_comm_classes()
@@ -109,9 +112,9 @@ def compress(
     every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
     module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
     leaves it on torch's collectives with a warning and lists it in ``left_native``.
-    ``timeout``: how long each compressed collective, and ``compress``'s own exchanges
-    with the other ranks, wait for a peer that stalls or dies (None: the timeout of FSDP's
-    process group, which commpress's twin of it is made with).
+    ``timeout``: how long each collective (``native`` included), and ``compress``'s own
+    exchanges with the other ranks, wait for a peer that stalls or dies (None: the timeout
+    of FSDP's process group, which commpress's twin of it is made with).
 
     ``unshard_async_op``: FSDP2 calls a module's all-gathers with ``async_op=False``
     unless told otherwise, and a compressed one, run on the communication thread, then
@@ -332,8 +335,16 @@ def _resolve(
     return spec.resolve(op, tensor, where, feedback, reduce_op, timeout)
 
 
-def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
-    """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on.
+def _wait_native(name: str, codec, group, timeout, work) -> None:
+    """Wait for torch's own collective (``native``) for at most ``timeout``, its failure
+    named as a compressed collective's."""
+    with named_failures(name, codec, "native", group, timeout):
+        wait_work(work, timeout)
+
+
+def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor, wait_native):
+    """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on; torch's
+    own (``native``) is waited for by ``wait_native(work)`` on a gloo group.
 
     Waiting on either makes the waiter's current CUDA stream wait for the collective
     (``tensor``, the output, is the future's value: on CUDA its device is what is waited for).
@@ -345,7 +356,8 @@ def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor):
                 return work
             work.wait()
             return None
-        work = launch(work.wait, async_op=True)  # gloo's Work has no future to chain on
+        native = work
+        work = launch(lambda: wait_native(native), async_op=True)  # gloo's has no future
     future = work.torch_future(tensor, before=watch.stop)
     if not async_op:
         future.wait()
@@ -400,7 +412,7 @@ class CompressedAllGather(AllGather):
         )
         if tuple(dist.get_process_group_ranks(group)) == self.regather_ranks:
             codec = LOSSLESS
-        own = self.groups.own(group, algorithm)
+        own = self.groups.twin(group)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
@@ -413,7 +425,8 @@ class CompressedAllGather(AllGather):
             async_op=True,
             timeout=self.timeout,
         )
-        return _finish(work, watch, async_op, output_tensor)
+        wait_native = partial(_wait_native, "all_gather_into_tensor", codec, own, self.timeout)
+        return _finish(work, watch, async_op, output_tensor, wait_native)
 
     def __repr__(self) -> str:
         return f"CompressedAllGather({self.spec.text!r}, module={self.module_name!r})"
@@ -446,7 +459,7 @@ class CompressedReduceScatter(ReduceScatter):
             feedback,
             op,
         )
-        own = self.groups.own(group, algorithm)
+        own = self.groups.twin(group)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
@@ -461,7 +474,8 @@ class CompressedReduceScatter(ReduceScatter):
             timeout=self.timeout,
             residual=self._residual(input_tensor),
         )
-        return _finish(work, watch, async_op, output_tensor)
+        wait_native = partial(_wait_native, "reduce_scatter_tensor", codec, own, self.timeout)
+        return _finish(work, watch, async_op, output_tensor, wait_native)
 
     def note_reduced(self, has_gradient: tuple[bool, ...]) -> None:
         """Which of the module's parameters the next call carries (FSDP2 reduce-scatters

@@ -85,15 +85,11 @@ class OwnGroups:
             if dist.get_rank() in ranks
         }
 
-    def own(self, group: dist.ProcessGroup, algorithm: str) -> dist.ProcessGroup:
-        """commpress's twin of FSDP's ``group``; ``native`` keeps FSDP's own group, since
-        torch's collective is issued on the training thread in FSDP's order."""
-        if algorithm == "native":
-            return group
-        return self.twin(group)
-
     def twin(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
-        """commpress's twin of FSDP's ``group``."""
+        """commpress's twin of FSDP's ``group``, where every collective of commpress's runs,
+        ``native`` too: torch's collective then waits for the twin's timeout (``compress``'s
+        ``timeout``), not FSDP's group's, and runs after the compressed ones given to the
+        twin before it (:func:`~commpress.collectives.work.run_native`)."""
         ranks = tuple(dist.get_process_group_ranks(group))
         twin = self._twins.get((ranks, dist.get_backend(group)))
         if twin is None:
