@@ -367,13 +367,20 @@ import torch, torch.distributed as dist
 import commpress as cp
 from commpress.transport import collective
 
-rank, store = int(sys.argv[1]), sys.argv[2]
+rank, store, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
-state, _ = cp.ddp.hook("none@native", timeout=timedelta(seconds=1))
+state, hook = cp.ddp.hook("none@native", timeout=timedelta(seconds=1))
 if rank == 1:
     time.sleep(6)  # never joins the all-reduce
     sys.exit(0)
-collective.all_reduce(torch.ones(4), dist.ReduceOp.SUM, state.group)
+if how == "hook":
+    class Bucket:
+        def buffer(self):
+            return torch.ones(4)
+
+    future = hook(state, Bucket())
+else:
+    collective.all_reduce(torch.ones(4), dist.ReduceOp.SUM, state.group)
 
 
 class _Late:
@@ -385,19 +392,21 @@ late = _Late()
 """
 
 
-def test_a_collective_on_an_owned_group_pending_at_exit_does_not_abort_the_process(tmp_path):
+@pytest.mark.parametrize("how", ["collective", "hook"])
+def test_a_collective_on_an_owned_group_pending_at_exit_does_not_abort_the_process(how, tmp_path):
     """Each collective of torch's on a group commpress owns (a hook's, a twin) had a Python
     callback on its future; one still pending when the interpreter exited (a peer stalled,
     and this rank gave up after the same timeout) failed on gloo's thread during
     finalization, whose taking of the GIL ended that thread through C++ code: "terminate
-    called after throwing an instance of 'gloo::IoException'", SIGABRT, a core dump."""
+    called after throwing an instance of 'gloo::IoException'", SIGABRT, a core dump. So did
+    the callback of a ``none@native`` DDP hook on its all-reduce's future."""
     import subprocess
     import sys
 
     store = str(tmp_path / "store")
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", _PENDING_AT_EXIT, str(rank), store],
+            [sys.executable, "-c", _PENDING_AT_EXIT, str(rank), store, how],
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -321,6 +321,9 @@ def _native_hook_whose_all_reduce_fails(rank, world_size):
             future.set_exception(RuntimeError("Connection closed by peer"))
             return future
 
+        def wait(self, timeout=None):
+            raise RuntimeError("Connection closed by peer")
+
     ddp, state = wrap(small_model(), "none@native")
     failed = state.group
     real = ddp_integration.collective.all_reduce

@@ -14,13 +14,15 @@ import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.checks import check_group, check_timeout
+from commpress.collectives.failures import named_failures
 from commpress.collectives.inband import call_wire_bytes
-from commpress.collectives.work import for_ddp
+from commpress.collectives.work import for_ddp, launch
 from commpress.integrations.groups import own_groups, standing_in_for
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
 from commpress.schedules import wire_bytes
 from commpress.transport import collective, owned_groups
+from commpress.transport.p2p import wait as wait_work
 
 
 @dataclass
@@ -71,6 +73,15 @@ def hook(
     return state, compressed_allreduce_hook
 
 
+def _wait_native(state: HookState, work) -> None:
+    """Wait for torch's all-reduce on gloo from the communication thread, its failure named:
+    a Python callback on gloo's future, still pending at interpreter exit (a later bucket's,
+    after a peer stalled), aborted the process as gloo's thread completed it during
+    finalization."""
+    with named_failures("all_reduce", state.spec.codec, "native", state.group, state.timeout):
+        wait_work(work, state.timeout)
+
+
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
@@ -85,6 +96,9 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     tensor.mul_(1 / world_size)
     if spec.algorithm == "native":
         work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)
+        if not tensor.is_cuda:
+            waited = launch(lambda: _wait_native(state, work), async_op=True)
+            return for_ddp(waited.torch_future(tensor, before=watch.stop))
 
         def averaged(summed: torch.futures.Future) -> torch.Tensor:
             try:
