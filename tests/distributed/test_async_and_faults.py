@@ -419,3 +419,41 @@ def test_a_collective_on_an_owned_group_pending_at_exit_does_not_abort_the_proce
             rank.kill()
             rank.wait()
     assert ranks[0].returncode == 0, errors[-2000:]
+
+
+def _native_with_a_stalled_peer(rank, world_size, op, directory):
+    timeout = timedelta(seconds=2)
+    # gloo's reduce-scatter Work ignores wait(timeout): only its group's timeout bounds it
+    group = dist.new_group([0, 1], timeout=timeout)
+    if rank == 1:
+        stall(directory, (0,), STALL_SECONDS)
+        return None
+    options = {"algorithm": "native", "group": group, "timeout": timeout}
+    if op == "all_reduce":
+        call = lambda: cp.all_reduce(torch.ones(8), **options)  # noqa: E731
+    else:
+        n = 8 * world_size
+        out, inp = (
+            (torch.empty(n), torch.ones(8))
+            if op == "all_gather"
+            else (torch.empty(8), torch.ones(n))
+        )
+        function = cp.all_gather_into_tensor if op == "all_gather" else cp.reduce_scatter_tensor
+        call = lambda: function(out, inp, **options)  # noqa: E731
+    return timed_outcome(call, directory, rank)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_a_native_collective_that_times_out_names_itself(op, tmp_path):
+    """``algorithm="native"`` raised torch's bare error ("Operation timed out!"), not the
+    ``CollectiveTimeoutError`` naming the collective that every other algorithm raises."""
+    kind, message, elapsed = run_distributed(
+        _native_with_a_stalled_peer, 2, op, str(tmp_path), timeout=60
+    )[0]
+    assert kind == "CollectiveTimeoutError", message
+    name = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+    assert message.startswith(
+        f"commpress {name.get(op, op)} (none@native) on a group of 2 ranks (this is rank 0) "
+        "timed out after 2."
+    ), message
+    assert 1.5 < elapsed < 8, (elapsed, message)

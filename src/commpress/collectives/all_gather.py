@@ -82,7 +82,7 @@ def all_gather_into_tensor(
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
         start = lambda: collective.all_gather(out, inp, group)  # noqa: E731
-        return run_native(start, group, async_op, timeout, (out, inp))
+        return run_native("all_gather_into_tensor", start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
     check_same_result_on_every_rank(codec, algorithm)

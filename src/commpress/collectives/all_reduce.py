@@ -65,7 +65,7 @@ def all_reduce(
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
         start = lambda: collective.all_reduce(tensor, op, group)  # noqa: E731
-        return run_native(start, group, async_op, timeout, (tensor,))
+        return run_native("all_reduce", start, group, async_op, timeout, (tensor,))
     check_codec_has_no_tuner(codec)
     codec = get_codec(codec)
     check_reduction_dtype(tensor.dtype, "tensor.dtype")  # first: it names the way out

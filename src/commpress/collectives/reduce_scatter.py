@@ -104,7 +104,7 @@ def reduce_scatter_tensor(
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
         start = lambda: collective.reduce_scatter(out, inp, op, group)  # noqa: E731
-        return run_native(start, group, async_op, timeout, (out, inp))
+        return run_native("reduce_scatter_tensor", start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
     check_reduction_dtype(inp.dtype, "inp.dtype")  # first: it names the way out
     codec.check_dtype(inp.dtype, "inp.dtype")

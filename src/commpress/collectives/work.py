@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 
 from commpress.collectives.checks import check_timeout
+from commpress.collectives.failures import named_failures
 from commpress.transport import backends
 from commpress.transport.p2p import wait as wait_work
 
@@ -350,17 +351,29 @@ def _forget(key, done: concurrent.futures.Future) -> None:
 
 
 def run_native(
-    start: Callable[[], object], group, async_op: bool, timeout, tensors: tuple[torch.Tensor, ...]
+    name: str,
+    start: Callable[[], object],
+    group,
+    async_op: bool,
+    timeout,
+    tensors: tuple[torch.Tensor, ...],
 ):
-    """torch's own collective on ``group`` (``start()`` issues it and returns its ``Work``),
-    as torch runs it; but behind a compressed collective given to the group before that may
-    still be queued on the communication thread, it is queued there too. Issued at once on
-    the calling thread, one rank could hand the two to the backend in one order and its
-    peer in the other, which gloo takes for a mismatch (it ends the process)."""
+    """torch's own collective ``name`` on ``group`` (``start()`` issues it and returns its
+    ``Work``), as torch runs it; but behind a compressed collective given to the group before
+    that may still be queued on the communication thread, it is queued there too. Issued at
+    once on the calling thread, one rank could hand the two to the backend in one order and
+    its peer in the other, which gloo takes for a mismatch (it ends the process). A failure
+    waited for here is named as a compressed collective's (torch's own ``Work``, returned
+    for ``async_op``, raises torch's error)."""
+
+    def waited(work) -> None:
+        with named_failures(name, "none", "native", group, timeout):
+            wait_work(work, timeout)
+
     if _behind_queued(group):
-        return launch(lambda: wait_work(start(), timeout), async_op, tensors)
+        return launch(lambda: waited(start()), async_op, tensors)
     work = start()
-    return work if async_op else wait_work(work, timeout)
+    return work if async_op else waited(work)
 
 
 def _behind_queued(group) -> bool:
