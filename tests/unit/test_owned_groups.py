@@ -77,25 +77,47 @@ def test_a_destroyed_group_is_let_go_of_and_never_offered(monkeypatch):
     assert entry.group is None  # its connections may close
 
 
-class _WorkWithoutFuture:
-    """gloo's ``reduce_scatter_tensor`` work: ``get_future`` is not implemented."""
-
+class _Work:
     def __init__(self):
         self.done = False
 
     def get_future(self):
-        raise RuntimeError("Work::getFuture not implemented.")
+        return None
 
     def is_completed(self):
         return self.done
 
 
-def test_a_work_without_a_future_keeps_its_group_pending_until_it_completes(monkeypatch):
+class _GlooReduceScatterWork:
+    """gloo's ``reduce_scatter_tensor`` work (torch 2.13): no future, and ``is_completed``
+    False even once waited for."""
+
+    def get_future(self):
+        raise RuntimeError("Work::getFuture not implemented.")
+
+    def is_completed(self):
+        return False
+
+
+@pytest.fixture
+def owned_group(monkeypatch):
     group = object()
     monkeypatch.setattr(owned_groups, "_owned", {id(group)})
     monkeypatch.setattr(owned_groups, "_in_flight", {})
-    work = _WorkWithoutFuture()
-    assert owned_groups.track(group, work) is work
-    assert owned_groups._pending(group)
+    return group
+
+
+def test_a_work_keeps_its_group_pending_until_it_completes(owned_group):
+    work = _Work()
+    assert owned_groups.track(owned_group, work) is work
+    assert owned_groups._pending(owned_group)
     work.done = True
-    assert not owned_groups._pending(group)
+    assert not owned_groups._pending(owned_group)
+
+
+def test_a_work_that_never_says_it_completed_is_not_tracked(owned_group):
+    """Tracked by polling, gloo's reduce-scatter work kept its group pending for ever: an
+    FSDP twin that had run a native reduce-scatter was never taken over."""
+    work = _GlooReduceScatterWork()
+    assert owned_groups.track(owned_group, work) is work
+    assert not owned_groups._pending(owned_group)

@@ -73,12 +73,21 @@ def track(group: dist.ProcessGroup | None, work):
     Polled (``is_completed``), not called back: a Python callback on the future of a gloo
     collective still pending at interpreter exit aborted the process ("terminate called after
     throwing an instance of 'gloo::IoException'") where gloo's thread completed it during
-    finalization; nor has every gloo ``Work`` a future (``reduce_scatter_tensor``'s)."""
-    if group is None or id(group) not in _owned:
+    finalization. A ``Work`` without a future (gloo's ``reduce_scatter_tensor``'s, torch
+    2.13) is not tracked: its ``is_completed`` never turns True, even once waited for."""
+    if group is None or id(group) not in _owned or not _has_future(work):
         return work
     with _in_flight_lock:
         _in_flight[group] = [*_still_pending(group), work]
     return work
+
+
+def _has_future(work) -> bool:
+    try:
+        work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented."
+        return False
+    return True
 
 
 def _still_pending(group: object) -> list:
