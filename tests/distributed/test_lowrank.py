@@ -1126,8 +1126,11 @@ class _Bucket:
         return False
 
 
-def _owner_gone_with_an_all_reduce_in_flight(rank, world_size):
-    state, hook = cp.lowrank.ddp_hook("powersgd:rank=1,start_iter=5")
+def _owner_gone_with_an_all_reduce_in_flight(rank, world_size, timeout):
+    """``timeout``: None, the abandoned all-reduce still pending when the next hook asks;
+    else the hooks' timeout, which it has run out before."""
+    spec = "powersgd:rank=1,start_iter=5"
+    state, hook = cp.lowrank.ddp_hook(spec, timeout=timeout)
     old = state.reducer.group
     if rank == 0:  # a step abandoned on rank 0 alone after its first bucket: never waited for
         parameter = torch.nn.Parameter(torch.zeros(3))
@@ -1136,7 +1139,10 @@ def _owner_gone_with_an_all_reduce_in_flight(rank, world_size):
         state.worker.submit(lambda: None).result()  # the bucket's all-reduce issued
     del state, hook
     gc.collect()
-    state, _ = cp.lowrank.ddp_hook("powersgd:rank=1,start_iter=5")
+    if timeout is not None:
+        time.sleep(3 * timeout.total_seconds())  # the abandoned all-reduce has timed out
+        dist.barrier()
+    state, _ = cp.lowrank.ddp_hook(spec, timeout=timeout)
     mine = torch.full((3,), float(rank + 1))
     work = dist.all_reduce(mine, group=state.reducer.group, async_op=True)
     try:
@@ -1147,12 +1153,17 @@ def _owner_gone_with_an_all_reduce_in_flight(rank, world_size):
     return state.reducer.group is not old, mine if isinstance(mine, str) else mine.tolist()
 
 
-def test_a_group_with_an_all_reduce_in_flight_is_not_taken_over():
+@pytest.mark.parametrize("timeout", [None, timedelta(seconds=1)], ids=["pending", "timed-out"])
+def test_a_group_with_an_all_reduce_in_flight_is_not_taken_over(timeout):
     """The scheduler's all-reduce of a bucket, issued on rank 0 alone and never waited for
     (the step abandoned there), stayed pending on the group when its reducer was collected,
     and the next hook took the group over: its first all-reduce met the stale one, and
-    rank 1 summed rank 0's abandoned bucket (202 for 3) while rank 0 timed out."""
-    for apart, summed in run_distributed(_owner_gone_with_an_all_reduce_in_flight, 2, timeout=60):
+    rank 1 summed rank 0's abandoned bucket (202 for 3) while rank 0 timed out. Once that
+    all-reduce had timed out (gloo then closes the group's connections), the group was
+    offered again, and the next hook's first all-reduce failed on every rank."""
+    for apart, summed in run_distributed(
+        _owner_gone_with_an_all_reduce_in_flight, 2, timeout, timeout=60
+    ):
         assert apart and summed == [3.0, 3.0, 3.0], (apart, summed)
 
 

@@ -3,7 +3,10 @@ each rank takes is decided from what all ranks said, so ranks never part ways.""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
+import torch
 import torch.distributed as dist
 
 from commpress.transport import owned_groups
@@ -78,11 +81,16 @@ def test_a_destroyed_group_is_let_go_of_and_never_offered(monkeypatch):
 
 
 class _Work:
-    def __init__(self):
+    def __init__(self, error: Exception | None = None):
         self.done = False
+        self.future = torch.futures.Future()
+        if error is None:
+            self.future.set_result(None)
+        else:
+            self.future.set_exception(error)
 
     def get_future(self):
-        return None
+        return self.future
 
     def is_completed(self):
         return self.done
@@ -99,10 +107,15 @@ class _GlooReduceScatterWork:
         return False
 
 
+class _Group:
+    """A process group's stand-in (weakly referable, as torch's are)."""
+
+
 @pytest.fixture
 def owned_group(monkeypatch):
-    group = object()
+    group = _Group()
     monkeypatch.setattr(owned_groups, "_owned", {id(group)})
+    monkeypatch.setattr(owned_groups, "_failed", weakref.WeakSet())
     monkeypatch.setattr(owned_groups, "_in_flight", {})
     return group
 
@@ -113,6 +126,18 @@ def test_a_work_keeps_its_group_pending_until_it_completes(owned_group):
     assert owned_groups._pending(owned_group)
     work.done = True
     assert not owned_groups._pending(owned_group)
+
+
+def test_a_work_completed_with_an_error_marks_its_group_failed(owned_group):
+    """An abandoned all-reduce that timed out (gloo then closes the group's connections) left
+    its group pending no more, and so offered again: the next owner's first collective
+    failed on every rank."""
+    work = _Work(RuntimeError("Timed out waiting 1000ms for recv operation to complete"))
+    owned_groups.track(owned_group, work)
+    assert owned_groups._pending(owned_group)
+    work.done = True
+    assert not owned_groups._pending(owned_group)
+    assert owned_group in owned_groups._failed
 
 
 def test_a_work_that_never_says_it_completed_is_not_tracked(owned_group):

@@ -18,9 +18,12 @@ group is taken over only where every rank offers it (:func:`take`); a group dest
 one on which a collective failed (:func:`mark_failed`), is never offered, so the next owner
 gets a new group; nor is one with a collective of torch's issued on it still pending (an
 owner gone in the middle of a step, on one rank: the next owner's first collective would
-meet it, and take its data) (:func:`track`). Requests that differ between ranks (another
-timeout, say) raise on every rank, naming them. A failed group stays open until the world
-is made again (destroying it could hang where its peers do not do the same at once).
+meet it, and take its data), and once that collective has failed, never (:func:`track`).
+Not tracked: the point-to-point transfers of ``ring`` and ``ring-hop`` (a call made on one
+rank alone and dropped can leave its group to a next owner whose first call then fails on
+every rank). Requests that differ between ranks (another timeout, say) raise on every
+rank, naming them. A failed group stays open until the world is made again (destroying it
+could hang where its peers do not do the same at once).
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ class _Made:
             return True
         if self.group is not None and not registered(self.group):
             self.group = None
-        return self.group is not None and self.group not in _failed and not _pending(self.group)
+        if self.group is None or _pending(self.group):  # first: a failed one marks the group
+            return False
+        return self.group not in _failed
 
 
 _made: dict[Request, list[_Made]] = {}
@@ -68,7 +73,8 @@ _in_flight_lock = threading.Lock()
 
 def track(group: dist.ProcessGroup | None, work):
     """``work``, a collective of torch's just issued on ``group``; while it is pending, a group
-    of an owner gone is offered to no one. Returns ``work``.
+    of an owner gone is offered to no one, and once it has failed, never again. Returns
+    ``work``.
 
     Polled (``is_completed``), not called back: a Python callback on the future of a gloo
     collective still pending at interpreter exit aborted the process ("terminate called after
@@ -91,7 +97,23 @@ def _has_future(work) -> bool:
 
 
 def _still_pending(group: object) -> list:
-    return [work for work in _in_flight.get(group, ()) if not work.is_completed()]
+    """The works on ``group`` not completed yet; one completed with an error (a peer stalled
+    or died: gloo then closes the group's connections) marks the group failed."""
+    pending = []
+    for work in _in_flight.get(group, ()):
+        if not work.is_completed():
+            pending.append(work)
+        elif _ended_in_error(work):
+            mark_failed(group)
+    return pending
+
+
+def _ended_in_error(work) -> bool:
+    try:
+        work.get_future().value()
+    except Exception:  # noqa: BLE001 - any error of the backend's
+        return True
+    return False
 
 
 def _pending(group: object) -> bool:
