@@ -88,6 +88,31 @@ def test_native_runs_after_the_compressed_calls_given_before_it():
         assert results == [[3.0], [3.0], [1.0, 2.0]]
 
 
+def _two_natives_behind_a_compressed_call(rank, world_size):
+    from commpress.collectives.work import launch
+
+    compressed = cp.all_reduce(torch.ones(8), codec="int8", algorithm="alltoall", async_op=True)
+    if rank == 0:  # this rank's communication thread busy with something else meanwhile
+        launch(lambda: time.sleep(1.0), async_op=True)
+    first, second = torch.ones(4), torch.full((4,), 10.0)
+    first_work = cp.all_reduce(first, algorithm="native", async_op=True)
+    if rank == 0:
+        time.sleep(0.5)
+    second_work = cp.all_reduce(second, algorithm="native", async_op=True)
+    for work in (compressed, first_work, second_work):
+        work.wait()
+    return first.tolist(), second.tolist()
+
+
+def test_two_native_calls_behind_a_compressed_one_keep_their_order():
+    """A native call queued behind a compressed one was not remembered as queued: the next
+    native call, issued at once on the caller's thread, reached gloo before the first on
+    one rank and after it on the other, and the two all-reduces were paired crosswise
+    without an error (11 and 11 for 2 and 20)."""
+    for first, second in run_distributed(_two_natives_behind_a_compressed_call, 2):
+        assert first == [2.0] * 4 and second == [20.0] * 4, (first, second)
+
+
 def test_async_handles_give_the_same_results_as_synchronous_calls():
     for flags in run_distributed(_async_equals_sync, 4):
         assert flags == [True, True, True]
