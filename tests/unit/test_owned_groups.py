@@ -146,3 +146,23 @@ def test_a_work_that_never_says_it_completed_is_not_tracked(owned_group):
     work = _GlooReduceScatterWork()
     assert owned_groups.track(owned_group, work) is work
     assert not owned_groups._pending(owned_group)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "cuda", "runs_on"),
+    [("native", True, "fsdp"), ("native", False, "twin"), ("ring", True, "twin")],
+)
+def test_native_on_cuda_stays_on_fsdps_group_and_everything_else_on_the_twin(
+    algorithm, cuda, runs_on
+):
+    """On CUDA no timeout reaches torch's NCCL collective, so ``native`` moved to the twin
+    only made the twin's communicator for it; on CPU the twin's timeout bounds it."""
+    from types import SimpleNamespace
+
+    from commpress.integrations.groups import OwnGroups
+
+    groups = OwnGroups.__new__(OwnGroups)
+    groups.twin = lambda group: "twin"
+    tensor = SimpleNamespace(is_cuda=cuda)
+    chosen = groups.for_call("fsdp", algorithm, tensor)
+    assert chosen == runs_on

@@ -412,7 +412,7 @@ class CompressedAllGather(AllGather):
         )
         if tuple(dist.get_process_group_ranks(group)) == self.regather_ranks:
             codec = LOSSLESS
-        own = self.groups.twin(group)
+        own = self.groups.for_call(group, algorithm, input_tensor)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
@@ -459,7 +459,7 @@ class CompressedReduceScatter(ReduceScatter):
             feedback,
             op,
         )
-        own = self.groups.twin(group)
+        own = self.groups.for_call(group, algorithm, input_tensor)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)

@@ -85,6 +85,17 @@ class OwnGroups:
             if dist.get_rank() in ranks
         }
 
+    def for_call(
+        self, group: dist.ProcessGroup, algorithm: str, tensor: torch.Tensor
+    ) -> dist.ProcessGroup:
+        """Where a collective FSDP hands over runs: the twin of ``group``, but ``native`` on
+        CUDA stays on FSDP's own group (issued at once on the training thread, in FSDP's
+        order), since no ``timeout`` reaches torch's NCCL collective there, and the twin's
+        communicator would be made for it alone."""
+        if algorithm == "native" and tensor.is_cuda:
+            return group
+        return self.twin(group)
+
     def twin(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
         """commpress's twin of FSDP's ``group``, where every collective of commpress's runs,
         ``native`` too: torch's collective then waits for the twin's timeout (``compress``'s
