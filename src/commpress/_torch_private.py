@@ -190,16 +190,32 @@ def unshard_asynchronously(module: torch.nn.Module) -> None:
         group.unshard_async_op = True
 
 
-def group_timeout(group: dist.ProcessGroup) -> timedelta:
+def group_timeout(group: dist.ProcessGroup) -> timedelta | None:
     """The timeout ``group`` was made with (``ProcessGroup._get_backend(device).options._timeout``),
-    the longest of its backends' where they differ."""
+    the longest of its backends' where they differ; None where a backend keeps no options
+    (MPI, one registered from Python) or the group has none for a device of its config."""
     devices = [pair.split(":", 1)[0] for pair in dist.get_backend_config(group).split(",")]
     get_backend = _attribute(group, "_get_backend", "ProcessGroup._get_backend")
     timeouts = []
     for device in devices:
-        options = _attribute(get_backend(torch.device(device)), "options", "Backend.options")
+        try:
+            options = getattr(get_backend(torch.device(device)), "options", None)
+        except RuntimeError:  # no backend for this device
+            return None
+        if options is None:
+            return None
         timeouts.append(_attribute(options, "_timeout", "Backend.Options._timeout"))
     return max(timeouts)
+
+
+def _get_backend_method() -> object:
+    return _attribute(dist.ProcessGroup, "_get_backend", "ProcessGroup._get_backend")
+
+
+def _options_timeout() -> object:
+    from torch._C._distributed_c10d import Backend
+
+    return _attribute(Backend.Options, "_timeout", "Backend.Options._timeout")
 
 
 def negative_view(x: torch.Tensor) -> torch.Tensor:
@@ -231,4 +247,6 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,
     "torch._neg_view": _neg_view,
+    "ProcessGroup._get_backend": _get_backend_method,
+    "Backend.Options._timeout": _options_timeout,
 }

@@ -109,3 +109,24 @@ def _older_layout(rank, world_size):
 def test_the_single_parameter_group_of_older_torch_releases_is_read():
     wrapped, shards, without_parameters = run_distributed(_older_layout, 2, timeout=60)[0]
     assert (wrapped, shards, without_parameters) == (1, [(4, 8), (4,)], [])
+
+
+def test_a_group_whose_backend_keeps_no_options_has_no_timeout_to_read(monkeypatch):
+    """A backend without options (MPI, one registered from Python) or a device without a
+    backend made every hook and compress() without timeout= raise PrivateAPIMissing, as if
+    torch had renamed something; such groups take torch's default again (None)."""
+    from types import SimpleNamespace
+
+    from commpress import _torch_private
+
+    def no_backend(device):
+        raise RuntimeError("No backend type associated with device type cpu")
+
+    monkeypatch.setattr(_torch_private.dist, "get_backend_config", lambda group: "cpu:mpi")
+    without_options = SimpleNamespace(_get_backend=lambda device: SimpleNamespace())
+    assert _torch_private.group_timeout(without_options) is None
+    assert _torch_private.group_timeout(SimpleNamespace(_get_backend=no_backend)) is None
+    with_options = SimpleNamespace(
+        _get_backend=lambda device: SimpleNamespace(options=SimpleNamespace(_timeout=7))
+    )
+    assert _torch_private.group_timeout(with_options) == 7

@@ -34,6 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress._torch_private import group_timeout
 from commpress.ranks import by_rank, name_ranks, this_rank
 from commpress.spec_options import parse_options
 from commpress.transport import backends
@@ -358,10 +359,7 @@ class _Broadcast:
 
 
 def _group_timeout(group) -> timedelta:
-    try:
-        return backends.or_world(group)._get_backend(torch.device("cpu")).options._timeout
-    except (AttributeError, RuntimeError):
-        return DEFAULT_TIMEOUT
+    return group_timeout(backends.or_world(group)) or DEFAULT_TIMEOUT
 
 
 def _local_address() -> str:
