@@ -166,3 +166,11 @@ def test_native_on_cuda_stays_on_fsdps_group_and_everything_else_on_the_twin(
     tensor = SimpleNamespace(is_cuda=cuda)
     chosen = groups.for_call("fsdp", algorithm, tensor)
     assert chosen == runs_on
+
+
+def test_a_work_on_cuda_tensors_is_not_tracked(owned_group):
+    """A group's last work stays tracked until the group's next: on CUDA tensors it kept an
+    FSDP all-gather's output in GPU memory, and NCCL's future says nothing of errors."""
+    work = _Work()
+    assert owned_groups.track(owned_group, work, on_cpu=False) is work
+    assert not owned_groups._pending(owned_group)

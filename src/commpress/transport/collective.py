@@ -14,22 +14,24 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | 
     work = _named("all_gather_single", "all_gather_into_tensor")(
         out, inp, group=group, async_op=True
     )
-    return track(group, work)
+    return track(group, work, inp.is_cpu)
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None):
-    return track(group, dist.all_to_all_single(out, inp, group=group, async_op=True))
+    work = dist.all_to_all_single(out, inp, group=group, async_op=True)
+    return track(group, work, inp.is_cpu)
 
 
 def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op, group: dist.ProcessGroup | None):
     work = _named("reduce_scatter_single", "reduce_scatter_tensor")(
         out, inp, op=op, group=group, async_op=True
     )
-    return track(group, work)
+    return track(group, work, inp.is_cpu)
 
 
 def all_reduce(tensor: torch.Tensor, op, group: dist.ProcessGroup | None):
-    return track(group, dist.all_reduce(tensor, op=op, group=group, async_op=True))
+    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    return track(group, work, tensor.is_cpu)
 
 
 def _named(name: str, before_torch_2_13: str):

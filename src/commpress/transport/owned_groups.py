@@ -19,11 +19,11 @@ one on which a collective failed (:func:`mark_failed`), is never offered, so the
 gets a new group; nor is one with a collective of torch's issued on it still pending (an
 owner gone in the middle of a step, on one rank: the next owner's first collective would
 meet it, and take its data), and once that collective has failed, never (:func:`track`).
-Not tracked: the point-to-point transfers of ``ring`` and ``ring-hop`` (a call made on one
-rank alone and dropped can leave its group to a next owner whose first call then fails on
-every rank). Requests that differ between ranks (another timeout, say) raise on every
-rank, naming them. A failed group stays open until the world is made again (destroying it
-could hang where its peers do not do the same at once).
+Not tracked: collectives on CUDA tensors, and the point-to-point transfers of ``ring`` and
+``ring-hop`` (a call made on one rank alone and dropped can leave its group to a next owner
+whose first call then fails on every rank). Requests that differ between ranks (another
+timeout, say) raise on every rank, naming them. A failed group stays open until the world
+is made again (destroying it could hang where its peers do not do the same at once).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ _in_flight: dict[object, list] = {}
 _in_flight_lock = threading.Lock()
 
 
-def track(group: dist.ProcessGroup | None, work):
+def track(group: dist.ProcessGroup | None, work, on_cpu: bool = True):
     """``work``, a collective of torch's just issued on ``group``; while it is pending, a group
     of an owner gone is offered to no one, and once it has failed, never again. Returns
     ``work``.
@@ -80,8 +80,13 @@ def track(group: dist.ProcessGroup | None, work):
     collective still pending at interpreter exit aborted the process ("terminate called after
     throwing an instance of 'gloo::IoException'") where gloo's thread completed it during
     finalization. A ``Work`` without a future (gloo's ``reduce_scatter_tensor``'s, torch
-    2.13) is not tracked: its ``is_completed`` never turns True, even once waited for."""
+    2.13) is not tracked: its ``is_completed`` never turns True, even once waited for. Nor
+    is one on CUDA tensors (``on_cpu`` False): a group's last work, kept until the group's
+    next, would keep its GPU memory (an FSDP all-gather's output) alive; and NCCL completes
+    a work's future when it is queued, so its errors would not show."""
     if group is None or id(group) not in _owned or not _has_future(work):
+        return work
+    if not on_cpu:  # the last work of each group would keep its GPU tensors alive
         return work
     with _in_flight_lock:
         _in_flight[group] = [*_still_pending(group), work]
