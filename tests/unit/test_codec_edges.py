@@ -589,3 +589,19 @@ def test_whitespace_around_a_specs_algorithm_is_read_as_around_its_name(spaced):
     spec = CollectiveSpec.parse(spaced, algorithms("all_gather"), "spec", gathers=True)
     assert (spec.algorithm, str(spec.codec)) == ("ring-hop", str(cp.get_codec("int8")))
     assert Run.parse("powersgd:rank=2 @ serial", "ddp").scheduler is False
+
+
+def test_a_codecs_kept_spec_and_sizes_are_neither_pickled_nor_shared_by_a_copy():
+    """The spec string and payload sizes a codec keeps travelled with it in pickles, and a
+    shallow copy shared the original's dict of sizes (filled by the communication thread
+    while the caller copied or pickled it: 'dictionary changed size during iteration')."""
+    import copy
+    import pickle
+
+    codec = registry.get_codec("int8")
+    codec.encode(torch.randn(1000))
+    assert "_wire_sizes" in vars(codec) and "_spec" in vars(codec)
+    for other in (copy.copy(codec), pickle.loads(pickle.dumps(codec))):
+        assert "_wire_sizes" not in vars(other) and "_spec" not in vars(other)
+        assert other == codec and str(other) == "int8"
+        assert other.wire_bytes(1000, torch.float32) == codec.wire_bytes(1000, torch.float32)

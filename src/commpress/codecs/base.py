@@ -68,9 +68,16 @@ class CodecBase:
     #: Input dtypes this codec accepts; ``None`` means any dtype.
     input_dtypes: ClassVar[tuple[torch.dtype, ...] | None] = FLOAT_DTYPES
 
+    #: What an instance computes once and keeps (:func:`functools.cached_property`): never
+    #: pickled nor shared by copies (a copy's dict would be the original's).
+    _KEPT = ("_spec", "_wire_sizes")
+
     def __str__(self) -> str:
         """The canonical spec string: the name and every option that differs from its default."""
         return self._spec
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in CodecBase._KEPT}
 
     @functools.cached_property
     def _spec(self) -> str:
