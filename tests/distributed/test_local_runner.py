@@ -289,3 +289,28 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _first_returns_at_once_second_looks(rank, world_size, folder):
+    pid_file = os.path.join(folder, "first")
+    if rank == 0:
+        with open(pid_file + ".tmp", "w") as file:
+            file.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        return None
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    with open(pid_file) as file:
+        first = int(file.read())
+    time.sleep(1.0)  # as a slower peer still connecting a group made in fn
+    return _alive(first)
+
+
+def test_a_rank_that_finished_first_keeps_its_group_up_until_every_rank_has_reported(tmp_path):
+    """A rank that returned first destroyed its group and ended: a peer still in the
+    connectFullMesh of a group made in fn failed with "Connection closed by peer" (seen in
+    CI, tests/distributed/test_fsdp_groups.py, at stop 42)."""
+    assert run_distributed(_first_returns_at_once_second_looks, 2, str(tmp_path), timeout=60) == [
+        None,
+        True,
+    ]

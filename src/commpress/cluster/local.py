@@ -53,9 +53,11 @@ FAILED_GRACE_SECONDS = 1.0
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
 
 
-def _worker(call, rank, world_size, init_method, backend, timeout, results, env, namespace, caller):
+def _worker(call, rank, world_size, init_method, backend, timeout, parent, env, namespace, caller):
     # a terminal's Ctrl-C reaches the whole process group: the caller ends the ranks
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    results, release = parent  # the run's reports, and the word that the run is decided
+    reported = False
     os.environ.clear()
     os.environ.update(env)
     try:
@@ -69,11 +71,18 @@ def _worker(call, rank, world_size, init_method, backend, timeout, results, env,
         dist.set_debug_level_from_env()  # a bad value is reported like any other error
         torch.set_num_threads(1)
         fn, args = pickle.loads(call)
-        value = run_rank(fn, args, rank, world_size, backend=backend, init_method=init_method,
-                         timeout=timeout)  # fmt: skip
-        results.put((rank, True, value))
+
+        def report_and_wait(value: bytes) -> None:
+            nonlocal reported
+            results.put((rank, True, value))
+            reported = True
+            release.wait(timeout)  # every rank has reported (or the run failed)
+
+        run_rank(fn, args, rank, world_size, backend=backend, init_method=init_method,
+                 timeout=timeout, leave=report_and_wait)  # fmt: skip
     except BaseException:  # report everything, including KeyboardInterrupt, to the parent
-        results.put((rank, False, traceback.format_exc()))
+        if not reported:  # an error leaving the group after the value is not the run's
+            results.put((rank, False, traceback.format_exc()))
 
 
 def run_distributed(
@@ -117,6 +126,8 @@ def run_ranks(
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
     results = context.Queue()
+    release = context.Event()  # set once the run is decided: the ranks may leave
+    parent = (results, release)
     # plain bytes, unpickled in the rank once it has the caller's environment (and no file
     # descriptor per tensor, of which a fork server passes at most a few hundred)
     call = pickle.dumps((fn, args))
@@ -130,7 +141,7 @@ def run_ranks(
         processes = [
             context.Process(
                 target=_worker,
-                args=(call, rank, world_size, store, backend, timeout, results, env, place, caller),
+                args=(call, rank, world_size, store, backend, timeout, parent, env, place, caller),
                 # not daemonic, so that a rank may start processes of its own (a DataLoader's
                 # workers); every rank still ends with this call or with its caller
                 daemon=False,
@@ -145,9 +156,11 @@ def run_ranks(
                     raise DistributedError(f"could not start rank {rank}: {error!r}") from error
             values = _collect(processes, results, timeout, allow_dead, stop)
         except BaseException as error:  # a rank failed, a timeout, a signal
+            release.set()
             grace = 0.0 if isinstance(error, KeyboardInterrupt) else FAILED_GRACE_SECONDS
             _end([process for process in processes if process.pid is not None], grace)
             raise
+        release.set()
         _end(processes, grace=END_GRACE_SECONDS)
         return values
 

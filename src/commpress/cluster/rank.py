@@ -20,10 +20,17 @@ def run_rank(
     backend: str,
     init_method: str,
     timeout: float,
+    leave: Callable[[bytes], None] | None = None,
 ) -> bytes:
     """``fn(rank, world_size, *args)`` inside a process group of its own; its value as the
     bytes of ``torch.save`` (plain bytes: a queue of torch's would share tensors through
-    memory this process frees when it ends)."""
+    memory this process frees when it ends).
+
+    ``leave``, given, is called with those bytes while the group is still up: a launcher
+    that holds each rank there until every rank has reported keeps a rank that finished
+    first from closing connections a slower peer is still opening (a ``dist.new_group``
+    in ``fn``, whose connectFullMesh then fails with "Connection closed by peer").
+    """
     dist.init_process_group(
         backend,
         init_method=init_method,
@@ -32,13 +39,14 @@ def run_rank(
         timeout=timedelta(seconds=timeout),
     )
     try:
-        # every rank's connections are up before any may finish and close its own: a rank
-        # whose fn returns at once (a refused argument) otherwise ends a slower peer's
-        # connectFullMesh with "Connection closed by peer"
+        # every rank's connections are up before any may end: a rank that dies at once
+        # (a test's os._exit) otherwise fails a slower peer's connectFullMesh first
         dist.barrier()
         value = fn(rank, world_size, *args)
+        serialized = io.BytesIO()
+        torch.save(value, serialized)
+        if leave is not None:
+            leave(serialized.getvalue())
     finally:
         dist.destroy_process_group()
-    serialized = io.BytesIO()
-    torch.save(value, serialized)
     return serialized.getvalue()
