@@ -696,6 +696,65 @@ def test_a_run_resumed_from_a_dcp_checkpoint_in_new_processes_is_the_uninterrupt
     assert same(uninterrupted, resumed)
 
 
+STOCHASTIC = "int8:stochastic=true"
+
+
+def _stochastic_with_momentum():
+    model = shard(small_model())
+    cp.fsdp.compress(model, all_gather="int8", reduce_scatter=STOCHASTIC)
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+
+
+def _rounding_state_file(directory, rank) -> str:
+    return os.path.join(directory, f"rounding-{rank}.pt")
+
+
+def _stochastic_run_and_checkpoint(rank, world_size, directory):
+    model, optimizer = _stochastic_with_momentum()
+    _momentum_steps(model, optimizer, rank, range(2))
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        os.path.join(directory, f"training-{rank}.pt"),
+    )
+    torch.save(cp.get_codec(STOCHASTIC).rounding_state(), _rounding_state_file(directory, rank))
+    _momentum_steps(model, optimizer, rank, range(2, 3))
+    return full_parameters(model)
+
+
+def _stochastic_resumed(rank, world_size, directory, restore_rounding):
+    model, optimizer = _stochastic_with_momentum()
+    saved = torch.load(os.path.join(directory, f"training-{rank}.pt"), weights_only=False)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    codec = cp.get_codec(STOCHASTIC)
+    peers = torch.load(_rounding_state_file(directory, 1 - rank), weights_only=True)
+    with pytest.raises(ValueError, match=f"state was saved by rank {1 - rank}, this is rank"):
+        codec.load_rounding_state(peers)
+    if restore_rounding:
+        codec.load_rounding_state(torch.load(_rounding_state_file(directory, rank)))
+    _momentum_steps(model, optimizer, rank, range(2, 3))
+    return full_parameters(model)
+
+
+@pytest.fixture(scope="module")
+def stochastic_checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("stochastic"))
+    uninterrupted = run_distributed(_stochastic_run_and_checkpoint, 2, directory, timeout=120)
+    return directory, uninterrupted[0]
+
+
+@pytest.mark.parametrize("restore_rounding", [True, False], ids=["restored", "not_restored"])
+def test_a_stochastic_run_resumed_with_its_rounding_state_is_the_uninterrupted_run(
+    stochastic_checkpoint, restore_rounding
+):
+    """Stochastic rounding's noise streams are the one state beyond the model's and the
+    optimizer's that shapes the bits: restored (each rank its own), the step after the
+    checkpoint is the uninterrupted run's; not restored, it replays the first steps' noise."""
+    directory, uninterrupted = stochastic_checkpoint
+    resumed = run_distributed(_stochastic_resumed, 2, directory, restore_rounding, timeout=120)
+    assert same(uninterrupted, resumed[0]) == restore_rounding
+
+
 def _state_dicts_while_unsharded(rank, world_size):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -8,6 +8,7 @@ the same tensor must approach the tensor like 1/sqrt(k), which it cannot do if e
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 
 import pytest
@@ -124,3 +125,80 @@ def test_a_value_just_past_the_largest_code_stays_in_range():
     largest = torch.full((3,), 1.0 - 2.0**-24)
     assert round_to_integers(v[:2], largest[:2], 127.0).tolist() == [127.0, -127.0]
     assert round_to_integers(v[2:], largest[2:], 7.0).tolist() == [7.0]
+
+
+def saved_and_loaded(state: dict) -> dict:
+    """``state`` through ``torch.save`` and ``torch.load`` (weights only, its default)."""
+    file = io.BytesIO()
+    torch.save(state, file)
+    file.seek(0)
+    return torch.load(file, weights_only=True)
+
+
+def test_a_loaded_rounding_state_continues_the_saved_stream_bit_for_bit():
+    codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,seed=7,block=64"))
+    x = values()
+    for _ in range(2):
+        codec.encode(x)  # the stream moves on from its seed
+    state = saved_and_loaded(codec.rounding_state())
+    uninterrupted = [codec.encode(x) for _ in range(3)]
+    fresh = dataclasses.replace(codec)  # a new process's codec, without the saved state
+    from_seed = [fresh.encode(x) for _ in range(3)]
+    resumed = dataclasses.replace(codec)
+    resumed.encode(x)  # a stream that drew before the load (not as far) is replaced
+    resumed.load_rounding_state(state)
+    for payload, expected, replayed in zip(
+        [resumed.encode(x) for _ in range(3)], uninterrupted, from_seed, strict=True
+    ):
+        assert torch.equal(payload, expected)
+        assert not torch.equal(payload, replayed)
+
+
+def test_a_stream_that_had_not_drawn_when_saved_starts_over_from_its_seed():
+    codec = dataclasses.replace(cp.get_codec("int4:stochastic=true,block=64"))
+    state = codec.rounding_state()
+    assert state["streams"] == {}
+    x = values()
+    first = codec.encode(x)
+    codec.load_rounding_state(state)
+    assert torch.equal(codec.encode(x), first)
+
+
+def _misloaded(edit):
+    """A load of this codec's own state, edited by ``edit``."""
+
+    def load():
+        codec = cp.get_codec("int8:stochastic=true,seed=7")
+        codec.load_rounding_state(edit(dict(codec.rounding_state())))
+
+    return load
+
+
+@pytest.mark.parametrize(
+    ("load", "error", "words"),
+    [
+        (
+            lambda: cp.get_codec("int8:stochastic=true,seed=8").load_rounding_state(
+                cp.get_codec("int8:stochastic=true,seed=7").rounding_state()
+            ),
+            ValueError,
+            "state was saved by a codec with seed=7, this one .* has seed=8",
+        ),
+        (
+            lambda: cp.get_codec("int8:stochastic=true").load_rounding_state(
+                cp.get_codec("int4:stochastic=true").rounding_state()
+            ),
+            ValueError,
+            "state holds the streams of codec 'int4:stochastic=true'",
+        ),
+        (_misloaded(lambda s: {**s, "rank": 1}), ValueError, "state was saved by rank 1"),
+        (_misloaded(lambda s: {**s, "world_size": 2}), ValueError, "state .* of 2 processes"),
+        (_misloaded(lambda s: {"weight": torch.ones(1)}), ValueError, "state .* lacks"),
+        (_misloaded(lambda s: {**s, "streams": {"cpu": 0}}), ValueError, r"state\['streams'\]"),
+        (_misloaded(lambda s: [s]), TypeError, "state must be the dict"),
+    ],
+    ids=["seed", "codec", "rank", "world_size", "not_a_state", "streams", "not_a_dict"],
+)
+def test_a_rounding_state_of_another_codec_seed_rank_or_world_is_refused(load, error, words):
+    with pytest.raises(error, match=words):
+        load()

@@ -352,7 +352,8 @@ class IntegerBlockCodec(BlockScaledCodec):
     independently, and ``get_codec`` returns one shared instance per spec, so the stream
     persists across collectives that name the same spec. A new instance (the class called
     directly, or ``dataclasses.replace(codec)``) restarts the stream: the same seed, rank
-    and sequence of encodes reproduce the same payloads.
+    and sequence of encodes reproduce the same payloads. :meth:`rounding_state` and
+    :meth:`load_rounding_state` carry a rank's streams across a checkpoint.
     """
 
     #: Unbiased stochastic rounding instead of round-to-nearest.
@@ -388,3 +389,14 @@ class IntegerBlockCodec(BlockScaledCodec):
         if not self.stochastic:
             return None
         return rounding_noise.uniform(self._generators, self.seed, (rows, self.block), device)
+
+    def rounding_state(self) -> dict:
+        """This process rank's stochastic-rounding streams, where they have got to: plain
+        tensors and ints for ``torch.save``, one file per rank (see :meth:`load_rounding_state`)."""
+        return rounding_noise.snapshot(self._generators, str(self), self.seed)
+
+    def load_rounding_state(self, state: dict) -> None:
+        """Continue this rank's streams from ``state``, a :meth:`rounding_state` this rank
+        saved with an equal codec in a world of the same size, so that a resumed run draws
+        the noise the uninterrupted run would have. Anything else is a ``ValueError``."""
+        rounding_noise.restore(self._generators, str(self), self.seed, state)

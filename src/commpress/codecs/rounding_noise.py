@@ -5,7 +5,8 @@ ranks are independent. So each codec instance keeps one generator per (device, p
 rank), created on first use and advanced by every draw; its seed mixes the codec's
 ``seed`` with the rank (in torch.distributed's default group, 0 when it is not
 initialized) and the device. The same seed, rank, device and sequence of draws give
-the same noise.
+the same noise. :func:`snapshot` and :func:`restore` save a rank's streams and continue
+them, so that a run resumed from a checkpoint draws what the uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -50,3 +51,73 @@ def uniform(generators: Generators, seed: int, shape: tuple[int, ...], device) -
                 generator.manual_seed(stream_seed(seed, rank, device))
                 generators[key] = generator
     return torch.rand(shape, generator=generator, dtype=torch.float32, device=device)
+
+
+#: What every :func:`snapshot` holds.
+STATE_KEYS = ("codec", "seed", "rank", "world_size", "streams")
+
+
+def world_size() -> int:
+    """The default process group's size; 1 without torch.distributed."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def snapshot(generators: Generators, codec: str, seed: int) -> dict:
+    """This process rank's streams in ``generators`` (those that have drawn), as plain
+    tensors and ints that ``torch.save`` writes, with what :func:`restore` checks."""
+    rank = process_rank()
+    with _creation_lock:
+        streams = {str(device): g.get_state() for (device, r), g in generators.items() if r == rank}
+    return {
+        "codec": codec,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size(),
+        "streams": streams,
+    }
+
+
+def restore(generators: Generators, codec: str, seed: int, state: dict) -> None:
+    """Continue this rank's streams from ``state`` (a :func:`snapshot` of the same codec, seed,
+    rank and world size); a device that had not drawn when it was taken starts over."""
+    check_state(state, codec, seed)
+    rank = process_rank()
+    restored = {}
+    for device, tensor in state["streams"].items():
+        generator = torch.Generator(device=device)
+        generator.set_state(tensor)
+        restored[(torch.device(device), rank)] = generator
+    with _creation_lock:
+        for key in [key for key in generators if key[1] == rank]:
+            del generators[key]
+        generators.update(restored)
+
+
+def check_state(state: object, codec: str, seed: int) -> None:
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be the dict of rounding_state(), got {type(state).__name__}")
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"state is not a codec's rounding_state(): it lacks {missing}")
+    if state["seed"] != seed:
+        raise ValueError(
+            f"state was saved by a codec with seed={state['seed']}, this one ({codec!r}) has "
+            f"seed={seed}: its streams would continue another seed's noise"
+        )
+    if state["codec"] != codec:
+        raise ValueError(f"state holds the streams of codec {state['codec']!r}, this is {codec!r}")
+    if state["world_size"] != world_size():
+        raise ValueError(
+            f"state was saved by a rank of {state['world_size']} processes, this is one of "
+            f"{world_size()}: a rank's streams are seeded by its rank in its world"
+        )
+    if state["rank"] != process_rank():
+        raise ValueError(
+            f"state was saved by rank {state['rank']}, this is rank {process_rank()}: each rank "
+            "loads the state it saved (one file per rank)"
+        )
+    streams = state["streams"]
+    if not isinstance(streams, dict) or not all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in streams.values()
+    ):
+        raise ValueError("state['streams'] must map device names to uint8 generator states")
