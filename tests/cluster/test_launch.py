@@ -125,6 +125,28 @@ def test_a_crashed_rank_stops_the_job_with_its_exit_code(prefix, tmp_path):
     assert_nothing_left(prefix, recorded_pids(tmp_path, 2, timeout=0))
 
 
+@pytest.mark.parametrize(
+    ("program", "status", "reason"),
+    [
+        ("commpress-no-such-command", 127, "command not found"),
+        ("./no-such-script.sh", 127, "no such file"),
+        ("{tmp}/plain.txt", 126, "permission denied (not executable)"),
+        ("{tmp}", 126, "is a directory"),
+    ],
+)
+def test_a_command_that_cannot_run_is_a_shells_status_naming_it(
+    prefix, program, status, reason, tmp_path
+):
+    """Each rank's `ip netns exec` failed on its own, and the job exited with iproute2's 1
+    where a shell gives 127 (not found) or 126 (not executable)."""
+    (tmp_path / "plain.txt").write_text("echo not run\n")
+    program = program.format(tmp=tmp_path)
+    done = run_launch("--hosts", "2", "--link", "1gbit", "--prefix", prefix, "--", program)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert done.stdout == f"commpress launch: {program}: {reason}\n"
+    assert present(Layout(prefix)) == []
+
+
 def _launch_and_stop_reading(prefix: str, script: str) -> tuple[int, str]:
     """`commpress launch ... | head -1` of ``script`` on 2 hosts: its exit status and
     standard error."""

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,8 @@ STOP_GRACE_SECONDS = 5.0
 STREAM_DRAIN_SECONDS = 2.0
 POLL_SECONDS = 0.1
 TIMEOUT_EXIT_CODE = 124
+#: A shell's exit statuses for a command it found but cannot run, and one it cannot find.
+NOT_EXECUTABLE_EXIT_CODE, NOT_FOUND_EXIT_CODE = 126, 127
 DEFAULT_PORT = 29500
 #: Set to a value of its own for each job in every rank's environment: what the launcher
 #: finds the job's leftover processes by.
@@ -100,7 +103,9 @@ def launch(
 ) -> int:
     """Run ``command`` on every host, ``nproc_per_host`` ranks each; the worst exit status.
 
-    ``timeout`` (seconds) stops every rank and returns 124. ``env`` adds variables.
+    ``timeout`` (seconds) stops every rank and returns 124. A command that cannot be found
+    returns 127 and one that cannot be run 126, as a shell does, before any rank starts.
+    ``env`` adds variables.
     Where ``output``'s reader went away, a job that succeeded raises BrokenPipeError once
     it has ended; one that failed returns its status (the launcher's word on it then goes
     to standard error).
@@ -117,6 +122,11 @@ def launch(
     if timeout is not None:
         check_seconds(timeout)
     lines = _Lines(output or sys.stdout)
+    refused = unrunnable(command[0], {**os.environ, **(env or {})}.get("PATH", os.defpath))
+    if refused:
+        status, reason = refused
+        lines.note(f"commpress launch: {command[0]}: {reason}\n")
+        return status
     job = {JOB_VARIABLE: uuid.uuid4().hex}
     ranks: list[Rank] = []
     with system.deferred_signals() as received:  # raises KeyboardInterrupt once all is stopped
@@ -138,6 +148,21 @@ def launch(
     if lines.reader_gone and status == 0:
         raise BrokenPipeError(errno.EPIPE, "the reader of the job's output has gone")
     return status
+
+
+def unrunnable(program: str, path: str) -> tuple[int, str] | None:
+    """A shell's exit status and its reason where ``program`` cannot be run with the search
+    path ``path`` (every host sees this machine's files); None where it can. Each rank's
+    ``ip netns exec`` would otherwise fail alone, with iproute2's exit status 1."""
+    if shutil.which(program, path=path):
+        return None
+    if os.sep not in program:
+        return NOT_FOUND_EXIT_CODE, "command not found"
+    if os.path.isdir(program):
+        return NOT_EXECUTABLE_EXIT_CODE, "is a directory"
+    if os.path.exists(program):
+        return NOT_EXECUTABLE_EXIT_CODE, "permission denied (not executable)"
+    return NOT_FOUND_EXIT_CODE, "no such file"
 
 
 def _check_port(port) -> None:
