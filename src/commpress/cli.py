@@ -10,7 +10,8 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from commpress.cluster.system import ClusterError, DistributedError
+from commpress.cluster.launcher import TIMEOUT_EXIT_CODE
+from commpress.cluster.system import ClusterError, DistributedError, DistributedTimeoutError
 
 #: name -> (help, module, the module's function that adds the arguments, handler or None
 #: where that function sets its own). A command's module is imported only when it runs:
@@ -60,12 +61,25 @@ COMMANDS = {
     ),
 }
 
+EXIT_STATUSES = """\
+exit status:
+  0    done
+  1    a rank failed, or the emulated cluster could not be built or used
+  2    a bad option or value (a usage error)
+  124  --timeout passed: every rank was stopped
+  130  Ctrl-C, SIGTERM or a hang-up: every rank was stopped
+  141  the reader of the output went away (`commpress ... | head`)
+  launch: the job's worst exit status; 127 (126) for a command that cannot be found (run)"""
+
 
 def build_parser(loaded: Iterable[str]) -> argparse.ArgumentParser:
     """The parser; only the commands named in ``loaded`` get their arguments (and handlers)."""
     loaded = set(loaded)
     parser = argparse.ArgumentParser(
-        prog="commpress", description="Cheaper communication for distributed PyTorch training."
+        prog="commpress",
+        description="Cheaper communication for distributed PyTorch training.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, module_name, add_arguments, handler) in COMMANDS.items():
@@ -104,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, ImportError) as error:
         print(f"commpress {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except DistributedTimeoutError as error:
+        print(f"commpress {args.command}: {error}", file=sys.stderr)
+        return TIMEOUT_EXIT_CODE
     except (ClusterError, DistributedError) as error:  # a rank's traceback is in the message
         print(f"commpress {args.command}: {error}", file=sys.stderr)
         return 1

@@ -12,7 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from commpress.cluster.jobs import run_on_cluster
+from commpress.cluster.layout import Layout
 from commpress.cluster.local import PRELOADED_MODULES, DistributedError, run_distributed
+from commpress.cluster.system import DistributedTimeoutError
 
 VARIABLE = "COMMPRESS_TEST_RUNNER_VARIABLE"
 
@@ -314,3 +317,23 @@ def test_a_rank_that_finished_first_keeps_its_group_up_until_every_rank_has_repo
         None,
         True,
     ]
+
+
+def _sleeps(rank, world_size):
+    time.sleep(60)
+
+
+class _LocalHosts:
+    """What run_on_cluster reads of a cluster, its hosts local processes."""
+
+    hosts, namespaces, addresses, layout = 2, [None, None], ["127.0.0.1"] * 2, Layout("cpt")
+
+    def describe(self) -> str:
+        return "2 local hosts"
+
+
+def test_a_job_that_outlives_its_timeout_raises_the_timeouts_own_error():
+    """It raised the DistributedError of a failed rank, so `commpress bench` and `train`
+    could not tell a timeout (exit status 124, as `launch`) from a failure (1)."""
+    with pytest.raises(DistributedTimeoutError, match=r"the job on 2 local hosts: ranks \[0, 1\]"):
+        run_on_cluster(_LocalHosts(), _sleeps, timeout=0.5)

@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -680,6 +681,21 @@ def test_a_failed_rank_ends_the_command_with_its_error_alone(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err.startswith("commpress train: rank 1 failed:\n")
     assert err.count("Traceback") == 1 and err.count("the rank's own") == 1
+
+
+def _outlives_its_timeout(rank, world_size, config):
+    time.sleep(60)
+
+
+def test_a_timeout_ends_bench_with_status_124_as_it_ends_launch(monkeypatch, capsys):
+    """bench and train exited 1 when their ranks outlived --timeout, as for a failed rank,
+    where launch gives 124 (timeout(1)'s status)."""
+    import commpress.bench.collectives as bench
+
+    monkeypatch.setattr(bench, "_worker", _outlives_its_timeout)
+    argv = ["bench", "-b", "1K", "-e", "1K", "--nprocs", "2", "--timeout", "0.5"]
+    assert main(argv) == 124
+    assert "commpress bench: ranks [0, 1] did not finish within 0.5 s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -564,7 +564,10 @@ def add_arguments(parser) -> None:
         "tuner plans with (default: the model's defaults); rows get the choice in `chosen`",
     )
     parser.add_argument(
-        "--timeout", type=seconds, default=1800.0, help="seconds for the sweep (1800)"
+        "--timeout",
+        type=seconds,
+        default=1800.0,
+        help="seconds for the sweep; past them every rank is stopped, exit status 124 (1800)",
     )
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the rows as JSON"

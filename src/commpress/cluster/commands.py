@@ -158,7 +158,11 @@ def add_launch_arguments(parser) -> None:
         default=DEFAULT_PORT,
         help=f"rendezvous port, the ranks' MASTER_PORT ({DEFAULT_PORT})",
     )
-    parser.add_argument("--timeout", type=seconds, help="stop every rank after this many seconds")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        help="stop every rank after this many seconds, exit status 124 (none)",
+    )
     parser.add_argument(
         "program", nargs=argparse.REMAINDER, help="-- the program to run and its arguments"
     )

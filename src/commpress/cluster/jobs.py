@@ -46,4 +46,4 @@ def run_on_cluster(cluster, fn, *args: Any, timeout: float = 300.0) -> list[Any]
     try:
         return run_ranks(fn, args, environments, namespaces=cluster.namespaces, timeout=timeout)
     except DistributedError as error:
-        raise DistributedError(f"the job on {cluster.describe()}: {error}") from None
+        raise type(error)(f"the job on {cluster.describe()}: {error}") from None

@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 from commpress.cluster.rank import run_rank
 from commpress.cluster.system import (
     DistributedError,
+    DistributedTimeoutError,
     deferred_signals,
     end_with,
     enter_namespace,
@@ -201,7 +202,7 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
         except queue.Empty:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(len(processes))) - set(values))
-                raise DistributedError(
+                raise DistributedTimeoutError(
                     f"ranks {missing} did not finish within {timeout} s"
                 ) from None
             ended = _ended_unreported(processes, values, dead)

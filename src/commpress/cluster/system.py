@@ -29,6 +29,10 @@ class DistributedError(RuntimeError):
     """A rank failed, died or timed out; the message carries a failed rank's traceback."""
 
 
+class DistributedTimeoutError(DistributedError):
+    """The ranks did not finish within the run's ``timeout``."""
+
+
 #: Where ``ip netns`` keeps a handle on each namespace, and the files it shows the
 #: namespace's processes in place of those of /etc.
 NETNS_RUN = "/var/run/netns"

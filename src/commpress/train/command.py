@@ -344,7 +344,10 @@ def add_arguments(parser) -> None:
     )
     add_link_arguments(parser, required=False)
     parser.add_argument(
-        "--timeout", type=seconds, default=3600.0, help="seconds for the job (3600)"
+        "--timeout",
+        type=seconds,
+        default=3600.0,
+        help="seconds for the job; past them every rank is stopped, exit status 124 (3600)",
     )
     parser.add_argument(
         "--out",
