@@ -204,6 +204,24 @@ def test_bench_refuses_a_seed_of_no_loss(monkeypatch, capsys):
     assert "--seed 5: the seed of --loss, which drops nothing (0)" in capsys.readouterr().err
 
 
+def test_bench_refuses_more_roots_than_hosts(monkeypatch, capsys):
+    """``bench --roots 8`` on 4 hosts ran as 4 roots at once (a round holds every host at
+    most), its rows and command line saying 8."""
+    import contextlib
+    import types
+
+    import commpress.bench.collectives as bench
+
+    monkeypatch.setattr(bench, "cluster_from", lambda args: pytest.fail("a cluster was built"))
+    argv = ["bench", "--hosts", "4", "--link", "1gbit", "--algorithm", "multicast", "--roots"]
+    assert main([*argv, "8"]) == 2
+    assert "--roots 8: more than the 4 hosts" in capsys.readouterr().err
+    up = types.SimpleNamespace(hosts=3)  # a cluster that is up, its hosts not given
+    monkeypatch.setattr(bench, "cluster_from", lambda args: contextlib.nullcontext(up))
+    assert main(["bench", "--prefix", "cptup", "--algorithm", "multicast", "--roots", "4"]) == 2
+    assert "--roots 4: more than the 3 hosts" in capsys.readouterr().err
+
+
 def test_sim_refuses_roots_without_multicast(capsys):
     """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
     ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""

@@ -247,6 +247,20 @@ def check_sizes(op: str, smallest: int, dtypes: list[str], world_size: int) -> N
             )
 
 
+#: ``--roots`` not given: the multicast transport's own default.
+DEFAULT_ROOTS = multicast.Options().concurrent_roots
+
+
+def check_roots(roots: int | None, hosts: int) -> None:
+    """``--roots`` K: every host roots one broadcast, so no more than the hosts can send at
+    once (a larger K ran as K = hosts, under the name of the K asked for)."""
+    if roots is not None and roots > hosts:
+        raise ValueError(
+            f"--roots {roots}: more than the {hosts} hosts, each of which roots one broadcast "
+            f"(at most {hosts}: every host at once)"
+        )
+
+
 def _repairs() -> int:
     """Datagrams the multicast transport of the default group has sent again so far."""
     return multicast.channel_for(None).engine.stats.repairs_sent
@@ -438,7 +452,7 @@ def main(args) -> int:
     check_algorithms(args.algorithm, args.op, wants_cluster(args))
     multicasts = "multicast" in args.algorithm  # the bench's tuner never chooses multicast
     given = [f"--{name} {value}" for name, value, default in
-             (("roots", args.roots, 2), ("loss", args.loss, 0.0), ("seed", args.seed, 0))
+             (("roots", args.roots, None), ("loss", args.loss, 0.0), ("seed", args.seed, 0))
              if value != default]  # fmt: skip
     if given and not multicasts:
         raise ValueError(f"{' and '.join(given)}: for --algorithm multicast, which is not run")
@@ -464,7 +478,11 @@ def main(args) -> int:
         "iters": args.iters,
         "warmup": args.warmup,
         "dtypes": args.dtype,
-        "multicast": {"concurrent_roots": args.roots, "loss": args.loss, "seed": args.seed},
+        "multicast": {
+            "concurrent_roots": args.roots or DEFAULT_ROOTS,
+            "loss": args.loss,
+            "seed": args.seed,
+        },
     }
     tuned = "auto" in args.algorithm or any(map(tuner.is_auto, args.codec))
     if args.tune_fit and not tuned:
@@ -485,8 +503,10 @@ def main(args) -> int:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
         if args.hosts is not None:  # before a cluster is built for nothing
             check_sizes(args.op, args.minbytes, args.dtype, args.hosts)
+            check_roots(args.roots, args.hosts)
         with cluster_from(args) as cluster:
             check_sizes(args.op, args.minbytes, args.dtype, cluster.hosts)  # one that is up
+            check_roots(args.roots, cluster.hosts)
             config.update(interface=cluster.layout.interface, link_bits=cluster.link.rate_bits)
             if tuned:
                 config["tune"] = tuner_network(cluster, args.tune_fit)
@@ -547,7 +567,9 @@ def add_arguments(parser) -> None:
     )
     add_link_arguments(parser, required=False)
     parser.add_argument(
-        "--roots", type=positive_int, default=2, help="multicast: broadcasts at once (2)"
+        "--roots",
+        type=positive_int,
+        help=f"multicast: broadcasts at once, at most the hosts ({DEFAULT_ROOTS})",
     )
     parser.add_argument(
         "--loss",
