@@ -312,7 +312,9 @@ def test_cluster_up_status_down_from_the_command_line(prefix):
     down = cli("down")
     assert down.returncode == 0 and f"{prefix}-br" in down.stdout
     assert "nothing to remove" in cli("down").stdout
-    assert f"no cluster named '{prefix}'" in cli("status").stdout
+    gone = cli("status")  # exit status 0 once, as if it were up
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert f"no cluster named '{prefix}' is up" in gone.stderr
 
 
 @pytest.mark.parametrize("removed", [["namespace"], ["namespace", "folder"]])

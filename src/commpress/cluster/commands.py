@@ -98,7 +98,10 @@ def add_cluster_arguments(parser) -> None:
     down = actions.add_parser("down", help="remove the cluster and every process inside it")
     add_prefix_argument(down)
     down.set_defaults(handler=cluster_down)
-    status = actions.add_parser("status", help="hosts, addresses, links and traffic counters")
+    status = actions.add_parser(
+        "status",
+        help="hosts, addresses, links and traffic counters; exit status 1 where none is up",
+    )
     add_prefix_argument(status)
     status.set_defaults(handler=cluster_status)
 
@@ -126,8 +129,12 @@ def cluster_down(args) -> int:
 
 def cluster_status(args) -> int:
     if not present(Layout(args.prefix)):
-        print(f"no cluster named {args.prefix!r} is up")
-        return 0
+        print(
+            f"commpress cluster status: no cluster named {args.prefix!r} is up: "
+            "start one with `commpress cluster up`",
+            file=sys.stderr,
+        )
+        return 1
     cluster = Emulated.attach(args.prefix)
     print(f"cluster: {cluster.describe()}")
     print(f"{'host':>4}  {'namespace':<12} {'address':<15} {'tx bytes':>14} {'rx bytes':>14}")
