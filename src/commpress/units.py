@@ -46,6 +46,12 @@ def parse_rate_bits(text, what: str = "link rate") -> int:
     return int(bits)
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun`` as a person writes them: ``1 host``, ``2 hosts``
+    (``plural``: where adding an s will not do, ``processes``)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def check_seconds(value, what: str = "timeout") -> None:
     """``value`` is a positive, finite number of seconds (not a bool, NaN or infinity, which
     would make a deadline that never comes); ``what`` names the argument."""

@@ -215,11 +215,11 @@ def test_bench_refuses_more_roots_than_hosts(monkeypatch, capsys):
     monkeypatch.setattr(bench, "cluster_from", lambda args: pytest.fail("a cluster was built"))
     argv = ["bench", "--hosts", "4", "--link", "1gbit", "--algorithm", "multicast", "--roots"]
     assert main([*argv, "8"]) == 2
-    assert "--roots 8: more than the 4 hosts" in capsys.readouterr().err
+    assert "--roots 8: more than the hosts (4)" in capsys.readouterr().err
     up = types.SimpleNamespace(hosts=3)  # a cluster that is up, its hosts not given
     monkeypatch.setattr(bench, "cluster_from", lambda args: contextlib.nullcontext(up))
     assert main(["bench", "--prefix", "cptup", "--algorithm", "multicast", "--roots", "4"]) == 2
-    assert "--roots 4: more than the 3 hosts" in capsys.readouterr().err
+    assert "--roots 4: more than the hosts (3)" in capsys.readouterr().err
 
 
 def test_sim_refuses_roots_without_multicast(capsys):
@@ -359,6 +359,34 @@ def test_ci_runs_exactly_the_test_command_of_the_readme():
     ]
     assert ci == [commands[1]]
     assert "venv --clear" in commands[1] and "torch==2.13.0" in commands[1]
+
+
+def test_one_of_a_thing_is_written_in_the_singular(capsys):
+    """'1 hosts', '2 racks of 1 hosts', '1 local gloo processes', '1 layers', '1 steps'."""
+    import types
+
+    from commpress.bench.codecs import summary
+    from commpress.bench.collectives import title
+    from commpress.cluster import Emulated
+    from commpress.train.command import heading
+    from commpress.train.loop import TrainConfig
+    from commpress.train.model import GPTConfig
+
+    assert Emulated(1, "1gbit").describe().startswith("1 host, links 1gbit")
+    assert "2 racks of 1 host, uplinks" in Emulated(2, "1gbit", racks=2).describe()
+    assert title("all_gather", 1, None) == "all_gather, 1 local gloo process"
+    assert title("all_gather", 1, "1gbit") == "all_gather, 1 emulated host, 1gbit links"
+    one = TrainConfig(runs=(), model=GPTConfig(layers=1), steps=1)
+    assert heading(one, "1 local gloo process").startswith("FSDP GPT (1 layer, dim 128, ")
+    assert ", 1 step, adamw" in heading(one, "1 local gloo process")
+    codecs = types.SimpleNamespace(numel=1, threads=1, repeats=1)
+    measured = {"memcpy_gbps": 1.0, "read_gbps": 1.0}
+    assert summary(codecs, measured).startswith("1 fp32 value (3.81e-06 MiB), 1 thread, ")
+    argv = ["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "2"]
+    assert main([*argv, "--rank", "0", "--numel", "1"]) == 0
+    assert "chunk of 1 element encoded as float32, over p2p; 1 step, 1 round, 4 bytes sent" in (
+        capsys.readouterr().out
+    )
 
 
 # ---------------------------------------------------------------- commpress schedule

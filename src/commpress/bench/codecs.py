@@ -19,6 +19,7 @@ import torch
 from commpress.bench import report
 from commpress.bench.arguments import named_twice, output_path, positive_int, same_twice
 from commpress.codecs import get_codec
+from commpress.units import counted
 
 DEFAULT_CODECS = ("none", "bf16", "fp16", "int8", "int4", "fp8", "zfp:rate=8", "zfp:rate=16")
 STUDENT_T_DOF = 3.0
@@ -95,7 +96,8 @@ def run(specs: Sequence[str], numel: int, repeats: int, seed: int = 0) -> list[d
 
 def summary(args, row: dict) -> str:
     return (
-        f"{args.numel} fp32 values ({args.numel * 4 / 2**20:.3g} MiB), {args.threads} thread(s), "
+        f"{counted(args.numel, 'fp32 value')} ({args.numel * 4 / 2**20:.3g} MiB), "
+        f"{counted(args.threads, 'thread')}, "
         f"median of {args.repeats}; memcpy {row['memcpy_gbps']:.2f} GB/s, "
         f"read-only stream {row['read_gbps']:.2f} GB/s (the ceiling of any encoder)"
     )

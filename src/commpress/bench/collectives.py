@@ -90,7 +90,7 @@ from commpress.schedules import (
 from commpress.schedules.registry import result_gather
 from commpress.sim import calibrate, tuner
 from commpress.transport import multicast
-from commpress.units import DTYPES, torch_dtype
+from commpress.units import DTYPES, counted, torch_dtype
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 #: The ops whose ``--algorithm auto`` and ``--codec auto:...`` the tuner chooses.
@@ -242,8 +242,8 @@ def check_sizes(op: str, smallest: int, dtypes: list[str], world_size: int) -> N
         if input_numel(op, smallest, world_size, dtype) < 1:
             least = dtype.itemsize * (1 if op == "all_reduce" else world_size)
             raise ValueError(
-                f"-b {smallest}: {op} of {name} on {world_size} ranks needs at least {least} "
-                "bytes (one element per rank)"
+                f"-b {smallest}: {op} of {name} on {counted(world_size, 'rank')} needs at least "
+                f"{least} bytes (one element per rank)"
             )
 
 
@@ -256,7 +256,7 @@ def check_roots(roots: int | None, hosts: int) -> None:
     once (a larger K ran as K = hosts, under the name of the K asked for)."""
     if roots is not None and roots > hosts:
         raise ValueError(
-            f"--roots {roots}: more than the {hosts} hosts, each of which roots one broadcast "
+            f"--roots {roots}: more than the hosts ({hosts}), each of which roots one broadcast "
             f"(at most {hosts}: every host at once)"
         )
 
@@ -403,8 +403,8 @@ def title(
     op: str, world_size: int, link: str | None, racks: int = 1, uplink: str | None = None
 ) -> str:
     if link is None:
-        return f"{op}, {world_size} local gloo processes"
-    text = f"{op}, {world_size} emulated hosts, {link} links"
+        return f"{op}, {counted(world_size, 'local gloo process', 'local gloo processes')}"
+    text = f"{op}, {counted(world_size, 'emulated host')}, {link} links"
     if racks > 1:
         text += f", {racks} racks, {uplink} uplinks"
     return text

@@ -37,6 +37,7 @@ from commpress.cluster.layout import (
 )
 from commpress.cluster.link import DEFAULT_MTU, Link, format_rate, parse_delay
 from commpress.cluster.system import NETNS_ETC, ClusterError
+from commpress.units import counted
 
 NETEM_MISSING = (
     "delay needs the kernel's sch_netem qdisc, which this kernel does not provide "
@@ -337,14 +338,14 @@ class Emulated:
         if self.racks == 1:
             return ""
         return (
-            f"{self.racks} racks of {self.hosts // self.racks} hosts, "
+            f"{self.racks} racks of {counted(self.hosts // self.racks, 'host')}, "
             f"uplinks {format_rate(self.uplink.rate_bits)}"
         )
 
     def describe(self) -> str:
         racks = f", {self.describe_racks()}" if self.racks > 1 else ""
         return (
-            f"{self.hosts} hosts, links {self.link.describe()}{racks}, "
+            f"{counted(self.hosts, 'host')}, links {self.link.describe()}{racks}, "
             f"prefix {self.layout.prefix!r}"
         )
 
@@ -462,7 +463,11 @@ def _read_racks(layout: Layout, hosts: int) -> int:
     parts = (layout.rack_bridge, layout.uplink_port, layout.spine_port)
     missing = [part(k) for k in range(racks) for part in parts if part(k) not in links]
     if missing or hosts % racks:
-        trouble = f"missing: {', '.join(missing)}" if missing else f"{racks} racks of {hosts} hosts"
+        trouble = (
+            f"missing: {', '.join(missing)}"
+            if missing
+            else f"{racks} racks of {counted(hosts, 'host')}"
+        )
         raise ClusterError(
             f"cluster {layout.prefix!r} is incomplete ({trouble}): "
             f"`commpress cluster down --prefix {layout.prefix}` and build it again"
@@ -509,7 +514,8 @@ def cluster_for(
         cluster = Emulated.attach(prefix)
         if hosts is not None and hosts != cluster.hosts:
             raise ValueError(
-                f"hosts={hosts} but cluster {prefix!r} is up with {cluster.hosts} hosts: "
+                f"hosts={hosts} but cluster {prefix!r} is up with "
+                f"{counted(cluster.hosts, 'host')}: "
                 f"`commpress cluster down --prefix {prefix}` first, or drop --hosts"
             )
         if link is not None and Link.parse(link).rate_bits != cluster.link.rate_bits:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from commpress.ranks import this_rank
 from commpress.transport import backends, owned_groups
 from commpress.transport.backends import registered
+from commpress.units import counted
 
 #: What the backends' timeouts say (gloo: "Timed out waiting ...", "Operation timed out!",
 #: and to the other transfers on a connection that timed out "Application timeout caused
@@ -35,7 +36,7 @@ def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) 
     group = backends.or_world(group)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     this = this_rank(rank, dist.get_process_group_ranks(group))
-    return f"{name} ({codec}@{algorithm}) on a group of {size} ranks (this is {this})"
+    return f"{name} ({codec}@{algorithm}) on a group of {counted(size, 'rank')} (this is {this})"
 
 
 @contextlib.contextmanager

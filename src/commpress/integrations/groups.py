@@ -20,6 +20,7 @@ from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
 from commpress.transport import backends, owned_groups
 from commpress.transport.objects import all_gather_objects
+from commpress.units import counted
 
 
 def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: str) -> list:
@@ -37,7 +38,9 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     def exchange() -> None:
         exchanged.extend(all_gather_objects(mine, None, timeout))
 
-    with named_as(f"{caller} on {dist.get_world_size()} ranks (this is {this})", timeout):
+    with named_as(
+        f"{caller} on {counted(dist.get_world_size(), 'rank')} (this is {this})", timeout
+    ):
         in_queue_order(exchange, device)
     return exchanged
 

@@ -27,6 +27,7 @@ from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
 from commpress.schedules import wire_bytes
 from commpress.transport import collective, owned_groups, p2p
+from commpress.units import counted
 
 STAGES = ("compress", "communicate", "reconstruct")
 FP32 = torch.float32
@@ -342,8 +343,8 @@ class Reducer:
         saved_size, size = state.get("world_size"), _world_size(self.group)
         if None not in (saved_size, size) and saved_size != size:
             raise ValueError(
-                f"checkpoint was saved by one of {saved_size} ranks, this reducer averages "
-                f"over {size}: its error feedback is that rank's own "
+                f"checkpoint was saved by one of {counted(saved_size, 'rank')}, this reducer "
+                f"averages over {size}: its error feedback is that rank's own "
                 f"(save and load one checkpoint per rank, in a world of the same size)"
             )
         saved_rank, here = state.get("group_rank"), _group_rank(self.group)

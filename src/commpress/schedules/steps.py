@@ -13,6 +13,8 @@ import enum
 import functools
 from dataclasses import dataclass
 
+from commpress.units import counted
+
 
 class Prepare(enum.Enum):
     """Where the payload of a send comes from."""
@@ -165,9 +167,10 @@ class Schedule:
     def __str__(self) -> str:
         head = (
             f"{self.op} {self.algorithm}, codec {self.codec}, rank {self.rank} of "
-            f"{self.world_size}: chunk of {self.chunk_numel} elements encoded as "
-            f"{self.payload_dtype}, over {self.transport.value}; {len(self.steps)} steps, "
-            f"{self.rounds} rounds, {self.sent_bytes} bytes sent"
+            f"{self.world_size}: chunk of {counted(self.chunk_numel, 'element')} encoded as "
+            f"{self.payload_dtype}, over {self.transport.value}; "
+            f"{counted(len(self.steps), 'step')}, {counted(self.rounds, 'round')}, "
+            f"{counted(self.sent_bytes, 'byte')} sent"
         )
         lines = [head]
         for index, step in enumerate(self.steps):

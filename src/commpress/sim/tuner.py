@@ -61,7 +61,7 @@ from commpress.sim.model import Params, simulate
 from commpress.sim.topology import check_topology, parse_topology
 from commpress.spec_options import parse_options, split_spec
 from commpress.transport.reliable_broadcast import Options
-from commpress.units import parse_rate_bits
+from commpress.units import counted, parse_rate_bits
 
 AUTO = "auto"
 #: The error budget of ``codec="auto"`` without one, and of ``fsdp.compress(..., "auto")``.
@@ -327,7 +327,7 @@ def _topology(setting, world_size: int, placement: Placement | None = None):
         on = "" if placement is None else f" on hosts {list(placement.hosts)}"
         raise ValueError(
             f"the tuner's network ({setting.topology}, set with commpress.sim.tuner.configure) "
-            f"does not fit a group of {world_size} ranks{on}: {error}"
+            f"does not fit a group of {counted(world_size, 'rank')}{on}: {error}"
         ) from None
 
 
@@ -456,7 +456,7 @@ def _candidates(
         error, spec, name = min(too_inexact)
         raise ValueError(
             f"codec {codec!r}: no codec of {list(budget(codec)[1])} is within max_rel_err="
-            f"{limit} for {op} of {dtype} on {world_size} ranks by "
+            f"{limit} for {op} of {dtype} on {counted(world_size, 'rank')} by "
             f"{[name for name in names if name != NATIVE]} (the closest, "
             f"{spec}@{name}, errs {error:.3g})"
         )

@@ -50,6 +50,7 @@ from commpress.train.loop import (
     train_worker,
 )
 from commpress.train.model import GPTConfig
+from commpress.units import counted
 
 COLUMNS = (
     ("run", "run", ""),
@@ -100,7 +101,7 @@ def main(args) -> int:
         if tuned:
             config = dataclasses.replace(config, tune=tuner_network())
         results = run_distributed(train_worker, nprocs, config, timeout=args.timeout)[0]
-        where = f"{nprocs} local gloo processes"
+        where = counted(nprocs, "local gloo process", "local gloo processes")
     else:
         if args.nprocs is not None:
             raise ValueError("--nprocs is for local processes; on a cluster give --hosts")
@@ -109,7 +110,7 @@ def main(args) -> int:
             if tuned:
                 config = dataclasses.replace(config, tune=tuner_network(cluster))
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
-            where = f"{cluster.hosts} emulated hosts, {cluster.link.describe()} links"
+            where = f"{counted(cluster.hosts, 'emulated host')}, {cluster.link.describe()} links"
             if cluster.racks > 1:
                 where += f", {cluster.describe_racks()}"
     first = results[0]
@@ -153,9 +154,11 @@ def heading(config: TrainConfig, where: str) -> str:
     """What the table, the summary and the plot are of."""
     parameters = ", bf16 parameters" if config.bf16 else ""
     return (
-        f"{config.strategy.upper()} GPT ({config.model.layers} layers, dim {config.model.dim}, "
+        f"{config.strategy.upper()} GPT ({counted(config.model.layers, 'layer')}, "
+        f"dim {config.model.dim}, "
         f"context {config.model.context}, batch {config.batch_size}/rank{parameters}), "
-        f"{config.steps} steps, {config.optimizer} lr {config.lr:g} {config.schedule}, {where}"
+        f"{counted(config.steps, 'step')}, {config.optimizer} lr {config.lr:g} "
+        f"{config.schedule}, {where}"
     )
 
 
