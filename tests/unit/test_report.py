@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from commpress.bench import report
@@ -30,3 +31,18 @@ def test_provenance_names_the_commit_that_ran(monkeypatch, tmp_path):
     fake_package.mkdir()
     monkeypatch.setattr(report.commpress, "__file__", str(fake_package / "__init__.py"))
     assert report.provenance()["commit"] == "unknown"
+
+
+def test_json_holds_a_number_that_is_not_finite_as_null(tmp_path):
+    """bench's JSON wrote a NaN rel_err (an output holding NaN) as the literal NaN, which
+    JSON has not: strict readers (jq, JavaScript, Go) refused the whole file."""
+    path = tmp_path / "rows.json"
+    nan, inf = float("nan"), float("inf")
+    report.write_json(path, [{"rel_err": nan, "tx_bytes": [1, inf], "time_us": 3.5}], where=-inf)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    record = json.loads(path.read_text(), parse_constant=refuse)
+    assert record["rows"] == [{"rel_err": None, "tx_bytes": [1, None], "time_us": 3.5}]
+    assert record["where"] is None

@@ -107,9 +107,24 @@ def pyplot():
 
 
 def write_json(path: str | Path, rows: Sequence[dict], **fields) -> None:
-    """``rows`` with their provenance, and any other top-level ``fields`` (``where=``...)."""
+    """``rows`` with their provenance, and any other top-level ``fields`` (``where=``...);
+    a number that is not finite as null (:func:`json_value`)."""
     record = {**fields, "provenance": provenance(), "rows": list(rows)}
-    Path(path).write_text(json.dumps(record, indent=2))
+    Path(path).write_text(json.dumps(json_value(record), indent=2, allow_nan=False))
+
+
+def json_value(value):
+    """``value`` with every float that is not finite, at any depth, as None: JSON has no
+    NaN or infinity (``json.dumps`` writes ``NaN``, which a strict reader refuses). Such a
+    value is a measurement that is missing or undefined: ``bench``'s ``rel_err`` of an
+    output holding NaN or an infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(item) for item in value]
+    return value
 
 
 def write_markdown(
