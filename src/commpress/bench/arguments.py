@@ -1,4 +1,5 @@
-"""Command-line value types shared by the benchmarks (argparse reports their ValueErrors)."""
+"""Command-line value types shared by the benchmarks; each refuses a bad value with an
+:class:`InvalidValue` that says why."""
 
 from __future__ import annotations
 
@@ -13,10 +14,23 @@ UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: ``--dtype`` values, named as nccl-tests names them -> the name of the torch dtype.
 
 
+class InvalidValue(argparse.ArgumentTypeError, ValueError):
+    """A bad value of an option. argparse shows the reason of an ArgumentTypeError, where it
+    replaces a plain ValueError's with 'invalid positive_int value: '0''; a caller that
+    parses a list of them catches it as a ValueError."""
+
+
+def whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidValue(f"{text!r} is not a whole number") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = whole_number(text)
     if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
+        raise InvalidValue(f"{text!r}: must be at least 1")
     return value
 
 
@@ -47,23 +61,26 @@ def seconds(text: str) -> float:
 
 
 def non_negative_int(text: str) -> int:
-    value = int(text)
+    value = whole_number(text)
     if value < 0:
-        raise ValueError(f"must be at least 0, got {value}")
+        raise InvalidValue(f"{text!r}: must be at least 0")
     return value
 
 
 def probability(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise ValueError(f"must be in [0, 1), got {value}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidValue(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:  # NaN too
+        raise InvalidValue(f"{text!r}: must be in [0, 1)")
     return value
 
 
 def size_factor(text: str) -> int:
-    value = int(text)
+    value = whole_number(text)
     if value < 2:
-        raise ValueError(f"must be at least 2 for the sweep to advance, got {value}")
+        raise InvalidValue(f"{text!r}: must be at least 2 for the sweep to advance")
     return value
 
 
@@ -73,15 +90,20 @@ def byte_size(text: str) -> int:
     cleaned = text.strip().upper().removesuffix("B")
     if cleaned[-2:] in {unit + "I" for unit in UNITS}:  # 1MiB as 1M
         cleaned = cleaned[:-1]
-    if cleaned and cleaned[-1] in UNITS:
-        number = float(cleaned[:-1]) * UNITS[cleaned[-1]]
-        if not math.isfinite(number):  # int() of it raises OverflowError, which argparse misses
-            raise ValueError(f"must be a finite number of bytes, got {text!r}")
-        value = int(number)
-    else:
-        value = int(cleaned)
+    try:
+        if cleaned and cleaned[-1] in UNITS:
+            number = float(cleaned[:-1]) * UNITS[cleaned[-1]]
+            if not math.isfinite(number):  # int() of it raises OverflowError
+                raise InvalidValue(f"{text!r}: must be a finite number of bytes")
+            value = int(number)
+        else:
+            value = int(cleaned)
+    except InvalidValue:
+        raise
+    except ValueError:
+        raise InvalidValue(f"{text!r} is not a size: bytes such as 1048576, 64K, 1M") from None
     if value < 1:
-        raise ValueError(f"must be at least 1 byte, got {text!r}")
+        raise InvalidValue(f"{text!r}: must be at least 1 byte")
     return value
 
 
@@ -132,7 +154,7 @@ def _is_option(part: str) -> bool:
 
 def _distinct(text: str, items: list[str]) -> list[str]:
     if not items:
-        raise ValueError("must name at least one item")
+        raise InvalidValue(f"{text!r}: must name at least one item")
     repeated = named_twice(items)
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(repeated)} twice")
@@ -141,9 +163,9 @@ def _distinct(text: str, items: list[str]) -> list[str]:
 
 def port(text: str) -> int:
     """A TCP or UDP port, 1 to 65535."""
-    value = int(text)
+    value = whole_number(text)
     if not 1 <= value <= 65535:
-        raise ValueError(f"must be a port in [1, 65535], got {value}")
+        raise InvalidValue(f"{text!r}: must be a port in [1, 65535]")
     return value
 
 

@@ -17,7 +17,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from commpress.bench import report
-from commpress.bench.arguments import named_twice, output_path, positive_int, same_twice
+from commpress.bench.arguments import (
+    named_twice,
+    output_path,
+    positive_int,
+    same_twice,
+    whole_number,
+)
 from commpress.codecs import get_codec
 from commpress.units import counted
 
@@ -133,7 +139,7 @@ SEED_RANGE = (-(1 << 63), 1 << 64)
 def torch_seed(text: str) -> int:
     """``--seed``: an integer torch's generators take (past their range torch said only
     'Overflow when unpacking long long')."""
-    value = int(text)
+    value = whole_number(text)
     if not SEED_RANGE[0] <= value < SEED_RANGE[1]:
         raise argparse.ArgumentTypeError(f"{text!r}: torch takes seeds in [-2**63, 2**64)")
     return value

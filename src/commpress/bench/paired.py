@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from commpress.bench.arguments import byte_size, comma_list, output_path
+from commpress.bench.arguments import byte_size, comma_list, output_path, whole_number
 from commpress.cluster.commands import add_link_arguments
 from commpress.cluster.link import DEFAULT_MTU
 
@@ -117,7 +117,7 @@ def paired_arguments(
 
 def round_count(text: str) -> int:
     """``--rounds``: 2 or more, as :func:`difference_deciles` needs."""
-    value = int(text)
+    value = whole_number(text)
     if value < 2:
         raise argparse.ArgumentTypeError(f"{text!r}: a paired comparison needs 2 rounds or more")
     return value

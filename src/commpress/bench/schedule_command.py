@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from commpress.bench.arguments import non_negative_int, positive_int
+from commpress.bench.arguments import non_negative_int, positive_int, whole_number
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
 
 def chunk_bytes(text: str) -> int:
     """``--chunk-bytes``: at least 4, as the collectives take it."""
-    value = int(text)
+    value = whole_number(text)
     if value < MIN_CHUNK_BYTES:
         raise argparse.ArgumentTypeError(
             f"{text!r}: a collective's chunk_bytes is at least {MIN_CHUNK_BYTES}"
