@@ -233,6 +233,21 @@ def test_bench_refuses_more_roots_than_hosts(monkeypatch, capsys):
     assert "--roots 4: more than the hosts (3)" in capsys.readouterr().err
 
 
+def test_sim_says_a_row_of_fewer_nodes_than_roots_has_every_node_a_root(capsys):
+    """``sim --roots 8 --nodes 4`` printed the rows of K = 4, its --help silent on it (bench
+    refuses such a K; sim keeps it, for a sweep of --nodes)."""
+    from commpress import cli
+
+    (roots,) = [action for _, action in _options_of(cli.build_parser(["sim"]), "")
+                if "--roots" in action.option_strings]  # fmt: skip
+    assert "fewer --nodes has every node a root at once" in roots.help
+    argv = ["sim", "--nodes", "4", "--algorithm", "multicast", "--roots"]
+    assert main([*argv, "8"]) == 0
+    eight = capsys.readouterr().out
+    assert main([*argv, "4"]) == 0
+    assert eight == capsys.readouterr().out
+
+
 def test_sim_refuses_roots_without_multicast(capsys):
     """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
     ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""

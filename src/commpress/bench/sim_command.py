@@ -105,7 +105,11 @@ def add_arguments(parser) -> None:
         help="the same on host links in steps where each rank exchanges with a single peer, "
         "as every step on two ranks does (--efficiency)",
     )
-    parser.add_argument("--roots", type=positive_int, help="multicast roots at once, K (2)")
+    parser.add_argument(
+        "--roots",
+        type=positive_int,
+        help="multicast roots at once, K; a row of fewer --nodes has every node a root at once (2)",
+    )
     parser.add_argument(
         "--shared-cores",
         type=positive_int,
