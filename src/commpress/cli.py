@@ -116,16 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at exit, where a reader gone is beyond our handling
         return status
     except (ValueError, TypeError, ImportError) as error:
-        print(f"commpress {args.command}: error: {error}", file=sys.stderr)
+        print(f"{_command_name(args)}: error: {error}", file=sys.stderr)
         return 2
     except DistributedTimeoutError as error:
-        print(f"commpress {args.command}: {error}", file=sys.stderr)
+        print(f"{_command_name(args)}: {error}", file=sys.stderr)
         return TIMEOUT_EXIT_CODE
     except (ClusterError, DistributedError) as error:  # a rank's traceback is in the message
-        print(f"commpress {args.command}: {error}", file=sys.stderr)
+        print(f"{_command_name(args)}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"commpress {args.command}: interrupted", file=sys.stderr)
+        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if not _stdout_reader_gone():
@@ -163,6 +163,11 @@ def _check_outputs_differ(args) -> None:
         if first != name:
             options = f"--{_option(first)} and --{_option(name)}"
             raise ValueError(f"{options} name the same file, {path!r}: one would replace the other")
+
+
+def _command_name(args) -> str:
+    """``commpress cluster up``, as argparse names the command in its own errors."""
+    return " ".join(["commpress", args.command, *filter(None, [getattr(args, "action", None)])])
 
 
 def _option(name: str) -> str:

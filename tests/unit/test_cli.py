@@ -248,6 +248,13 @@ def test_sim_says_a_row_of_fewer_nodes_than_roots_has_every_node_a_root(capsys):
     assert eight == capsys.readouterr().out
 
 
+def test_an_error_of_a_cluster_action_names_the_action_as_argparse_does(capsys):
+    """'commpress cluster: error: hosts must be ...' for `cluster up`, whose argparse errors
+    say 'commpress cluster up: error:'."""
+    assert main(["cluster", "up", "--hosts", "300", "--link", "1gbit", "--prefix", "cptx"]) == 2
+    assert capsys.readouterr().err.startswith("commpress cluster up: error: hosts must be")
+
+
 def test_sim_refuses_roots_without_multicast(capsys):
     """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
     ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""
