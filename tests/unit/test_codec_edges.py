@@ -605,3 +605,13 @@ def test_a_codecs_kept_spec_and_sizes_are_neither_pickled_nor_shared_by_a_copy()
         assert "_wire_sizes" not in vars(other) and "_spec" not in vars(other)
         assert other == codec and str(other) == "int8"
         assert other.wire_bytes(1000, torch.float32) == codec.wire_bytes(1000, torch.float32)
+
+
+def test_the_errors_of_one_element_and_one_byte_are_in_the_singular():
+    """'out must hold 1 elements', 'payload has 1 bytes'."""
+    codec = make("none")
+    payload = codec.encode(torch.randn(1))
+    with pytest.raises(ValueError, match="out must hold 1 element of torch.float32"):
+        codec.decode(payload, 1, torch.float32, out=torch.empty(2))
+    with pytest.raises(ValueError, match="payload has 1 byte but"):
+        codec.decode(payload[:1], 1, torch.float32)

@@ -128,7 +128,9 @@ def thread_count(text: str) -> int:
     value = positive_int(text)
     cores = os.cpu_count() or 1
     if value > cores:
-        raise argparse.ArgumentTypeError(f"{text!r}: at most the {cores} cores of this machine")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: at most the machine's {counted(cores, 'core')}"
+        )
     return value
 
 

@@ -14,6 +14,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from commpress.units import counted
+
 #: Dtypes a lossy codec accepts as input and can decode to.
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 #: Payload sizes a codec keeps (:meth:`CodecBase._kept_wire_bytes`): a model's shapes.
@@ -124,7 +126,7 @@ class CodecBase:
         expected = self._kept_wire_bytes(numel, dtype)
         if payload.numel() != expected:
             raise ValueError(
-                f"payload has {payload.numel()} bytes but codec {str(self)!r} encodes "
+                f"payload has {counted(payload.numel(), 'byte')} but codec {str(self)!r} encodes "
                 f"numel={numel} of {dtype} into exactly {expected} bytes"
             )
 
@@ -168,7 +170,7 @@ class CodecBase:
         check_tensor(out, "out")
         if out.dtype != dtype or out.numel() != numel or out.device != device:
             raise ValueError(
-                f"out must hold {numel} elements of {dtype} on {device}, got "
+                f"out must hold {counted(numel, 'element')} of {dtype} on {device}, got "
                 f"{out.numel()} of {out.dtype} on {out.device}"
             )
         if not out.is_contiguous():

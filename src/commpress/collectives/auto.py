@@ -34,6 +34,7 @@ from commpress.ranks import by_rank, this_rank
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
 from commpress.transport.objects import all_gather_objects
+from commpress.units import counted
 
 AUTO = tuner.AUTO
 #: Per group: the settings its choices were agreed under, and the choice of each call.
@@ -206,7 +207,7 @@ class _Call:
 
     def __str__(self) -> str:
         said = (
-            f"{self.op} of {self.numel} {self.dtype} elements on {self.device} with "
+            f"{self.op} of {counted(self.numel, f'{self.dtype} element')} on {self.device} with "
             f"codec={self.codec!r}, algorithm={self.algorithm!r}"
         )
         if self.reduction:

@@ -17,6 +17,7 @@ from commpress.schedules.registry import (
 )
 from commpress.sim import tuner
 from commpress.transport import backends
+from commpress.units import counted
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
@@ -189,7 +190,7 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
     if big.numel() != small.numel() * world_size:
         raise ValueError(
             f"out has shape {tuple(out.shape)} and inp has shape {tuple(inp.shape)}: "
-            f"{big_name} must hold world_size={world_size} x {small.numel()} elements, "
+            f"{big_name} must hold world_size={world_size} x {counted(small.numel(), 'element')}, "
             f"not {big.numel()}"
         )
     if out.dtype != inp.dtype or out.device != inp.device:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from commpress.ranks import name_ranks, this_rank
 from commpress.transport import backends, collective
 from commpress.transport.p2p import Pending, wait
+from commpress.units import counted
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 #: Reductions by wire code; code 0 ("") is a collective without one.
@@ -119,7 +120,8 @@ class Fingerprint:
         return f"{self.op} ({self.algorithm}{reduction})"
 
     def describe(self) -> str:
-        return f"{self.call()} with {self.numel} {self.dtype} elements, codec {self.codec}"
+        elements = counted(self.numel, f"{self.dtype} element")
+        return f"{self.call()} with {elements}, codec {self.codec}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +293,7 @@ def _difference(who: str, theirs: _Received, own: _Received) -> str:
     if a.op != b.op or a.algorithm != b.algorithm or a.reduction != b.reduction:
         mine.append(b.call())
     if a.numel != b.numel:
-        mine.append(f"{b.numel} elements")
+        mine.append(counted(b.numel, "element"))
     if a.dtype != b.dtype:
         mine.append(b.dtype)
     if a.codec != b.codec or (theirs.digest != own.digest and not mine):

@@ -42,6 +42,7 @@ from commpress.lowrank.reducer import (
     not_real,
 )
 from commpress.transport import collective
+from commpress.units import counted
 
 
 class UnnamedParameter:
@@ -91,7 +92,7 @@ class LowRankHookState:
 
     def _unnamed(self, parameters: list) -> str:
         shapes = ", ".join(str(tuple(p.shape)) for p in parameters)
-        which = f"{len(parameters)} parameters of shapes {shapes}"
+        which = f"{counted(len(parameters), 'parameter')} of shapes {shapes}"
         if not self.names:
             return (
                 f"state_dict names each parameter's state, and ddp_hook(..., model=) was not "
