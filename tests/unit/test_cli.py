@@ -233,6 +233,16 @@ def test_bench_refuses_more_roots_than_hosts(monkeypatch, capsys):
     assert "--roots 4: more than the hosts (3)" in capsys.readouterr().err
 
 
+def test_the_title_of_a_cluster_sweep_reads_as_the_clusters_description():
+    """It read 'all_gather, 8 emulated hosts, 1gbit, mtu 9000 links' (the link's description
+    with 'links' after its MTU); the cluster says 'links 1gbit, mtu 9000'."""
+    from commpress.bench.collectives import title
+
+    assert title("all_gather", 8, "1gbit, mtu 9000", 2, "500mbit") == (
+        "all_gather, 8 emulated hosts, links 1gbit, mtu 9000, 2 racks, 500mbit uplinks"
+    )
+
+
 def test_sim_says_a_row_of_fewer_nodes_than_roots_has_every_node_a_root(capsys):
     """``sim --roots 8 --nodes 4`` printed the rows of K = 4, its --help silent on it (bench
     refuses such a K; sim keeps it, for a sweep of --nodes)."""
@@ -408,7 +418,7 @@ def test_one_of_a_thing_is_written_in_the_singular(capsys):
     assert Emulated(1, "1gbit").describe().startswith("1 host, links 1gbit")
     assert "2 racks of 1 host, uplinks" in Emulated(2, "1gbit", racks=2).describe()
     assert title("all_gather", 1, None) == "all_gather, 1 local gloo process"
-    assert title("all_gather", 1, "1gbit") == "all_gather, 1 emulated host, 1gbit links"
+    assert title("all_gather", 1, "1gbit") == "all_gather, 1 emulated host, links 1gbit"
     one = TrainConfig(runs=(), model=GPTConfig(layers=1), steps=1)
     assert heading(one, "1 local gloo process").startswith("FSDP GPT (1 layer, dim 128, ")
     assert ", 1 step, adamw" in heading(one, "1 local gloo process")

@@ -404,7 +404,7 @@ def title(
 ) -> str:
     if link is None:
         return f"{op}, {counted(world_size, 'local gloo process', 'local gloo processes')}"
-    text = f"{op}, {counted(world_size, 'emulated host')}, {link} links"
+    text = f"{op}, {counted(world_size, 'emulated host')}, links {link}"
     if racks > 1:
         text += f", {racks} racks, {uplink} uplinks"
     return text

@@ -110,7 +110,7 @@ def main(args) -> int:
             if tuned:
                 config = dataclasses.replace(config, tune=tuner_network(cluster))
             results = cluster.run(train_worker, config, timeout=args.timeout)[0]
-            where = f"{counted(cluster.hosts, 'emulated host')}, {cluster.link.describe()} links"
+            where = f"{counted(cluster.hosts, 'emulated host')}, links {cluster.link.describe()}"
             if cluster.racks > 1:
                 where += f", {cluster.describe_racks()}"
     first = results[0]
