@@ -524,7 +524,8 @@ def cluster_for(
             )
         if racks is not None and racks != cluster.racks:
             raise ValueError(
-                f"racks={racks} but cluster {prefix!r} is up with {cluster.racks} rack(s): "
+                f"racks={racks} but cluster {prefix!r} is up with "
+                f"{counted(cluster.racks, 'rack')}: "
                 f"`commpress cluster down --prefix {prefix}` first, or drop --racks"
             )
         if uplink is not None and (

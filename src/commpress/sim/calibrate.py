@@ -44,7 +44,7 @@ from commpress.schedules.registry import NATIVE, get_algorithm
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
-from commpress.units import parse_rate_bits, torch_dtype
+from commpress.units import counted, parse_rate_bits, torch_dtype
 
 FORMAT, VERSION = "commpress-sim-fit", 2
 #: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
@@ -233,10 +233,11 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
     fitted = {field: {} for field in ("message_s", *LEVELS.values())}
     for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
         mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
-        if len(mine) < MIN_ROWS or len({row.size_bytes for row in mine}) < 2:
+        sizes = len({row.size_bytes for row in mine})
+        if len(mine) < MIN_ROWS or sizes < 2:
             warnings.warn(
-                f"commpress sim: {op} {algorithm} has {len(mine)} row(s) of "
-                f"{len({r.size_bytes for r in mine})} size(s); a fit needs {MIN_ROWS} of two "
+                f"commpress sim: {op} {algorithm} has {counted(len(mine), 'row')} of "
+                f"{counted(sizes, 'size')}; a fit needs {MIN_ROWS} of two "
                 "sizes or more: left out of the fit",
                 stacklevel=2,
             )
