@@ -272,6 +272,9 @@ def test_a_finished_compressed_call_is_not_remembered_for_its_group():
     assert works._behind_queued(group)
     release.set()
     work.wait(timedelta(seconds=30))
+    # the future's callbacks run on the communication thread after wait() has returned,
+    # before that thread takes its next call
+    launch(lambda: None, async_op=False)
     assert not works._behind_queued(group) and group not in works._last_queued
     gone = weakref.ref(group)
     del group
