@@ -319,6 +319,30 @@ def test_a_rank_that_finished_first_keeps_its_group_up_until_every_rank_has_repo
     ]
 
 
+def test_a_rank_leaves_its_value_while_its_group_is_still_up(tmp_path):
+    """What the runner's hold relies on: ``leave`` runs before the group is destroyed."""
+    from commpress.cluster.rank import run_rank
+
+    seen = []
+    run_rank(lambda rank, world_size: rank, (), 0, 1, backend="gloo",
+             init_method=f"file://{tmp_path / 'store'}", timeout=30,
+             leave=lambda value: seen.append(dist.is_initialized()))  # fmt: skip
+    assert seen == [True] and not dist.is_initialized()
+
+
+def _rank_one_waits_for_rank_zero_which_returned(rank, world_size):
+    if rank == 1:
+        dist.all_reduce(torch.ones(1))
+
+
+def test_a_peer_in_a_collective_with_a_rank_that_returned_learns_of_its_end():
+    """The hold is bounded: held until the run's timeout, rank 0 kept rank 1 waiting for
+    gloo's timeout (60 s here) instead of closing the connection rank 1 waits on."""
+    closed = "(?s)rank 1 failed.*Connection (reset|closed) by peer"
+    with pytest.raises(DistributedError, match=closed):
+        run_distributed(_rank_one_waits_for_rank_zero_which_returned, 2, timeout=60)
+
+
 def _sleeps(rank, world_size):
     time.sleep(60)
 
@@ -326,7 +350,8 @@ def _sleeps(rank, world_size):
 class _LocalHosts:
     """What run_on_cluster reads of a cluster, its hosts local processes."""
 
-    hosts, namespaces, addresses, layout = 2, [None, None], ["127.0.0.1"] * 2, Layout("cpt")
+    hosts, namespaces, addresses = 2, [None, None], ["127.0.0.1"] * 2
+    layout = Layout("cpt", interface="lo")  # eth0, a cluster host's, is not every machine's
 
     def describe(self) -> str:
         return "2 local hosts"

@@ -50,6 +50,10 @@ DEATH_LOOK_SECONDS = 0.5
 #: once it has succeeded, or failed; after a Ctrl-C or SIGTERM they are killed at once
 END_GRACE_SECONDS = 5.0
 FAILED_GRACE_SECONDS = 1.0
+#: How long a rank that has reported stays in its group for the others to report: long
+#: enough for a peer to finish opening a group with it, short enough that a peer still in
+#: a collective with it learns of its end ("Connection closed") well before the timeout.
+HOLD_SECONDS = 5.0
 #: what the fork server imports once for every rank it forks
 PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
 
@@ -77,12 +81,14 @@ def _worker(call, rank, world_size, init_method, backend, timeout, parent, env, 
             nonlocal reported
             results.put((rank, True, value))
             reported = True
-            release.wait(timeout)  # every rank has reported (or the run failed)
+            release.wait(min(timeout, HOLD_SECONDS))  # until every rank has reported
 
         run_rank(fn, args, rank, world_size, backend=backend, init_method=init_method,
                  timeout=timeout, leave=report_and_wait)  # fmt: skip
     except BaseException:  # report everything, including KeyboardInterrupt, to the parent
-        if not reported:  # an error leaving the group after the value is not the run's
+        if reported:  # leaving the group failed after the value: not the run's failure
+            print(f"rank {rank}, after its result:\n{traceback.format_exc()}", file=sys.stderr)
+        else:
             results.put((rank, False, traceback.format_exc()))
 
 
