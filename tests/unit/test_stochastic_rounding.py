@@ -196,8 +196,26 @@ def _misloaded(edit):
         (_misloaded(lambda s: {"weight": torch.ones(1)}), ValueError, "state .* lacks"),
         (_misloaded(lambda s: {**s, "streams": {"cpu": 0}}), ValueError, r"state\['streams'\]"),
         (_misloaded(lambda s: [s]), TypeError, "state must be the dict"),
+        (
+            _misloaded(lambda s: {**s, "streams": {"cpu": torch.zeros(3, dtype=torch.uint8)}}),
+            ValueError,
+            r"state\['streams'\]\['cpu'\] cannot be loaded here",
+        ),
+        (
+            _misloaded(lambda s: {**s, "streams": {"cuda": torch.Generator().get_state()}}),
+            ValueError,
+            "without a device index",
+        ),
+        (
+            _misloaded(lambda s: {**s, "streams": {"cpus": torch.Generator().get_state()}}),
+            ValueError,
+            "names no device",
+        ),
     ],
-    ids=["seed", "codec", "rank", "world_size", "not_a_state", "streams", "not_a_dict"],
+    ids=[
+        *("seed", "codec", "rank", "world_size", "not_a_state", "streams", "not_a_dict"),
+        *("not_a_generator_state", "no_device_index", "no_device"),
+    ],
 )
 def test_a_rounding_state_of_another_codec_seed_rank_or_world_is_refused(load, error, words):
     with pytest.raises(error, match=words):

@@ -398,5 +398,7 @@ class IntegerBlockCodec(BlockScaledCodec):
     def load_rounding_state(self, state: dict) -> None:
         """Continue this rank's streams from ``state``, a :meth:`rounding_state` this rank
         saved with an equal codec in a world of the same size, so that a resumed run draws
-        the noise the uninterrupted run would have. Anything else is a ``ValueError``."""
+        the noise the uninterrupted run would have. Another rank's, world's, codec's or
+        seed's state, or streams that cannot be loaded here, are a ``ValueError``; what is
+        not a dict, a ``TypeError``."""
         rounding_noise.restore(self._generators, str(self), self.seed, state)

@@ -83,14 +83,36 @@ def restore(generators: Generators, codec: str, seed: int, state: dict) -> None:
     check_state(state, codec, seed)
     rank = process_rank()
     restored = {}
-    for device, tensor in state["streams"].items():
-        generator = torch.Generator(device=device)
-        generator.set_state(tensor)
-        restored[(torch.device(device), rank)] = generator
+    for name, tensor in state["streams"].items():
+        device = _drawing_device(name)
+        try:
+            generator = torch.Generator(device=device)
+            generator.set_state(tensor)
+        except RuntimeError as error:  # no such device here, or not a generator's state
+            raise ValueError(f"state['streams'][{name!r}] cannot be loaded here: {error}") from None
+        restored[(device, rank)] = generator
     with _creation_lock:
         for key in [key for key in generators if key[1] == rank]:
             del generators[key]
         generators.update(restored)
+
+
+def _drawing_device(name: object) -> torch.device:
+    """The device of a saved stream, as draws name it (a tensor's ``device``: ``cpu``
+    without an index, ``cuda:N`` with one); a name no draw would use is refused rather
+    than loaded into a stream that is never drawn from."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"state['streams'] has {name!r}, which names no device") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is None:
+        raise ValueError(
+            f"state['streams'] has {name!r} without a device index: a rank's streams are "
+            f"saved per device, as {device.type}:N"
+        )
+    return device
 
 
 def check_state(state: object, codec: str, seed: int) -> None:
