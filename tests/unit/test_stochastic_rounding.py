@@ -154,6 +154,26 @@ def test_a_loaded_rounding_state_continues_the_saved_stream_bit_for_bit():
         assert not torch.equal(payload, replayed)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_loaded_cuda_rounding_state_continues_the_saved_stream_bit_for_bit():
+    codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,seed=7,block=64"))
+    x = values().cuda()
+    codec.encode(x)
+    state = saved_and_loaded(codec.rounding_state())
+    assert list(state["streams"]) == [str(x.device)]  # cuda:N, the key draws use
+    uninterrupted = [codec.encode(x) for _ in range(3)]
+    resumed = dataclasses.replace(codec)
+    resumed.load_rounding_state(state)
+    fresh = dataclasses.replace(codec)
+    for payload, expected, replayed in zip(
+        [resumed.encode(x) for _ in range(3)], uninterrupted, [fresh.encode(x) for _ in range(3)],
+        strict=True,
+    ):  # fmt: skip
+        assert torch.equal(payload, expected)
+        assert not torch.equal(payload, replayed)
+
+
 def test_a_stream_that_had_not_drawn_when_saved_starts_over_from_its_seed():
     codec = dataclasses.replace(cp.get_codec("int4:stochastic=true,block=64"))
     state = codec.rounding_state()
