@@ -174,6 +174,22 @@ def _has_gradient(fsdp_param) -> bool:
     return accumulated is not None or (unsharded is not None and unsharded.grad is not None)
 
 
+def reduce_scatter_numels(module: torch.nn.Module) -> list[int]:
+    """Per parameter of ``module``, the elements its gradient takes in FSDP2's reduce-scatter
+    input: its padded shard (``FSDPParam.padded_sharded_param_size``) on every rank of the
+    shard group (``FSDPMeshInfo.shard_mesh_size``)."""
+    numels = []
+    for group in _state_param_groups(module):
+        mesh = _attribute(group, "mesh_info", "FSDPParamGroup.mesh_info")
+        ranks = _attribute(mesh, "shard_mesh_size", "FSDPMeshInfo.shard_mesh_size")
+        for fsdp_param in _attribute(group, "fsdp_params", "FSDPParamGroup.fsdp_params"):
+            size = _attribute(
+                fsdp_param, "padded_sharded_param_size", "FSDPParam.padded_sharded_param_size"
+            )
+            numels.append(size.numel() * ranks)
+    return numels
+
+
 def unsharded_parameters(group: ParamGroup) -> list[torch.Tensor]:
     """The group's unsharded parameters (``FSDPParam.unsharded_param``; after ``unshard()``)."""
     return [

@@ -755,6 +755,128 @@ def test_a_stochastic_run_resumed_with_its_rounding_state_is_the_uninterrupted_r
     assert same(uninterrupted, resumed[0]) == restore_rounding
 
 
+FEEDBACK = "int8@alltoall"
+
+
+def _feedback_with_momentum(error_feedback=True):
+    model = shard(small_model())
+    compression = cp.fsdp.compress(
+        model, all_gather="int8", reduce_scatter=FEEDBACK, error_feedback=error_feedback
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), compression
+
+
+def _residuals_file(directory, rank) -> str:
+    return os.path.join(directory, f"residuals-{rank}.pt")
+
+
+def _feedback_run_and_checkpoint(rank, world_size, directory):
+    model, optimizer, compression = _feedback_with_momentum()
+    _momentum_steps(model, optimizer, rank, range(2))
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        os.path.join(directory, f"training-{rank}.pt"),
+    )
+    torch.save(compression.state_dict(), _residuals_file(directory, rank))
+    _momentum_steps(model, optimizer, rank, range(2, 3))
+    return full_parameters(model)
+
+
+def _feedback_resumed(rank, world_size, directory, restore_residuals):
+    model, optimizer, compression = _feedback_with_momentum()
+    saved = torch.load(os.path.join(directory, f"training-{rank}.pt"), weights_only=False)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    peers = torch.load(_residuals_file(directory, 1 - rank), weights_only=True)
+    with pytest.raises(ValueError, match=f"state was saved by rank {1 - rank}, this is rank"):
+        compression.load_state_dict(peers)
+    if restore_residuals:
+        compression.load_state_dict(torch.load(_residuals_file(directory, rank), weights_only=True))
+    _momentum_steps(model, optimizer, rank, range(2, 3))
+    return full_parameters(model)
+
+
+@pytest.fixture(scope="module")
+def feedback_checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("feedback"))
+    uninterrupted = run_distributed(_feedback_run_and_checkpoint, 2, directory, timeout=120)
+    return directory, uninterrupted[0]
+
+
+@pytest.mark.parametrize("restore_residuals", [True, False], ids=["restored", "not_restored"])
+def test_an_error_feedback_run_resumed_with_its_residuals_is_the_uninterrupted_run(
+    feedback_checkpoint, restore_residuals
+):
+    """Error feedback's residuals (and which parameters each came from) are state beyond the
+    model's and the optimizer's: restored from each rank's own file, the step after the
+    checkpoint is the uninterrupted run's; not restored, the residuals restart from zero."""
+    directory, uninterrupted = feedback_checkpoint
+    resumed = run_distributed(_feedback_resumed, 2, directory, restore_residuals, timeout=120)
+    assert same(uninterrupted, resumed[0]) == restore_residuals
+
+
+def _residual_state_refusals(rank, world_size):
+    model, optimizer, compression = _feedback_with_momentum()
+    _momentum_steps(model, optimizer, rank, range(1))
+    state = compression.state_dict()
+    errors = {}
+
+    def error_of(bad_state, into=compression):
+        try:
+            into.load_state_dict(bad_state)
+        except (ValueError, TypeError) as error:
+            return type(error).__name__, str(error)
+        return None
+
+    errors["not a dict"] = error_of([state])
+    errors["model's"] = error_of(model.state_dict())
+    errors["world size"] = error_of({**state, "world_size": 3})
+    errors["rank"] = error_of({**state, "rank": 1 - rank})
+    errors["without feedback"] = error_of(_feedback_with_momentum(False)[2].state_dict())
+    errors["into no feedback"] = error_of(state, into=_feedback_with_momentum(False)[2])
+    residuals = state["residuals"]
+    fewer = {name: saved for name, saved in residuals.items() if name != "2"}
+    errors["missing module"] = error_of({**state, "residuals": fewer})
+    errors["extra module"] = error_of({**state, "residuals": {**residuals, "9": residuals["2"]}})
+    longer = {**residuals["2"], "residual": torch.zeros(residuals["2"]["residual"].numel() + 2)}
+    errors["shape"] = error_of({**state, "residuals": {**residuals, "2": longer}})
+    wrong_count = {**residuals["2"], "parameters_with_gradients": [True]}
+    errors["parameter count"] = error_of({**state, "residuals": {**residuals, "2": wrong_count}})
+    errors["after refusals"] = [
+        torch.equal(saved["residual"], now["residual"])
+        for saved, now in zip(
+            residuals.values(), compression.state_dict()["residuals"].values(), strict=True
+        )
+        if saved["residual"] is not None
+    ]
+    return errors
+
+
+def test_a_residual_state_of_another_rank_world_model_or_setting_is_refused_naming_state():
+    errors = run_distributed(_residual_state_refusals, 2, timeout=120)[0]
+    assert errors["not a dict"] == (
+        "TypeError",
+        "state must be the dict of Compression.state_dict(), got list",
+    )
+    kind, message = errors["model's"]
+    assert kind == "ValueError" and message.startswith("state is not a Compression.state_dict()")
+    kind, message = errors["world size"]
+    assert kind == "ValueError" and "state was saved by a rank of 3 processes" in message
+    assert errors["rank"][1].startswith("state was saved by rank 1, this is rank 0")
+    kind, message = errors["without feedback"]
+    assert kind == "ValueError" and message.startswith("state was saved without error feedback")
+    kind, message = errors["into no feedback"]
+    assert kind == "ValueError" and "made without error_feedback" in message
+    assert errors["missing module"][1].startswith("state has no residual of modules ['2']")
+    assert errors["extra module"][1].startswith("state has residuals of modules ['9']")
+    kind, message = errors["shape"]
+    assert kind == "ValueError" and message.startswith("state['residuals']['2']['residual'] has")
+    kind, message = errors["parameter count"]
+    assert kind == "ValueError"
+    assert message.startswith("state['residuals']['2']['parameters_with_gradients']")
+    assert errors["after refusals"] and all(errors["after refusals"])
+
+
 def _state_dicts_while_unsharded(rank, world_size):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -53,13 +53,15 @@ def _fsdp_state(rank, world_size):
                 )
             )
             module.reshard()
+    found.append(_torch_private.reduce_scatter_numels(model[0]))
     return found
 
 
 def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
     found = run_distributed(_fsdp_state, 2, timeout=60)[0]
-    # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,).
-    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)})]
+    # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,),
+    # which take 64 and 8 elements of its reduce-scatter input.
+    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)}), [64, 8]]
 
 
 def _renamed_param_groups(rank, world_size):

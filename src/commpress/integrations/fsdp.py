@@ -69,6 +69,34 @@ class Compression:
     #: commpress's own process group for each of FSDP's, so that torch's collectives on
     #: FSDP's groups never interleave with ours (which run on the communication thread).
     groups: OwnGroups | None = None
+    error_feedback: bool = False
+    #: the reduce-scatter of each module in ``modules`` that keeps a residual (error feedback)
+    feedback: dict[str, CompressedReduceScatter] = field(default_factory=dict, repr=False)
+
+    def state_dict(self) -> dict:
+        """This rank's error-feedback residuals, by module name, with which parameters each
+        came from: plain tensors, ints and bools for ``torch.save`` (one file per rank).
+        Empty of residuals without error feedback."""
+        return {
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "error_feedback": self.error_feedback,
+            "residuals": {name: rs.residual_state() for name, rs in self.feedback.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``, this rank's :meth:`state_dict` of a compression of the same
+        model (module names) and ``error_feedback``; between steps (no backward running).
+        Nothing is loaded where anything of it is refused."""
+        check_state(state, self.error_feedback, list(self.feedback))
+        loaded = {
+            name: scatter.checked_residual_state(
+                state["residuals"][name], f"state['residuals'][{name!r}]"
+            )
+            for name, scatter in self.feedback.items()
+        }
+        for name, (residual, residual_of) in loaded.items():
+            self.feedback[name].restore_residual(residual, residual_of)
 
 
 def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
@@ -109,9 +137,11 @@ def compress(
     per call (:mod:`commpress.sim.tuner`, where the network it assumes is set).
     ``error_feedback``: keep, per module, the reduce-scatter's rounding error of this
     rank's gradients and add it before the next compression (needs ``@alltoall``, where
-    every rounding happens at the source). ``on_unsupported``: FSDP2 cannot customise a
-    module with several parameter groups; ``"raise"`` (default) says which, ``"native"``
-    leaves it on torch's collectives with a warning and lists it in ``left_native``.
+    every rounding happens at the source; the returned ``Compression``'s ``state_dict()`` /
+    ``load_state_dict()`` save and restore the residuals for a resumed run).
+    ``on_unsupported``: FSDP2 cannot customise a module with several parameter groups;
+    ``"raise"`` (default) says which, ``"native"`` leaves it on torch's collectives with a
+    warning and lists it in ``left_native``.
     ``timeout``: how long each collective (``native`` included), and ``compress``'s own
     exchanges with the other ranks, wait for a peer that stalls or dies (None: the timeout
     of FSDP's process group, which commpress's twin of it is made with).
@@ -169,7 +199,12 @@ def compress(
         for g in _torch_private.fsdp_param_groups(m)
         for pg in g.process_groups
     ]
-    result = Compression(modules=[], left_native=[], groups=OwnGroups(fsdp_groups, timeout))
+    result = Compression(
+        modules=[],
+        left_native=[],
+        groups=OwnGroups(fsdp_groups, timeout),
+        error_feedback=error_feedback,
+    )
     for name, module in modules:
         if name in unsupported:
             warnings.warn(
@@ -193,6 +228,8 @@ def compress(
             module.set_custom_reduce_scatter(compressed)
             if error_feedback:
                 _torch_private.before_post_backward(module, compressed.note_reduced)
+                compressed.numels = _torch_private.reduce_scatter_numels(module)
+                result.feedback[name] = compressed
         setattr(module, MARK, True)
         result.modules.append(name)
     return result
@@ -217,6 +254,57 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
             continue
         _check_dtypes(name, module, gather, scatter, error_feedback)
     return unsupported
+
+
+STATE_KEYS = ("rank", "world_size", "error_feedback", "residuals")
+
+
+def check_state(state: object, error_feedback: bool, modules: list[str]) -> None:
+    """``state`` must be a :meth:`Compression.state_dict` of this rank and world, saved with
+    ``error_feedback`` as given, holding a residual of each of ``modules`` and of no other."""
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"state must be the dict of Compression.state_dict(), got {type(state).__name__}"
+        )
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"state is not a Compression.state_dict(): it lacks {missing}")
+    if state["world_size"] != dist.get_world_size():
+        raise ValueError(
+            f"state was saved by a rank of {state['world_size']} processes, this is one of "
+            f"{dist.get_world_size()}: a residual is what one rank's gradients lost"
+        )
+    if state["rank"] != dist.get_rank():
+        raise ValueError(
+            f"state was saved by rank {state['rank']}, this is rank {dist.get_rank()}: each "
+            "rank loads the state it saved (one file per rank)"
+        )
+    if state["error_feedback"] != error_feedback:
+        if error_feedback:
+            raise ValueError(
+                "state was saved without error feedback (no residuals), and this compression "
+                "keeps them: save it from cp.fsdp.compress(..., error_feedback=True)"
+            )
+        raise ValueError(
+            "state holds error-feedback residuals, and this compression was made without "
+            "error_feedback: compress with error_feedback=True to continue them"
+        )
+    residuals = state["residuals"]
+    if not isinstance(residuals, dict):
+        raise TypeError(
+            f"state['residuals'] must be a dict of module names, got {type(residuals).__name__}"
+        )
+    lacking = [name for name in modules if name not in residuals]
+    if lacking:
+        raise ValueError(
+            f"state has no residual of modules {lacking} of this model: a state of another model"
+        )
+    extra = [name for name in residuals if name not in modules]
+    if extra:
+        raise ValueError(
+            f"state has residuals of modules {extra} that this model does not compress: a "
+            "state of another model"
+        )
 
 
 def _regather_ranks(module) -> tuple[int, ...] | None:
@@ -441,6 +529,8 @@ class CompressedReduceScatter(ReduceScatter):
         #: per parameter, whether it has a gradient in the next call's input; in the residual's
         self._reduced: tuple[bool, ...] | None = None
         self._residual_of: tuple[bool, ...] | None = None
+        #: per parameter, the elements its gradient takes in the input (error feedback)
+        self.numels: list[int] = []
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -482,6 +572,46 @@ class CompressedReduceScatter(ReduceScatter):
         only those with a gradient)."""
         self._reduced = has_gradient
 
+    def residual_state(self) -> dict:
+        """The residual (on the CPU) and which parameters' gradients it came from."""
+        residual = None if self.residual is None else self.residual.to("cpu", copy=True)
+        residual_of = None if self._residual_of is None else list(self._residual_of)
+        return {"residual": residual, "parameters_with_gradients": residual_of}
+
+    def checked_residual_state(self, saved: object, argument: str):
+        """``(residual, residual_of)`` of a :meth:`residual_state` of this module, copied."""
+        keys = ("residual", "parameters_with_gradients")
+        if not isinstance(saved, dict) or sorted(saved) != sorted(keys):
+            raise ValueError(f"{argument} must be a dict of {list(keys)}, got {saved!r}")
+        residual, residual_of = saved["residual"], saved["parameters_with_gradients"]
+        if residual is None and residual_of is None:  # saved before the first step
+            return None, None
+        if not isinstance(residual, torch.Tensor) or residual.dtype != torch.float32:
+            raise TypeError(f"{argument}['residual'] must be a float32 tensor, got {residual!r}")
+        count = len(self.numels)
+        if (
+            not isinstance(residual_of, list)
+            or len(residual_of) != count
+            or not all(isinstance(flag, bool) for flag in residual_of)
+        ):
+            raise ValueError(
+                f"{argument}['parameters_with_gradients'] must be {count} bools, one per "
+                f"parameter of module {self.module_name!r}, got {residual_of!r}"
+            )
+        numel = sum(n for n, has in zip(self.numels, residual_of, strict=True) if has)
+        if residual.shape != (numel,):
+            raise ValueError(
+                f"{argument}['residual'] has shape {tuple(residual.shape)}, and module "
+                f"{self.module_name!r} reduce-scatters ({numel},) for those parameters: a "
+                "state of another model or sharding"
+            )
+        return residual.clone(), tuple(residual_of)
+
+    def restore_residual(self, residual, residual_of) -> None:
+        """What :meth:`checked_residual_state` returned: the next call adds ``residual`` where
+        it carries the same parameters."""
+        self.residual, self._residual_of = residual, residual_of
+
     def _residual(self, input_tensor: torch.Tensor) -> torch.Tensor | None:
         """The residual of the same parameters' gradients, or zeros: another set of them
         (one unused this step) lays the input out differently, even at the same size."""
@@ -493,6 +623,8 @@ class CompressedReduceScatter(ReduceScatter):
                 input_tensor.shape, dtype=torch.float32, device=input_tensor.device
             )
             self._residual_of = self._reduced
+        if self.residual.device != input_tensor.device:  # loaded from a state_dict
+            self.residual = self.residual.to(input_tensor.device)
         return self.residual
 
     def __repr__(self) -> str:
