@@ -343,6 +343,32 @@ def test_a_peer_in_a_collective_with_a_rank_that_returned_learns_of_its_end():
         run_distributed(_rank_one_waits_for_rank_zero_which_returned, 2, timeout=60)
 
 
+class _Running:
+    exitcode = None
+
+
+class _Reports:
+    def __init__(self, *reports):
+        self.reports = list(reports)
+
+    def get(self, timeout):
+        return self.reports.pop(0)
+
+
+def test_a_failure_reported_after_the_runs_timeout_is_the_runs_timeout():
+    """A rank's collective times out with the run's timeout, which its process group has:
+    its report, when it came before the caller's next look at the clock, was taken for a
+    failed rank, and `commpress bench` exited 1 where `launch` gives 124."""
+    from commpress.cluster.local import _collect
+
+    report = (1, False, "RuntimeError: [gloo] Timed out waiting 3000ms")
+    with pytest.raises(DistributedTimeoutError, match=r"(?s)ranks \[0, 1\] did not .*Timed out"):
+        _collect([_Running(), _Running()], _Reports(report), timeout=0.0, allow_dead=False)
+    with pytest.raises(DistributedError, match="rank 1 failed") as raised:  # within it
+        _collect([_Running(), _Running()], _Reports(report), timeout=60.0, allow_dead=False)
+    assert not isinstance(raised.value, DistributedTimeoutError)
+
+
 def _sleeps(rank, world_size):
     time.sleep(60)
 

@@ -195,6 +195,13 @@ def _end(processes, grace: float) -> None:
         process.join(timeout=END_GRACE_SECONDS)
 
 
+def _timed_out(processes, values, timeout: float, report: str = "") -> DistributedTimeoutError:
+    """The run outlived ``timeout``; ``report``, a rank's failure that came after it (a
+    collective timing out with the run's timeout, which is the process group's too)."""
+    missing = sorted(set(range(len(processes))) - set(values))
+    return DistributedTimeoutError(f"ranks {missing} did not finish within {timeout} s{report}")
+
+
 def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> list[Any]:
     values: dict[int, Any] = {}
     dead: set[int] = set()
@@ -207,10 +214,7 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
             rank, ok, value = results.get(timeout=POLL_SECONDS)
         except queue.Empty:
             if time.monotonic() > deadline:
-                missing = sorted(set(range(len(processes))) - set(values))
-                raise DistributedTimeoutError(
-                    f"ranks {missing} did not finish within {timeout} s"
-                ) from None
+                raise _timed_out(processes, values, timeout) from None
             ended = _ended_unreported(processes, values, dead)
             for rank, what in ended:
                 # a rank may report and end between the poll and this look: its report is
@@ -223,6 +227,8 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
                 dead.add(rank)
             suspects = {rank for rank, _ in ended}
             continue
+        if not ok and time.monotonic() > deadline:  # the ranks' collectives have the run's
+            raise _timed_out(processes, values, timeout, f"; rank {rank} failed:\n{value}")
         if not ok:  # the cause may be a rank that died first: named ahead of this report
             look_until = time.monotonic() + DEATH_LOOK_SECONDS  # its exit code may lag
             killed = _ended_unreported(processes, values, dead, rank, failed_only=True)
