@@ -310,6 +310,48 @@ def test_hooking_model_after_model_takes_over_the_group_of_a_hook_gone():
         assert after_failed, "a group that failed on rank 1 was handed to the next hook"
 
 
+class _Bucket:
+    """A DDP bucket of ``tensor`` alone, handed to the hook by hand."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def buffer(self):
+        return self.tensor
+
+
+def _a_ring_abandoned_on_one_rank(rank, world_size, spec):
+    """A hook's ring all-reduce given on rank 0 alone (its future dropped, its state
+    collected), then a new hook's on both ranks; each rank's result or error."""
+    import gc
+
+    timeout = timedelta(seconds=1)
+    state, hook = cp.ddp.hook(spec, timeout=timeout)
+    old = state.group
+    if rank == 0:
+        hook(state, _Bucket(torch.full((1000,), 100.0)))
+    del state, hook
+    gc.collect()
+    state, hook = cp.ddp.hook(spec, timeout=timeout)
+    try:
+        averaged = hook(state, _Bucket(torch.full((1000,), float(rank + 1)))).wait()
+    except RuntimeError as error:
+        return state.group is not old, str(error)
+    return state.group is not old, averaged.unique().tolist()
+
+
+@pytest.mark.parametrize("spec", ["int8@ring", "int8@ring-hop"])
+def test_a_group_whose_ring_was_abandoned_on_one_rank_is_not_taken_over(spec):
+    """A ring all-reduce given on one rank alone keeps the communication thread until it
+    times out (the point-to-point transfers of ``ring`` are not tracked), and the next hook's
+    agreement on its group waits behind it there; but the offers were made before, on the
+    calling thread, when the group was not failed yet: the next hook took it over, and its
+    first all-reduce failed on every rank ("closed by a timeout", "Connection closed by
+    peer"). The offers are now made where the agreement runs, after the abandoned call."""
+    for apart, averaged in run_distributed(_a_ring_abandoned_on_one_rank, 2, spec, timeout=60):
+        assert apart and averaged == [1.5], (apart, averaged)
+
+
 def _native_hook_whose_all_reduce_fails(rank, world_size):
     """Whether a ``none@native`` hook's group is marked failed once its all-reduce fails."""
     from commpress.integrations import ddp as ddp_integration

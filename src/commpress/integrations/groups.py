@@ -9,6 +9,7 @@ NCCL. So each of FSDP's groups gets a twin with the same ranks, created once by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -29,6 +30,12 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     reach the backend before one of them, on another after), on the caller's GPU where the
     world moves CUDA tensors; a peer that does not call it within ``timeout`` (None: the
     world's) makes it raise, naming ``caller``."""
+    return _exchange_made(lambda: mine, timeout, caller)
+
+
+def _exchange_made(make_mine: Callable[[], object], timeout: timedelta | None, caller: str):
+    """:func:`exchange_with_every_rank` of ``make_mine()``, made once the compressed
+    collectives given before have run."""
     this = this_rank(dist.get_rank(), None)
     exchanged = []
     # the world moves CPU tensors (gloo): no GPU; else (NCCL alone) the caller's current one
@@ -36,7 +43,7 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
 
     def exchange() -> None:
-        exchanged.extend(all_gather_objects(mine, None, timeout))
+        exchanged.extend(all_gather_objects(make_mine(), None, timeout))
 
     with named_as(
         f"{caller} on {counted(dist.get_world_size(), 'rank')} (this is {this})", timeout
@@ -58,9 +65,10 @@ def own_groups(
     owner: object, requests: list, caller: str, timeout: timedelta | None = None
 ) -> list:
     """:mod:`commpress.transport.owned_groups`' group for each of ``requests``, agreed by
-    one exchange over the world (:func:`exchange_with_every_rank`)."""
-    offers = owned_groups.offers(requests)
-    everyone = exchange_with_every_rank((requests, offers), timeout, caller)
+    one exchange over the world (:func:`exchange_with_every_rank`). The offers are made
+    there, once the compressed collectives given before have run: one abandoned on this rank
+    alone (its owner gone) has failed by then, and its group is offered no more."""
+    everyone = _exchange_made(lambda: (requests, owned_groups.offers(requests)), timeout, caller)
     return owned_groups.take(owner, requests, everyone)
 
 

@@ -18,11 +18,15 @@ group is taken over only where every rank offers it (:func:`take`); a group dest
 one on which a collective failed (:func:`mark_failed`), is never offered, so the next owner
 gets a new group; nor is one with a collective of torch's issued on it still pending (an
 owner gone in the middle of a step, on one rank: the next owner's first collective would
-meet it, and take its data), and once that collective has failed, never (:func:`track`).
-Not tracked: collectives on CUDA tensors, and the point-to-point transfers of ``ring`` and
-``ring-hop`` (a call made on one rank alone and dropped can leave its group to a next owner
-whose first call then fails on every rank). Requests that differ between ranks (another
-timeout, say) raise on every rank, naming them. A failed group stays open until the world
+meet it, and take its data), and once that collective has failed, never (:func:`track`);
+not tracked: collectives on CUDA tensors. The point-to-point transfers of ``ring`` and
+``ring-hop`` need no tracking: a call posts and waits for them on the communication thread,
+and the offers are made there too, after every call given before
+(:func:`commpress.integrations.groups.own_groups`). A call made on one rank alone and
+dropped holds that thread until it times out, which marks its group failed; the next
+owner's set-up waits behind it (its peers with it, for up to the world's timeout), then
+gets a new group. Requests that differ between ranks (another timeout, say) raise on every
+rank, naming them. A failed group stays open until the world
 is made again (destroying it could hang where its peers do not do the same at once).
 """
 
