@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.lowrank import ACPSGD, PowerSGD, Reducer
+from commpress.lowrank.reducer import checkpoint_names
 from commpress.testing.stall import report, stall
 from commpress.testing.training import sgd_steps
 
@@ -353,7 +354,7 @@ def test_ddp_hook_runs_on_gloo_with_and_without_the_scheduler(ddp_runs):
         assert buckets > 2 * 6  # several buckets per step: the pipeline had work to overlap
         assert losses == other_losses  # the scheduler changes when, not what
         assert all(torch.equal(a, b) for a, b in zip(params, other_params, strict=True))
-        assert checkpoint["step"] == 6 and "0.weight" in checkpoint["states"]
+        assert checkpoint["step"] == 6 and "0.weight" in checkpoint_names(checkpoint)
         assert waited > 0  # the training thread waits at least for the last bucket
     assert with_scheduler[0][0][:2] == plain[:2]  # warm-up steps are plain averages
     assert with_scheduler[0][0][2:] != plain[2:]
@@ -769,25 +770,42 @@ def _through_dcp(rank, world_size, directory):
 
     reducer = Reducer(PowerSGD(rank=2, start_iter=0))
     reducer.reduce([("a", gradients(rank, 0)["a"])])
-    saved = reducer.state_dict()
-    dcp.save({"lowrank": saved}, checkpoint_id=directory)
-    loaded = {"lowrank": saved}
+    dcp.save({"lowrank": reducer.state_dict()}, checkpoint_id=directory)
+    fresh = Reducer(PowerSGD(rank=2, start_iter=0))
+    loaded = {"lowrank": fresh.state_dict()}
     dcp.load(loaded, checkpoint_id=directory)
+    fresh.load_state_dict(loaded["lowrank"])
+    return reducer.states["a"], fresh.states["a"]
+
+
+def test_error_feedback_saved_through_dcp_loads_on_each_rank_its_own(tmp_path):
+    """torch.distributed.checkpoint saves one rank's copy of what every rank holds under one
+    key: one rank was refused while the other went on with its error buffers."""
+    for saved, loaded in run_distributed(_through_dcp, 2, str(tmp_path / "dcp"), timeout=120):
+        assert saved.keys() == loaded.keys()
+        assert all(torch.equal(saved[name], loaded[name]) for name in saved)
+
+
+def _as_before_the_rank_keyed_it(state: dict) -> dict:
+    ((rank, (states,)),) = state["states_of_rank"].items()
+    before = {key: value for key, value in state.items() if key != "states_of_rank"}
+    return {**before, "group_rank": int(rank), "states": states}
+
+
+def _loaded_as_before_the_rank_keyed_it(rank, world_size, saved):
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0))
     try:
-        Reducer(PowerSGD(rank=2, start_iter=0)).load_state_dict(loaded["lowrank"])
+        reducer.load_state_dict(_as_before_the_rank_keyed_it(saved))
     except ValueError as error:
         return str(error)
-    return "loaded"
+    return torch.equal(reducer.states["a"]["error"], saved["states_of_rank"]["0"][0]["a"]["error"])
 
 
-def test_error_feedback_saved_through_dcp_is_refused_saying_why(tmp_path):
-    """torch.distributed.checkpoint saves one rank's copy of plain tensors and values: every
-    rank got one rank's number, and another's error buffers. A rank that noticed told the
-    user to load "the checkpoint it saved", which it had."""
-    outcomes = run_distributed(_through_dcp, 2, str(tmp_path / "dcp"), timeout=120)
-    refused = [outcome for outcome in outcomes if outcome != "loaded"]
-    assert len(refused) == 1, outcomes
-    assert "torch.save, one file per rank; torch.distributed.checkpoint takes" in refused[0]
+def test_a_checkpoint_from_before_the_rank_keyed_it_loads_on_the_rank_that_saved_it_alone():
+    saved = run_distributed(_saved_by_each_rank, 2, timeout=120)[0][True]
+    own, other = run_distributed(_loaded_as_before_the_rank_keyed_it, 2, saved, timeout=120)
+    assert own is True
+    assert other.startswith("checkpoint was saved by rank 0 of the reducer's group, this is rank 1")
 
 
 def _hooked_acpsgd():
@@ -834,6 +852,38 @@ def test_a_hooked_run_resumed_in_new_processes_is_the_uninterrupted_run(tmp_path
     generator) is all a resumed run needs, whatever DDP's buckets were in its first step."""
     uninterrupted = run_distributed(_hooked_run_saved_midway, 2, str(tmp_path), timeout=120)
     resumed = run_distributed(_hooked_run_resumed, 2, str(tmp_path), timeout=120)
+    for ours, theirs in zip(uninterrupted, resumed, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def _hooked_run_saved_through_dcp_midway(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+
+    ddp, state = _hooked_acpsgd()
+    _plain_sgd_steps(ddp, rank, range(3))
+    dcp.save({"model": ddp.module.state_dict(), "lowrank": state}, checkpoint_id=directory)
+    _plain_sgd_steps(ddp, rank, range(3, 6))
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
+def _hooked_run_resumed_through_dcp(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+
+    ddp, state = _hooked_acpsgd()
+    checkpoint = {"model": ddp.module.state_dict(), "lowrank": state}
+    dcp.load(checkpoint, checkpoint_id=directory)
+    ddp.module.load_state_dict(checkpoint["model"])
+    _plain_sgd_steps(ddp, rank, range(3, 6))
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
+def test_a_hooked_run_resumed_through_dcp_in_new_processes_is_the_uninterrupted_run(tmp_path):
+    """torch.distributed.checkpoint keeps one rank's copy of what every rank saves under one
+    key: one rank got another's error buffers, or was refused while the other went on. And
+    a fresh hook's state_dict, the state DCP loads into, had no factors or buffers to load."""
+    directory = str(tmp_path / "dcp")
+    uninterrupted = run_distributed(_hooked_run_saved_through_dcp_midway, 2, directory, timeout=120)
+    resumed = run_distributed(_hooked_run_resumed_through_dcp, 2, directory, timeout=120)
     for ours, theirs in zip(uninterrupted, resumed, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 

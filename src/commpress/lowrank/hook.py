@@ -37,6 +37,7 @@ from commpress.lowrank.reducer import (
     Part,
     Reducer,
     check_checkpoint,
+    checkpoint_names,
     frameless,
     not_dense,
     not_real,
@@ -108,7 +109,7 @@ class LowRankHookState:
         does not have: one of another model."""
         check_checkpoint(state)
         if self.names:
-            unknown = sorted(set(state["states"]) - set(self.names.values()))
+            unknown = sorted(checkpoint_names(state) - set(self.names.values()))
             if unknown:
                 raise ValueError(
                     f"checkpoint has low-rank state for parameters this model does not have: "

@@ -298,6 +298,10 @@ class Reducer:
     # -- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        """Factors and error buffers are this rank's (the buffers differ between ranks): they
+        are under its rank's key, in a tuple. torch.distributed.checkpoint saves one rank's
+        copy of what every rank holds under one key, a tuple whole, as one object, and loads
+        it into a fresh reducer's ``state_dict``, which has no tensors to load into yet."""
         self._check_not_failed()  # its buffers are half a step's: no checkpoint to resume from
         if any(not isinstance(key, str) for key in self.states):
             raise TypeError("state_dict needs string keys (parameter names) for every gradient")
@@ -306,10 +310,9 @@ class Reducer:
             "rank": self.algorithm.rank,
             "error_feedback": self.algorithm.error_feedback,
             "world_size": _world_size(self.group),
-            "group_rank": _group_rank(self.group),  # whose error feedback this is
             "step": self.step,
             "generator": self._generator.get_state(),
-            "states": {k: {n: t.clone() for n, t in s.items()} for k, s in self.states.items()},
+            "states_of_rank": {str(_group_rank(self.group) or 0): (_cloned(self.states),)},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -319,40 +322,60 @@ class Reducer:
                 f"checkpoint is for {state['algorithm']} rank {state['rank']}, this reducer "
                 f"runs {self.algorithm.name} rank {self.algorithm.rank}"
             )
-        saved = state["states"]
-        # checkpoints before the flag was saved: error feedback keeps an "error" per state
-        fed_back = state.get("error_feedback", any("error" in s for s in saved.values()))
-        if saved and fed_back != self.algorithm.error_feedback:
-            raise ValueError(
-                f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
-                f"error_feedback={self.algorithm.error_feedback}"
-            )
-        if saved and fed_back:  # error feedback is one rank's own, in a world of one size
-            self._check_same_world(state)
+        saved = self._own_states(state)
         self.step = state["step"]
         self._generator.set_state(state["generator"])
-        self.states = {k: {n: t.clone() for n, t in s.items()} for k, s in state["states"].items()}
+        self.states = _cloned(saved)
         self._loaded = True
         self._error_stacks.clear()
         self._keys_this_step.clear()
 
-    def _check_same_world(self, state: dict) -> None:
-        """Refuse error feedback saved in a world of another size or by another rank; either
-        is unknown (None) in a checkpoint from before it was saved, or before
-        ``init_process_group``, and then not checked."""
+    def _own_states(self, state: dict) -> dict:
+        """This rank's states in ``state``: under its rank's key (each rank's, in what
+        torch.distributed.checkpoint saved), or under the one key there is where they can
+        be: without error feedback (the factors are the same on every rank), or before
+        ``init_process_group``. A checkpoint from before the rank keyed them holds them
+        under ``"states"`` and says which rank saved them in ``"group_rank"``."""
+        if "states_of_rank" in state:
+            saved_ranks = {int(rank): states for rank, (states,) in state["states_of_rank"].items()}
+        else:
+            saved_ranks = {state.get("group_rank"): state["states"]}
+        if not any(saved_ranks.values()):
+            return {}
+        # checkpoints before the flag was saved: error feedback keeps an "error" per state
+        fed_back = state.get(
+            "error_feedback",
+            any("error" in s for states in saved_ranks.values() for s in states.values()),
+        )
+        if fed_back != self.algorithm.error_feedback:
+            raise ValueError(
+                f"checkpoint was saved with error_feedback={fed_back}, this reducer runs "
+                f"error_feedback={self.algorithm.error_feedback}"
+            )
+        if fed_back:  # error feedback is one rank's own, in a world of one size
+            self._check_same_world_size(state)
+        here = _group_rank(self.group)
+        if here in saved_ranks:
+            return saved_ranks[here]
+        if len(saved_ranks) == 1 and (here is None or None in saved_ranks or not fed_back):
+            return next(iter(saved_ranks.values()))
+        saved = ", ".join(map(str, sorted(saved_ranks)))
+        raise ValueError(
+            f"checkpoint was saved by rank {saved} of the reducer's group, this is "
+            f"rank {here}: its error feedback is rank {saved}'s own (each rank loads "
+            f"the checkpoint it saved: {EACH_RANK_ITS_OWN})"
+        )
+
+    def _check_same_world_size(self, state: dict) -> None:
+        """Refuse error feedback saved in a world of another size; unknown (None) in a
+        checkpoint from before it was saved, or before ``init_process_group``, and then not
+        checked."""
         saved_size, size = state.get("world_size"), _world_size(self.group)
         if None not in (saved_size, size) and saved_size != size:
             raise ValueError(
                 f"checkpoint was saved by one of {counted(saved_size, 'rank')}, this reducer "
                 f"averages over {size}: its error feedback is that rank's own "
                 f"(save and load one checkpoint per rank, in a world of the same size)"
-            )
-        saved_rank, here = state.get("group_rank"), _group_rank(self.group)
-        if None not in (saved_rank, here) and saved_rank != here:
-            raise ValueError(
-                f"checkpoint was saved by rank {saved_rank} of the reducer's group, this is "
-                f"rank {here}: its error feedback is rank {saved_rank}'s own (each rank loads "
-                f"the checkpoint it saved: {ONE_FILE_PER_RANK})"
             )
 
     def _adopt_loaded(self) -> None:
@@ -370,8 +393,9 @@ class Reducer:
                     tensor.record_stream(torch.cuda.current_stream(tensor.device))
 
 
-#: What every checkpoint of :meth:`Reducer.state_dict` holds (older ones lack the others).
-CHECKPOINT_KEYS = ("algorithm", "rank", "step", "generator", "states")
+#: What every checkpoint of :meth:`Reducer.state_dict` holds (older ones lack the others,
+#: and hold ``"states"`` for ``"states_of_rank"``).
+CHECKPOINT_KEYS = ("algorithm", "rank", "step", "generator", "states_of_rank")
 
 
 def check_checkpoint(state) -> None:
@@ -382,6 +406,8 @@ def check_checkpoint(state) -> None:
             f"state must be the dict a low-rank state_dict() returned, got {type(state).__name__}"
         )
     missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if "states" in state:  # a checkpoint from before the rank keyed the states
+        missing = [key for key in missing if key != "states_of_rank"]
     if missing:
         keys = ", ".join(map(repr, list(state)[:5])) + (" ..." if len(state) > 5 else "")
         raise ValueError(
@@ -440,11 +466,23 @@ def not_real(key, dtype) -> str:
     )
 
 
-#: How a state with error feedback is saved; what went wrong with DCP.
-ONE_FILE_PER_RANK = (
-    "torch.save, one file per rank; torch.distributed.checkpoint takes tensors that are not "
-    "DTensors for the same on every rank, and saves one rank's copy of each"
+#: How a state with error feedback is saved.
+EACH_RANK_ITS_OWN = (
+    "torch.save, one file per rank, or torch.distributed.checkpoint, which saves each "
+    "rank's under its rank"
 )
+
+
+def checkpoint_names(state: dict) -> set:
+    """The keys (parameter names) that ``state``, a checkpoint, holds state for, whichever
+    rank's."""
+    if "states" in state:
+        return set(state["states"])
+    return {key for (states,) in state["states_of_rank"].values() for key in states}
+
+
+def _cloned(states: dict) -> dict:
+    return {key: {name: t.clone() for name, t in state.items()} for key, state in states.items()}
 
 
 def _world_size(group) -> int | None:
