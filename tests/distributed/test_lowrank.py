@@ -751,7 +751,7 @@ def test_a_checkpoint_with_error_feedback_loads_on_the_rank_that_saved_it_alone(
     assert own == {True: "loaded", False: "loaded"}
     assert other[False] == "loaded"
     assert other[True].startswith(
-        "checkpoint was saved by rank 0 of the reducer's group, this is rank 1: its error "
+        "checkpoint was saved by rank 0 of the world, this is rank 1: its error "
         "feedback is rank 0's own"
     ), other[True]
 
@@ -768,22 +768,29 @@ def test_a_checkpoint_loaded_before_the_process_group_exists_is_not_refused():
 def _through_dcp(rank, world_size, directory):
     import torch.distributed.checkpoint as dcp
 
-    reducer = Reducer(PowerSGD(rank=2, start_iter=0))
+    halves = [dist.new_group(list(ranks)) for ranks in ([0, 1], [2, 3])] if world_size == 4 else []
+    group = halves[rank // 2] if halves else None  # replicas on halves: group ranks repeat
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0), group)
     reducer.reduce([("a", gradients(rank, 0)["a"])])
     dcp.save({"lowrank": reducer.state_dict()}, checkpoint_id=directory)
-    fresh = Reducer(PowerSGD(rank=2, start_iter=0))
+    fresh = Reducer(PowerSGD(rank=2, start_iter=0), group)
     loaded = {"lowrank": fresh.state_dict()}
     dcp.load(loaded, checkpoint_id=directory)
     fresh.load_state_dict(loaded["lowrank"])
     return reducer.states["a"], fresh.states["a"]
 
 
-def test_error_feedback_saved_through_dcp_loads_on_each_rank_its_own(tmp_path):
+@pytest.mark.parametrize("world_size", [2, 4], ids=["world", "subgroups"])
+def test_error_feedback_saved_through_dcp_loads_on_each_rank_its_own(tmp_path, world_size):
     """torch.distributed.checkpoint saves one rank's copy of what every rank holds under one
-    key: one rank was refused while the other went on with its error buffers."""
-    for saved, loaded in run_distributed(_through_dcp, 2, str(tmp_path / "dcp"), timeout=120):
+    key: one rank was refused while the other went on with its error buffers; keyed by the
+    rank in the reducer's group, ranks 0 and 2 of two groups shared a key."""
+    directory = str(tmp_path / "dcp")
+    outcomes = run_distributed(_through_dcp, world_size, directory, timeout=120)
+    for saved, loaded in outcomes:
         assert saved.keys() == loaded.keys()
         assert all(torch.equal(saved[name], loaded[name]) for name in saved)
+    assert not torch.equal(outcomes[0][0]["error"], outcomes[-1][0]["error"])  # rank's own
 
 
 def _as_before_the_rank_keyed_it(state: dict) -> dict:

@@ -312,7 +312,7 @@ class Reducer:
             "world_size": _world_size(self.group),
             "step": self.step,
             "generator": self._generator.get_state(),
-            "states_of_rank": {str(_group_rank(self.group) or 0): (_cloned(self.states),)},
+            "states_of_rank": {str(_process_rank() or 0): (_cloned(self.states),)},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -331,15 +331,19 @@ class Reducer:
         self._keys_this_step.clear()
 
     def _own_states(self, state: dict) -> dict:
-        """This rank's states in ``state``: under its rank's key (each rank's, in what
-        torch.distributed.checkpoint saved), or under the one key there is where they can
-        be: without error feedback (the factors are the same on every rank), or before
+        """This rank's states in ``state``: under its process rank's key (each rank's, in
+        what torch.distributed.checkpoint saved; the rank in the world, since ranks of
+        several groups save into one checkpoint), or under the one key there is where they
+        can be: without error feedback (the factors are the same on every rank), or before
         ``init_process_group``. A checkpoint from before the rank keyed them holds them
-        under ``"states"`` and says which rank saved them in ``"group_rank"``."""
+        under ``"states"`` and says which rank of the reducer's group saved them in
+        ``"group_rank"``."""
         if "states_of_rank" in state:
             saved_ranks = {int(rank): states for rank, (states,) in state["states_of_rank"].items()}
+            here, ranks_of = _process_rank(), "the world"
         else:
             saved_ranks = {state.get("group_rank"): state["states"]}
+            here, ranks_of = _group_rank(self.group), "the reducer's group"
         if not any(saved_ranks.values()):
             return {}
         # checkpoints before the flag was saved: error feedback keeps an "error" per state
@@ -354,14 +358,13 @@ class Reducer:
             )
         if fed_back:  # error feedback is one rank's own, in a world of one size
             self._check_same_world_size(state)
-        here = _group_rank(self.group)
         if here in saved_ranks:
             return saved_ranks[here]
         if len(saved_ranks) == 1 and (here is None or None in saved_ranks or not fed_back):
             return next(iter(saved_ranks.values()))
         saved = ", ".join(map(str, sorted(saved_ranks)))
         raise ValueError(
-            f"checkpoint was saved by rank {saved} of the reducer's group, this is "
+            f"checkpoint was saved by rank {saved} of {ranks_of}, this is "
             f"rank {here}: its error feedback is rank {saved}'s own (each rank loads "
             f"the checkpoint it saved: {EACH_RANK_ITS_OWN})"
         )
@@ -488,6 +491,11 @@ def _cloned(states: dict) -> dict:
 def _world_size(group) -> int | None:
     """The group's size; None before the process group is initialized."""
     return dist.get_world_size(group) if dist.is_initialized() else None
+
+
+def _process_rank() -> int | None:
+    """This process's rank in the world; None before the process group is initialized."""
+    return dist.get_rank() if dist.is_initialized() else None
 
 
 def _group_rank(group) -> int | None:
