@@ -818,21 +818,33 @@ def test_an_error_feedback_run_resumed_with_its_residuals_is_the_uninterrupted_r
 def _residual_state_refusals(rank, world_size):
     model, optimizer, compression = _feedback_with_momentum()
     _momentum_steps(model, optimizer, rank, range(1))
-    state = compression.state_dict()
+    whole = compression.state_dict()
+    state = _own(whole, rank)
     errors = {}
 
-    def error_of(bad_state, into=compression):
+    def error_of(bad_state, into=compression, of_rank=rank):
         try:
-            into.load_state_dict(bad_state)
+            into.load_state_dict({"of_rank": {str(of_rank): (bad_state,)}})
         except (ValueError, TypeError) as error:
             return type(error).__name__, str(error)
         return None
 
-    errors["not a dict"] = error_of([state])
-    errors["model's"] = error_of(model.state_dict())
+    def error_of_whole(bad_whole):
+        try:
+            compression.load_state_dict(bad_whole)
+        except (ValueError, TypeError) as error:
+            return type(error).__name__, str(error)
+        return None
+
+    errors["not a dict"] = error_of_whole([whole])
+    errors["model's"] = error_of_whole(model.state_dict())
+    errors["not a tuple"] = error_of_whole({"of_rank": {str(rank): state}})
     errors["world size"] = error_of({**state, "world_size": 3})
-    errors["rank"] = error_of({**state, "rank": 1 - rank})
-    errors["without feedback"] = error_of(_feedback_with_momentum(False)[2].state_dict())
+    errors["rank"] = error_of(state, of_rank=1 - rank)
+    errors["rank inside"] = error_of({**state, "rank": 1 - rank})
+    errors["without feedback"] = error_of(
+        _own(_feedback_with_momentum(False)[2].state_dict(), rank)
+    )
     errors["into no feedback"] = error_of(state, into=_feedback_with_momentum(False)[2])
     residuals = state["residuals"]
     fewer = {name: saved for name, saved in residuals.items() if name != "2"}
@@ -845,11 +857,41 @@ def _residual_state_refusals(rank, world_size):
     errors["after refusals"] = [
         torch.equal(saved["residual"], now["residual"])
         for saved, now in zip(
-            residuals.values(), compression.state_dict()["residuals"].values(), strict=True
+            residuals.values(),
+            _own(compression.state_dict(), rank)["residuals"].values(),
+            strict=True,
         )
         if saved["residual"] is not None
     ]
     return errors
+
+
+def _own(whole: dict, rank: int) -> dict:
+    ((own,),) = [whole["of_rank"][str(rank)]]
+    return own
+
+
+def _residuals_through_dcp(rank, world_size, directory):
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer, compression = _feedback_with_momentum()
+    _momentum_steps(model, optimizer, rank, range(1))
+    dcp.save({"compression": compression}, checkpoint_id=directory)
+    fresh = _feedback_with_momentum()[2]  # no residual yet: the template holds none
+    dcp.load({"compression": fresh}, checkpoint_id=directory)
+    saved, loaded = (_own(c.state_dict(), rank)["residuals"]["2"] for c in (compression, fresh))
+    assert saved["parameters_with_gradients"] == loaded["parameters_with_gradients"]
+    return saved["residual"], loaded["residual"]
+
+
+def test_residuals_saved_through_dcp_load_on_each_rank_its_own(tmp_path):
+    """A Compression is a checkpoint's Stateful: DCP kept one copy of what every rank held
+    under one key (another rank's residual under this rank's number), and a fresh
+    compression's template had no tensor to load into."""
+    outcomes = run_distributed(_residuals_through_dcp, 2, str(tmp_path / "dcp"), timeout=120)
+    for saved, loaded in outcomes:
+        assert torch.equal(saved, loaded)
+    assert not torch.equal(outcomes[0][0], outcomes[1][0])  # the ranks' residuals differ
 
 
 def test_a_residual_state_of_another_rank_world_model_or_setting_is_refused_naming_state():
@@ -863,6 +905,9 @@ def test_a_residual_state_of_another_rank_world_model_or_setting_is_refused_nami
     kind, message = errors["world size"]
     assert kind == "ValueError" and "state was saved by a rank of 3 processes" in message
     assert errors["rank"][1].startswith("state was saved by rank 1, this is rank 0")
+    assert errors["rank inside"][1].startswith("state was saved by rank 1, this is rank 0")
+    kind, message = errors["not a tuple"]
+    assert kind == "ValueError" and message == "state['of_rank']['0'] must be a tuple of one dict"
     kind, message = errors["without feedback"]
     assert kind == "ValueError" and message.startswith("state was saved without error feedback")
     kind, message = errors["into no feedback"]

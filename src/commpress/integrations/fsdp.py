@@ -75,19 +75,25 @@ class Compression:
 
     def state_dict(self) -> dict:
         """This rank's error-feedback residuals, by module name, with which parameters each
-        came from: plain tensors, ints and bools for ``torch.save`` (one file per rank).
+        came from: plain tensors, ints and bools for ``torch.save`` (one file per rank), or
+        for ``torch.distributed.checkpoint``: they are under this rank's key, in a tuple,
+        which DCP saves for each rank and loads whole (into a fresh compression's
+        ``state_dict`` too); what every rank held under one key, DCP would keep one copy of.
         Empty of residuals without error feedback."""
-        return {
-            "rank": dist.get_rank(),
+        rank = dist.get_rank()
+        own = {
+            "rank": rank,
             "world_size": dist.get_world_size(),
             "error_feedback": self.error_feedback,
             "residuals": {name: rs.residual_state() for name, rs in self.feedback.items()},
         }
+        return {RANKS_KEY: {str(rank): (own,)}}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``, this rank's :meth:`state_dict` of a compression of the same
         model (module names) and ``error_feedback``; between steps (no backward running).
         Nothing is loaded where anything of it is refused."""
+        state = own_state(state)
         check_state(state, self.error_feedback, list(self.feedback))
         loaded = {
             name: scatter.checked_residual_state(
@@ -257,6 +263,30 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
 
 
 STATE_KEYS = ("rank", "world_size", "error_feedback", "residuals")
+#: Where :meth:`Compression.state_dict` keeps each rank's state.
+RANKS_KEY = "of_rank"
+
+
+def own_state(state: object) -> dict:
+    """This rank's state in ``state``, a :meth:`Compression.state_dict`."""
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"state must be the dict of Compression.state_dict(), got {type(state).__name__}"
+        )
+    if not isinstance(state.get(RANKS_KEY), dict):
+        raise ValueError(f"state is not a Compression.state_dict(): it lacks {[RANKS_KEY]}")
+    rank = dist.get_rank()
+    saved = state[RANKS_KEY]
+    if str(rank) not in saved:
+        ranks = ", ".join(sorted(saved))
+        raise ValueError(
+            f"state was saved by rank {ranks}, this is rank {rank}: each rank loads the state "
+            "it saved (one file per rank, or one torch.distributed.checkpoint of every rank)"
+        )
+    entry = saved[str(rank)]
+    if not (isinstance(entry, tuple) and len(entry) == 1):
+        raise ValueError(f"state[{RANKS_KEY!r}][{str(rank)!r}] must be a tuple of one dict")
+    return entry[0]
 
 
 def check_state(state: object, error_feedback: bool, modules: list[str]) -> None:
