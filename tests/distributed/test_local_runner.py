@@ -367,6 +367,11 @@ def test_a_failure_reported_after_the_runs_timeout_is_the_runs_timeout():
     with pytest.raises(DistributedError, match="rank 1 failed") as raised:  # within it
         _collect([_Running(), _Running()], _Reports(report), timeout=60.0, allow_dead=False)
     assert not isinstance(raised.value, DistributedTimeoutError)
+    killed = _Running()
+    killed.exitcode = -9  # a peer killed is the cause, past the deadline too: named first
+    with pytest.raises(DistributedError, match="rank 0 died with exit code -9; rank 1") as raised:
+        _collect([killed, _Running()], _Reports(report), timeout=0.0, allow_dead=False)
+    assert not isinstance(raised.value, DistributedTimeoutError)
 
 
 def _sleeps(rank, world_size):

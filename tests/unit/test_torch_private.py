@@ -34,7 +34,7 @@ def test_a_missing_private_module_names_itself(monkeypatch):
 
 
 def _fsdp_state(rank, world_size):
-    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3))
     for layer in model:
         fully_shard(layer, mesh=cp.fsdp.cpu_mesh())
     fully_shard(model, mesh=cp.fsdp.cpu_mesh())
@@ -53,15 +53,16 @@ def _fsdp_state(rank, world_size):
                 )
             )
             module.reshard()
-    found.append(_torch_private.reduce_scatter_numels(model[0]))
+    found.append([_torch_private.reduce_scatter_numels(layer) for layer in model])
     return found
 
 
 def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
     found = run_distributed(_fsdp_state, 2, timeout=60)[0]
     # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,),
-    # which take 64 and 8 elements of its reduce-scatter input.
-    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)}), [64, 8]]
+    # which take 64 and 8 elements of its reduce-scatter input; layer 1's weight (3, 8) and
+    # bias (3,) are padded to 4 rows for 2 ranks: 32 and 4, not 24 and 3.
+    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)}), [[64, 8], [32, 4]]]
 
 
 def _renamed_param_groups(rank, world_size):

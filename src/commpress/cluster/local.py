@@ -227,7 +227,8 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
                 dead.add(rank)
             suspects = {rank for rank, _ in ended}
             continue
-        if not ok and time.monotonic() > deadline:  # the ranks' collectives have the run's
+        past_deadline = time.monotonic() > deadline  # the ranks' collectives have the run's
+        if not ok and past_deadline and not _ended_unreported(processes, values, dead, rank, True):
             raise _timed_out(processes, values, timeout, f"; rank {rank} failed:\n{value}")
         if not ok:  # the cause may be a rank that died first: named ahead of this report
             look_until = time.monotonic() + DEATH_LOOK_SECONDS  # its exit code may lag

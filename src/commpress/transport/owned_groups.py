@@ -20,13 +20,16 @@ gets a new group; nor is one with a collective of torch's issued on it still pen
 owner gone in the middle of a step, on one rank: the next owner's first collective would
 meet it, and take its data), and once that collective has failed, never (:func:`track`);
 not tracked: collectives on CUDA tensors. The point-to-point transfers of ``ring`` and
-``ring-hop`` need no tracking: a call posts and waits for them on the communication thread,
-and the offers are made there too, after every call given before
+``ring-hop`` need no tracking on gloo: a call posts and waits for them on the communication
+thread, and the offers are made there too, after every call given before
 (:func:`commpress.integrations.groups.own_groups`). A call made on one rank alone and
 dropped holds that thread until it times out, which marks its group failed; the next
-owner's set-up waits behind it (its peers with it, for up to the world's timeout), then
-gets a new group. Requests that differ between ranks (another timeout, say) raise on every
-rank, naming them. A failed group stays open until the world
+owner's set-up waits behind it (its peers with it), then gets a new group where the
+set-up's timeout outlasts the call's, and times out on every rank (an error, not a hang)
+where it does not (the same timeout for both, as ``fsdp.compress(timeout=)`` gives). On
+NCCL, where a wait without a timeout does not block the host, such a call may end before
+its transfers do, unmarked (not run on a GPU). Requests that differ between ranks (another
+timeout, say) raise on every rank, naming them. A failed group stays open until the world
 is made again (destroying it could hang where its peers do not do the same at once).
 """
 
