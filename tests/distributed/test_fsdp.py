@@ -697,64 +697,6 @@ def test_a_run_resumed_from_a_dcp_checkpoint_in_new_processes_is_the_uninterrupt
 
 
 STOCHASTIC = "int8:stochastic=true"
-
-
-def _stochastic_with_momentum():
-    model = shard(small_model())
-    cp.fsdp.compress(model, all_gather="int8", reduce_scatter=STOCHASTIC)
-    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-
-
-def _rounding_state_file(directory, rank) -> str:
-    return os.path.join(directory, f"rounding-{rank}.pt")
-
-
-def _stochastic_run_and_checkpoint(rank, world_size, directory):
-    model, optimizer = _stochastic_with_momentum()
-    _momentum_steps(model, optimizer, rank, range(2))
-    torch.save(
-        {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        os.path.join(directory, f"training-{rank}.pt"),
-    )
-    torch.save(cp.get_codec(STOCHASTIC).rounding_state(), _rounding_state_file(directory, rank))
-    _momentum_steps(model, optimizer, rank, range(2, 3))
-    return full_parameters(model)
-
-
-def _stochastic_resumed(rank, world_size, directory, restore_rounding):
-    model, optimizer = _stochastic_with_momentum()
-    saved = torch.load(os.path.join(directory, f"training-{rank}.pt"), weights_only=False)
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    codec = cp.get_codec(STOCHASTIC)
-    peers = torch.load(_rounding_state_file(directory, 1 - rank), weights_only=True)
-    with pytest.raises(ValueError, match=f"state was saved by rank {1 - rank}, this is rank"):
-        codec.load_rounding_state(peers)
-    if restore_rounding:
-        codec.load_rounding_state(torch.load(_rounding_state_file(directory, rank)))
-    _momentum_steps(model, optimizer, rank, range(2, 3))
-    return full_parameters(model)
-
-
-@pytest.fixture(scope="module")
-def stochastic_checkpoint(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("stochastic"))
-    uninterrupted = run_distributed(_stochastic_run_and_checkpoint, 2, directory, timeout=120)
-    return directory, uninterrupted[0]
-
-
-@pytest.mark.parametrize("restore_rounding", [True, False], ids=["restored", "not_restored"])
-def test_a_stochastic_run_resumed_with_its_rounding_state_is_the_uninterrupted_run(
-    stochastic_checkpoint, restore_rounding
-):
-    """Stochastic rounding's noise streams are the one state beyond the model's and the
-    optimizer's that shapes the bits: restored (each rank its own), the step after the
-    checkpoint is the uninterrupted run's; not restored, it replays the first steps' noise."""
-    directory, uninterrupted = stochastic_checkpoint
-    resumed = run_distributed(_stochastic_resumed, 2, directory, restore_rounding, timeout=120)
-    assert same(uninterrupted, resumed[0]) == restore_rounding
-
-
 FEEDBACK = "int8@alltoall"
 
 
@@ -766,53 +708,76 @@ def _feedback_with_momentum(error_feedback=True):
     return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), compression
 
 
-def _residuals_file(directory, rank) -> str:
-    return os.path.join(directory, f"residuals-{rank}.pt")
+def _stochastic():
+    model = shard(small_model())
+    cp.fsdp.compress(model, all_gather="int8", reduce_scatter=STOCHASTIC)
+    codec = cp.get_codec(STOCHASTIC)
+    return model, codec.rounding_state, codec.load_rounding_state
 
 
-def _feedback_run_and_checkpoint(rank, world_size, directory):
-    model, optimizer, compression = _feedback_with_momentum()
+def _feedback():
+    model, _, compression = _feedback_with_momentum()
+    return model, compression.state_dict, compression.load_state_dict
+
+
+#: State beyond the model's and the optimizer's that shapes the bits of the next step:
+#: its compressed model, and how that state is saved and loaded.
+EXTRA_STATE = {"rounding": _stochastic, "residuals": _feedback}
+
+
+def _extra_state_file(directory, kind, rank) -> str:
+    return os.path.join(directory, f"{kind}-{rank}.pt")
+
+
+def _run_and_checkpoint_with(rank, world_size, directory, kind):
+    model, save_extra, _ = EXTRA_STATE[kind]()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     _momentum_steps(model, optimizer, rank, range(2))
     torch.save(
         {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
         os.path.join(directory, f"training-{rank}.pt"),
     )
-    torch.save(compression.state_dict(), _residuals_file(directory, rank))
+    torch.save(save_extra(), _extra_state_file(directory, kind, rank))
     _momentum_steps(model, optimizer, rank, range(2, 3))
     return full_parameters(model)
 
 
-def _feedback_resumed(rank, world_size, directory, restore_residuals):
-    model, optimizer, compression = _feedback_with_momentum()
+def _resumed_with(rank, world_size, directory, kind, restore_extra):
+    model, _, load_extra = EXTRA_STATE[kind]()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     saved = torch.load(os.path.join(directory, f"training-{rank}.pt"), weights_only=False)
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    peers = torch.load(_residuals_file(directory, 1 - rank), weights_only=True)
+    peers = torch.load(_extra_state_file(directory, kind, 1 - rank), weights_only=True)
     with pytest.raises(ValueError, match=f"state was saved by rank {1 - rank}, this is rank"):
-        compression.load_state_dict(peers)
-    if restore_residuals:
-        compression.load_state_dict(torch.load(_residuals_file(directory, rank), weights_only=True))
+        load_extra(peers)
+    if restore_extra:
+        load_extra(torch.load(_extra_state_file(directory, kind, rank), weights_only=True))
     _momentum_steps(model, optimizer, rank, range(2, 3))
     return full_parameters(model)
 
 
-@pytest.fixture(scope="module")
-def feedback_checkpoint(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("feedback"))
-    uninterrupted = run_distributed(_feedback_run_and_checkpoint, 2, directory, timeout=120)
-    return directory, uninterrupted[0]
+@pytest.fixture(scope="module", params=list(EXTRA_STATE))
+def extra_checkpoint(tmp_path_factory, request):
+    directory = str(tmp_path_factory.mktemp(request.param))
+    uninterrupted = run_distributed(
+        _run_and_checkpoint_with, 2, directory, request.param, timeout=120
+    )
+    return directory, request.param, uninterrupted[0]
 
 
-@pytest.mark.parametrize("restore_residuals", [True, False], ids=["restored", "not_restored"])
-def test_an_error_feedback_run_resumed_with_its_residuals_is_the_uninterrupted_run(
-    feedback_checkpoint, restore_residuals
+@pytest.mark.parametrize("restore_extra", [True, False], ids=["restored", "not_restored"])
+def test_a_run_resumed_with_its_extra_state_is_the_uninterrupted_run(
+    extra_checkpoint, restore_extra
 ):
-    """Error feedback's residuals (and which parameters each came from) are state beyond the
-    model's and the optimizer's: restored from each rank's own file, the step after the
-    checkpoint is the uninterrupted run's; not restored, the residuals restart from zero."""
-    directory, uninterrupted = feedback_checkpoint
-    resumed = run_distributed(_feedback_resumed, 2, directory, restore_residuals, timeout=120)
-    assert same(uninterrupted, resumed[0]) == restore_residuals
+    """Stochastic rounding's noise streams (``codec.rounding_state()``) and error feedback's
+    residuals with the parameters each came from (``compression.state_dict()``) are state
+    beyond the model's and the optimizer's: restored from each rank's own file, the step
+    after the checkpoint is the uninterrupted run's; not restored, the first steps' noise
+    is replayed, or the residuals restart from zero."""
+    directory, kind, uninterrupted = extra_checkpoint
+    resumed = run_distributed(_resumed_with, 2, directory, kind, restore_extra, timeout=120)
+    assert same(uninterrupted, resumed[0]) == restore_extra
 
 
 def _residual_state_refusals(rank, world_size):
@@ -894,31 +859,28 @@ def test_residuals_saved_through_dcp_load_on_each_rank_its_own(tmp_path):
     assert not torch.equal(outcomes[0][0], outcomes[1][0])  # the ranks' residuals differ
 
 
+#: Per refusal of ``_residual_state_refusals``: the error's type and the start of its words.
+RESIDUAL_STATE_REFUSALS = {
+    "not a dict": ("TypeError", "state must be the dict of Compression.state_dict(), got list"),
+    "model's": ("ValueError", "state is not a Compression.state_dict()"),
+    "not a tuple": ("ValueError", "state['of_rank']['0'] must be a tuple of one dict"),
+    "world size": ("ValueError", "state was saved by a rank of 3 processes"),
+    "rank": ("ValueError", "state was saved by rank 1, this is rank 0"),
+    "rank inside": ("ValueError", "state was saved by rank 1, this is rank 0"),
+    "without feedback": ("ValueError", "state was saved without error feedback"),
+    "into no feedback": ("ValueError", "state holds error-feedback residuals, and this"),
+    "missing module": ("ValueError", "state has no residual of modules ['2']"),
+    "extra module": ("ValueError", "state has residuals of modules ['9']"),
+    "shape": ("ValueError", "state['residuals']['2']['residual'] has"),
+    "parameter count": ("ValueError", "state['residuals']['2']['parameters_with_gradients']"),
+}
+
+
 def test_a_residual_state_of_another_rank_world_model_or_setting_is_refused_naming_state():
     errors = run_distributed(_residual_state_refusals, 2, timeout=120)[0]
-    assert errors["not a dict"] == (
-        "TypeError",
-        "state must be the dict of Compression.state_dict(), got list",
-    )
-    kind, message = errors["model's"]
-    assert kind == "ValueError" and message.startswith("state is not a Compression.state_dict()")
-    kind, message = errors["world size"]
-    assert kind == "ValueError" and "state was saved by a rank of 3 processes" in message
-    assert errors["rank"][1].startswith("state was saved by rank 1, this is rank 0")
-    assert errors["rank inside"][1].startswith("state was saved by rank 1, this is rank 0")
-    kind, message = errors["not a tuple"]
-    assert kind == "ValueError" and message == "state['of_rank']['0'] must be a tuple of one dict"
-    kind, message = errors["without feedback"]
-    assert kind == "ValueError" and message.startswith("state was saved without error feedback")
-    kind, message = errors["into no feedback"]
-    assert kind == "ValueError" and "made without error_feedback" in message
-    assert errors["missing module"][1].startswith("state has no residual of modules ['2']")
-    assert errors["extra module"][1].startswith("state has residuals of modules ['9']")
-    kind, message = errors["shape"]
-    assert kind == "ValueError" and message.startswith("state['residuals']['2']['residual'] has")
-    kind, message = errors["parameter count"]
-    assert kind == "ValueError"
-    assert message.startswith("state['residuals']['2']['parameters_with_gradients']")
+    for case, (kind, words) in RESIDUAL_STATE_REFUSALS.items():
+        assert errors[case] is not None, case
+        assert errors[case][0] == kind and errors[case][1].startswith(words), (case, errors[case])
     assert errors["after refusals"] and all(errors["after refusals"])
 
 
