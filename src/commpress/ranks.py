@@ -29,3 +29,19 @@ def by_rank(values: list, global_ranks: list[int] | None = None) -> str:
         if value is not None:
             ranks_of.setdefault(value, []).append(rank)
     return "; ".join(f"{name_ranks(ranks, global_ranks)}: {v}" for v, ranks in ranks_of.items())
+
+
+def check_saved_here(state: dict, rank: int, world_size: int, why_world: str) -> None:
+    """A per-rank checkpoint ``state`` (its ``"rank"`` and ``"world_size"``) is loaded by the
+    rank that saved it, in a world of the size it was saved in; else a ``ValueError`` naming
+    ``state``, saying ``why_world`` the size matters."""
+    if state["world_size"] != world_size:
+        raise ValueError(
+            f"state was saved by a rank of {state['world_size']} processes, this is one of "
+            f"{world_size}: {why_world}"
+        )
+    if state["rank"] != rank:
+        raise ValueError(
+            f"state was saved by rank {state['rank']}, this is rank {rank}: each rank loads "
+            "the state it saved (one file per rank)"
+        )

@@ -45,8 +45,9 @@ def run_rank(
         value = fn(rank, world_size, *args)
         serialized = io.BytesIO()
         torch.save(value, serialized)
+        value_bytes = serialized.getvalue()
         if leave is not None:
-            leave(serialized.getvalue())
+            leave(value_bytes)
     finally:
         dist.destroy_process_group()
-    return serialized.getvalue()
+    return value_bytes

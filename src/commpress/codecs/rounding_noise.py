@@ -17,6 +17,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from commpress.ranks import check_saved_here
+
 #: Generators are created at most once per key, even when the communication thread and
 #: the caller encode with the same codec at the same time (drawing is thread safe in torch).
 _creation_lock = threading.Lock()
@@ -128,16 +130,9 @@ def check_state(state: object, codec: str, seed: int) -> None:
         )
     if state["codec"] != codec:
         raise ValueError(f"state holds the streams of codec {state['codec']!r}, this is {codec!r}")
-    if state["world_size"] != world_size():
-        raise ValueError(
-            f"state was saved by a rank of {state['world_size']} processes, this is one of "
-            f"{world_size()}: a rank's streams are seeded by its rank in its world"
-        )
-    if state["rank"] != process_rank():
-        raise ValueError(
-            f"state was saved by rank {state['rank']}, this is rank {process_rank()}: each rank "
-            "loads the state it saved (one file per rank)"
-        )
+    check_saved_here(
+        state, process_rank(), world_size(), "a rank's streams are seeded by its rank in its world"
+    )
     streams = state["streams"]
     if not isinstance(streams, dict) or not all(
         isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in streams.values()

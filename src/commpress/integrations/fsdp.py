@@ -41,7 +41,7 @@ from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups, exchange_with_every_rank
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
-from commpress.ranks import by_rank
+from commpress.ranks import by_rank, check_saved_here
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
@@ -284,31 +284,24 @@ def own_state(state: object) -> dict:
             "it saved (one file per rank, or one torch.distributed.checkpoint of every rank)"
         )
     entry = saved[str(rank)]
-    if not (isinstance(entry, tuple) and len(entry) == 1):
+    if not (isinstance(entry, tuple) and len(entry) == 1 and isinstance(entry[0], dict)):
         raise ValueError(f"state[{RANKS_KEY!r}][{str(rank)!r}] must be a tuple of one dict")
     return entry[0]
 
 
 def check_state(state: object, error_feedback: bool, modules: list[str]) -> None:
     """``state`` must be a :meth:`Compression.state_dict` of this rank and world, saved with
-    ``error_feedback`` as given, holding a residual of each of ``modules`` and of no other."""
-    if not isinstance(state, dict):
-        raise TypeError(
-            f"state must be the dict of Compression.state_dict(), got {type(state).__name__}"
-        )
+    ``error_feedback`` as given, holding a residual of each of ``modules`` and of no other
+    (this rank's entry of it, a dict: :func:`own_state`)."""
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"state is not a Compression.state_dict(): it lacks {missing}")
-    if state["world_size"] != dist.get_world_size():
-        raise ValueError(
-            f"state was saved by a rank of {state['world_size']} processes, this is one of "
-            f"{dist.get_world_size()}: a residual is what one rank's gradients lost"
-        )
-    if state["rank"] != dist.get_rank():
-        raise ValueError(
-            f"state was saved by rank {state['rank']}, this is rank {dist.get_rank()}: each "
-            "rank loads the state it saved (one file per rank)"
-        )
+    check_saved_here(
+        state,
+        dist.get_rank(),
+        dist.get_world_size(),
+        "a residual is what one rank's gradients lost",
+    )
     if state["error_feedback"] != error_feedback:
         if error_feedback:
             raise ValueError(
