@@ -187,11 +187,11 @@ def test_a_native_pointer_argument_is_a_tensor_an_address_or_none():
     decode = native.kernel("decode_int8")
     start = payload.data_ptr()
     scales, codes = native.Address(start), native.Address(start + 4)
-    assert decode(scales, codes, 1, 256, 127.0, out)
+    assert decode(scales, codes, 1, 256, 127.0, out, 0)
     reference = cp.get_codec("int8:impl=reference").decode(payload, 256, torch.float32)
     assert_same_bits(out, reference)
     with pytest.raises(TypeError, match="argument 0 must be a tensor, an Address or None"):
-        decode(start, codes, 1, 256, 127.0, out)
+        decode(start, codes, 1, 256, 127.0, out, 0)
 
 
 def test_native_fp8_rounds_every_grid_point_and_tie_as_torch_casts():
@@ -218,6 +218,54 @@ def test_fp8_fused_and_reference_agree_around_every_grid_point_and_tie():
         fused.decode(payload, x.numel(), torch.float32),
         reference.decode(payload, x.numel(), torch.float32),
     )
+
+
+#: fp32 elements just past what a native decode streams from (blockwise.STREAM_MIN_BYTES).
+STREAMED = blockwise.STREAM_MIN_BYTES // 4 + 4096
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "int4:block=6"])
+def test_a_large_decode_written_past_the_caches_has_the_reference_bits(spec):
+    """Large fp32 output takes the non-temporal stores (a block of whole vectors, into an
+    output on a cache line) or, where it cannot (``block=6``, an output off a line), the
+    plain loop; 16-bit output never streams (it is rounded from an fp32 buffer read at
+    once). Each against the reference, with a NaN and an Inf among the values."""
+    fused, reference = with_impl(spec, "fused"), with_impl(spec, "reference")
+    x = torch.randn(STREAMED, generator=torch.Generator().manual_seed(0)) * 5
+    x[1000], x[STREAMED // 2] = float("nan"), float("inf")
+    payload = fused.encode(x)
+    expected = reference.decode(payload, STREAMED, torch.float32)
+    aligned, off_a_line = torch.empty(STREAMED), torch.empty(STREAMED + 1)[1:]
+    assert aligned.data_ptr() % 64 == 0 and off_a_line.data_ptr() % 64
+    assert blockwise.streams(aligned) and blockwise.streams(off_a_line)
+    for out in (aligned, off_a_line):
+        assert_same_bits(fused.decode(payload, STREAMED, torch.float32, out=out), expected)
+    half = fused.decode(payload, STREAMED, torch.bfloat16)
+    assert_same_bits(half, reference.decode(payload, STREAMED, torch.bfloat16))
+
+
+def test_only_large_fp32_output_is_streamed():
+    below = blockwise.STREAM_MIN_BYTES // 4 - 1
+    assert not blockwise.streams(torch.empty(below))
+    assert blockwise.streams(torch.empty(below + 1))
+    assert not blockwise.streams(torch.empty(STREAMED, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(("name", "qmax", "code_bytes"), [
+    ("decode_int8", 127.0, 1.0), ("decode_int4", 7.0, 0.5), ("decode_fp8", 448.0, 1.0),
+])  # fmt: skip
+def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(name, qmax, code_bytes):
+    """Every code (each int4 nibble, each fp8 byte, NaN codes included) through both
+    stores of the C kernel."""
+    rows, block = 64, 256
+    codes = torch.arange(rows * int(block * code_bytes)).remainder(256).to(torch.uint8)
+    scales = torch.rand(rows, generator=torch.Generator().manual_seed(1)) * 3
+    decode = native.kernel(name)
+    plain, streamed = torch.full((rows * block,), 7.0), torch.full((rows * block,), 7.0)
+    assert decode(scales, codes, rows, block, qmax, plain, 0)
+    assert decode(scales, codes, rows, block, qmax, streamed, 1)
+    assert_same_bits(streamed, plain)
+    assert not (plain == 7.0).any()
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "fp8"])

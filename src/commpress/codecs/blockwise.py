@@ -39,9 +39,22 @@ FP32_SLACK = 2.0**-20
 NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Elements widened to fp32 at a time for the native kernels (bounds the extra memory).
 WIDEN_ELEMENTS = 1 << 20
+#: fp32 output bytes from which a native decode writes with non-temporal stores (see
+#: :func:`streams`).
+STREAM_MIN_BYTES = 1 << 20
 #: The largest block: one scale per 16M values already costs nothing; larger ones once
 #: overflowed torch's sizes (``block=10**20``).
 MAX_BLOCK = 1 << 24
+
+
+def streams(out: torch.Tensor) -> int:
+    """Whether a native decode into ``out`` writes past the caches (1) or through them (0):
+    fp32 output of :data:`STREAM_MIN_BYTES` or more (where the CPU has AVX-512). Into memory
+    not in the caches, such a decode of 1M int8 values takes about 0.2 ms against 0.5 ms
+    through them, and output that large leaves the caches of a busy core before its reader
+    comes; the reduce-scatter, which adds to what it decodes at once, lost nothing by it
+    (``benchmarks/streaming_2026-12-06/README.md``)."""
+    return int(out.dtype == torch.float32 and out.numel() * 4 >= STREAM_MIN_BYTES)
 
 
 def num_blocks(numel: int, block: int) -> int:
@@ -282,7 +295,7 @@ class BlockScaledCodec(CodecBase):
             return False
         wide = out if out.dtype == torch.float32 else out.new_empty(numel, dtype=torch.float32)
         scales, codes = native.Address(start), native.Address(start + 4 * rows)
-        if not fast(scales, codes, rows, self.block, self.qmax, wide):
+        if not fast(scales, codes, rows, self.block, self.qmax, wide, streams(out)):
             return False
         if wide is not out:
             out.copy_(wide)
@@ -325,13 +338,13 @@ class BlockScaledCodec(CodecBase):
     def _decode_native(self, fast, absmax, codes, out) -> bool:
         """Run the C decoder into fp32; 16-bit output is rounded from it a slice at a time."""
         if out.dtype == torch.float32:
-            return fast(absmax, codes, codes.shape[0], self.block, self.qmax, out)
+            return fast(absmax, codes, codes.shape[0], self.block, self.qmax, out, streams(out))
         slices = self._widening_slices(codes.shape[0])
         wide = out.new_empty(slices[0].stop * self.block, dtype=torch.float32)
         for rows in slices:
             count = rows.stop - rows.start
             part = wide[: count * self.block]
-            if not fast(absmax[rows], codes[rows], count, self.block, self.qmax, part):
+            if not fast(absmax[rows], codes[rows], count, self.block, self.qmax, part, 0):
                 return False
             out[rows.start * self.block : rows.stop * self.block].copy_(part)
         return True
