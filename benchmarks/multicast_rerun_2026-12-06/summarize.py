@@ -1,7 +1,10 @@
 """Ring time over multicast time (above 1: multicast is faster), the median of each
 algorithm's times over the invocations ``measure.sh`` made, per network, size and codec.
 
-    python benchmarks/multicast_rerun_2026-12-06/summarize.py
+    python benchmarks/multicast_rerun_2026-12-06/summarize.py [FOLDER]
+
+FOLDER: where the invocations' JSON files are (default: this script's own), for a later
+run of the same networks (``benchmarks/multicast_int8_2026-12-06/``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -20,21 +24,21 @@ NETWORKS = (
 )
 
 
-def times_of(network: str) -> dict[tuple[int, str, str], list[float]]:
+def times_of(folder: Path, network: str) -> dict[tuple[int, str, str], list[float]]:
     """(size, algorithm, codec) -> time per call (ms) of every invocation."""
     times = collections.defaultdict(list)
-    for path in sorted(HERE.glob(f"{network}_run*.json")):
+    for path in sorted(folder.glob(f"{network}_run*.json")):
         for row in json.loads(path.read_text())["rows"]:
             key = row["size_bytes"], row["algorithm"], row["codec"]
             times[key].append(row["time_us"] / 1e3)
     return times
 
 
-def main() -> None:
+def main(folder: Path = HERE) -> None:
     print("| network | size | codec | ring (ms) | multicast (ms) | ring / multicast | runs |")
     print("|---|---:|---|---:|---:|---:|---|")
     for network in NETWORKS:
-        times = times_of(network)
+        times = times_of(folder, network)
         for size, algorithm, codec in sorted(times):
             if algorithm != "ring":
                 continue
@@ -48,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*(Path(folder) for folder in sys.argv[1:2]))
