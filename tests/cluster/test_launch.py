@@ -37,7 +37,10 @@ rank = os.environ["RANK"]
 child = subprocess.Popen(["sleep", "300"], start_new_session=True)  # outside our process group
 open(os.path.join(folder, f"{rank}.pids"), "w").write(f"{os.getpid()} {child.pid}")
 if behaviour == "crash" and rank == "1":
-    time.sleep(1)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(folder, "0.pids")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the test reads every rank's pids once the job has ended
+    time.sleep(0.5)
     sys.exit(3)
 time.sleep(300)
 """
