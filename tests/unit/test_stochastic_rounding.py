@@ -87,10 +87,28 @@ def test_a_new_instance_reproduces_the_same_stream_from_its_seed():
 def test_seeds_of_different_ranks_and_seeds_never_coincide():
     cpu = torch.device("cpu")
     seeds = {
-        rounding_noise.stream_seed(seed, rank, cpu) for seed in range(64) for rank in range(64)
+        rounding_noise.stream_seed(seed, "int8:block=256", rank, cpu)
+        for seed in range(64)
+        for rank in range(64)
     }
     assert len(seeds) == 64 * 64  # seed + rank would collide (seed 1 rank 0 = seed 0 rank 1)
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_two_codecs_with_one_seed_draw_independent_noise():
+    """``int8`` and ``int4`` (or one kind with two blocks) used side by side, say for the
+    parameters and the gradients, would otherwise round with the same noise; the
+    implementations of one codec still share it (the fast paths are checked against the
+    reference with it)."""
+    cpu = torch.device("cpu")
+    draws = {
+        spec: dataclasses.replace(cp.get_codec(spec)).noise(4, cpu)
+        for spec in (*SPECS, "int8:stochastic=true,block=128", f"{SPECS[0]},impl=reference")
+    }
+    int8, int4, other_block, reference = draws.values()
+    assert not torch.equal(int8, int4)
+    assert not torch.equal(int8[0], other_block[0, :64])
+    assert torch.equal(int8, reference)
 
 
 def test_round_to_nearest_draws_no_noise():

@@ -401,7 +401,10 @@ class IntegerBlockCodec(BlockScaledCodec):
     def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         if not self.stochastic:
             return None
-        return rounding_noise.uniform(self._generators, self.seed, (rows, self.block), device)
+        stream = f"{self.name}:block={self.block}"  # every impl draws the same noise
+        return rounding_noise.uniform(
+            self._generators, self.seed, stream, (rows, self.block), device
+        )
 
     def rounding_state(self) -> dict:
         """This process rank's stochastic-rounding streams, where they have got to: plain

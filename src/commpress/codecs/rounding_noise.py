@@ -3,9 +3,10 @@
 Unbiased rounding only averages out when the errors of different calls and of different
 ranks are independent. So each codec instance keeps one generator per (device, process
 rank), created on first use and advanced by every draw; its seed mixes the codec's
-``seed`` with the rank (in torch.distributed's default group, 0 when it is not
-initialized) and the device. The same seed, rank, device and sequence of draws give
-the same noise. :func:`snapshot` and :func:`restore` save a rank's streams and continue
+``seed`` with what its noise is for (the codec's kind and block: ``int8`` and ``int4``
+with one seed draw apart), the rank (in torch.distributed's default group, 0 when it is
+not initialized) and the device. The same seed, codec, rank, device and sequence of draws
+give the same noise. :func:`snapshot` and :func:`restore` save a rank's streams and continue
 them, so that a run resumed from a checkpoint draws what the uninterrupted run would.
 """
 
@@ -31,16 +32,19 @@ def process_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def stream_seed(seed: int, rank: int, device: torch.device) -> int:
-    """A 63-bit seed for one (seed, rank, device): a hash, so that no two tuples collide
-    the way ``seed + rank`` would (seed 1 on rank 0 against seed 0 on rank 1)."""
-    text = f"commpress-stochastic-rounding/{seed}/{rank}/{device}".encode()
+def stream_seed(seed: int, stream: str, rank: int, device: torch.device) -> int:
+    """A 63-bit seed for one (seed, stream, rank, device): a hash, so that no two tuples
+    collide the way ``seed + rank`` would (seed 1 on rank 0 against seed 0 on rank 1)."""
+    text = f"commpress-stochastic-rounding/{seed}/{stream}/{rank}/{device}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
-def uniform(generators: Generators, seed: int, shape: tuple[int, ...], device) -> torch.Tensor:
+def uniform(
+    generators: Generators, seed: int, stream: str, shape: tuple[int, ...], device
+) -> torch.Tensor:
     """U[0, 1) noise of ``shape`` on ``device`` from the generator in ``generators`` for this
-    process's rank and ``device``, created from ``seed`` on first use."""
+    process's rank and ``device``, created from ``seed`` and ``stream`` (what the noise is
+    for) on first use."""
     device = torch.device(device)
     rank = process_rank()
     key = (device, rank)
@@ -50,7 +54,7 @@ def uniform(generators: Generators, seed: int, shape: tuple[int, ...], device) -
             generator = generators.get(key)
             if generator is None:
                 generator = torch.Generator(device=device)
-                generator.manual_seed(stream_seed(seed, rank, device))
+                generator.manual_seed(stream_seed(seed, stream, rank, device))
                 generators[key] = generator
     return torch.rand(shape, generator=generator, dtype=torch.float32, device=device)
 
