@@ -13,6 +13,7 @@ import time
 import torch
 
 from commpress.codecs import get_codec, native
+from commpress.codecs.blockwise import streams
 
 CALLS = 2000
 
@@ -39,7 +40,8 @@ def measure(spec: str, numel: int) -> str:
     scales = payload[: 4 * rows].view(torch.float32)
     codes = payload[4 * rows :].view(rows, -1)
     kernel = native.kernel(codec.native_decode)
-    bare = per_call_us(lambda: kernel(scales, codes, rows, codec.block, codec.qmax, out))
+    stream = streams(out)  # as codec.decode asks (since fd5ace8)
+    bare = per_call_us(lambda: kernel(scales, codes, rows, codec.block, codec.qmax, out, stream))
     return (
         f"{spec} n={numel}: decode {decode:.1f} us, encode {encode:.1f} us, "
         f"bare decode kernel {bare:.1f} us"

@@ -12,6 +12,7 @@ import timeit
 import torch
 
 from commpress.codecs import get_codec, native
+from commpress.codecs.blockwise import streams
 
 REPEATS, NUMBER = 5, 2000
 
@@ -55,7 +56,7 @@ def _codec_rows(spec: str, numel: int = 65536, block: int = 256) -> list[str]:
         encode(x, None, nblocks, block, codec.qmax, staged_scales, codes)
 
     def kernel_decode():
-        decode(scales, codes, nblocks, block, codec.qmax, out)
+        decode(scales, codes, nblocks, block, codec.qmax, out, streams(out))  # as since fd5ace8
 
     def public_encode():
         codec.encode(x, out=payload)

@@ -224,48 +224,97 @@ def test_fp8_fused_and_reference_agree_around_every_grid_point_and_tie():
 STREAMED = blockwise.STREAM_MIN_BYTES // 4 + 4096
 
 
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("flags") and " avx512f" in line for line in info)
+    except OSError:
+        return False
+
+
+needs_avx512 = pytest.mark.skipif(not _has_avx512(), reason="the streamed stores are AVX-512's")
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every bit, NaN payloads and signs included (assert_same_bits lets any NaN match)."""
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "int4:block=6"])
-def test_a_large_decode_written_past_the_caches_has_the_reference_bits(spec):
-    """Large fp32 output takes the non-temporal stores (a block of whole vectors, into an
-    output on a cache line) or, where it cannot (``block=6``, an output off a line), the
-    plain loop; 16-bit output never streams (it is rounded from an fp32 buffer read at
-    once). Each against the reference, with a NaN and an Inf among the values."""
+def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypatch):
+    """Large fp32 output asks the kernel for non-temporal stores for its whole blocks
+    (which it uses where a block holds whole vectors and the output starts on a cache
+    line; else the plain loop: ``block=6``, an output off a line); 16-bit output never
+    asks (it is rounded from an fp32 buffer read at once), nor small output. Each against
+    the reference, with a NaN and an Inf among the values."""
     fused, reference = with_impl(spec, "fused"), with_impl(spec, "reference")
     x = torch.randn(STREAMED, generator=torch.Generator().manual_seed(0)) * 5
     x[1000], x[STREAMED // 2] = float("nan"), float("inf")
-    payload = fused.encode(x)
-    expected = reference.decode(payload, STREAMED, torch.float32)
+    payload, small = fused.encode(x), fused.encode(x[:1536])
+    asked: list[int] = []
+    real = native.kernel
+
+    def recording(name):
+        kernel = real(name)
+        if not name.startswith("decode"):
+            return kernel
+        return lambda *args: asked.append(args[-1]) or kernel(*args)
+
+    def flags(decoded, numel, dtype, out=None) -> list[int]:
+        asked.clear()
+        expected = reference.decode(decoded, numel, dtype)
+        assert_same_bits(fused.decode(decoded, numel, dtype, out=out), expected)
+        return list(asked)
+
+    monkeypatch.setattr(native, "kernel", recording)
     aligned, off_a_line = torch.empty(STREAMED), torch.empty(STREAMED + 1)[1:]
     assert aligned.data_ptr() % 64 == 0 and off_a_line.data_ptr() % 64
-    assert blockwise.streams(aligned) and blockwise.streams(off_a_line)
     for out in (aligned, off_a_line):
-        assert_same_bits(fused.decode(payload, STREAMED, torch.float32, out=out), expected)
-    half = fused.decode(payload, STREAMED, torch.bfloat16)
-    assert_same_bits(half, reference.decode(payload, STREAMED, torch.bfloat16))
+        assert flags(payload, STREAMED, torch.float32, out)[0] == 1  # a tail's padded row: 0
+    assert not any(flags(payload, STREAMED, torch.bfloat16))
+    assert not any(flags(small, 1536, torch.float32))
 
 
-def test_only_large_fp32_output_is_streamed():
+def test_only_large_fp32_output_asks_to_stream():
     below = blockwise.STREAM_MIN_BYTES // 4 - 1
     assert not blockwise.streams(torch.empty(below))
     assert blockwise.streams(torch.empty(below + 1))
     assert not blockwise.streams(torch.empty(STREAMED, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize(("name", "qmax", "code_bytes"), [
-    ("decode_int8", 127.0, 1.0), ("decode_int4", 7.0, 0.5), ("decode_fp8", 448.0, 1.0),
-])  # fmt: skip
-def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(name, qmax, code_bytes):
-    """Every code (each int4 nibble, each fp8 byte, NaN codes included) through both
-    stores of the C kernel."""
-    rows, block = 64, 256
+DECODES = [("decode_int8", 127.0, 1.0), ("decode_int4", 7.0, 0.5), ("decode_fp8", 448.0, 1.0)]
+
+
+def _rows_of_every_code(code_bytes: float, rows: int = 64, block: int = 256):
+    """``rows`` blocks of codes cycling through every byte (each int4 nibble, each fp8 code,
+    NaN codes included), and their scales."""
     codes = torch.arange(rows * int(block * code_bytes)).remainder(256).to(torch.uint8)
-    scales = torch.rand(rows, generator=torch.Generator().manual_seed(1)) * 3
+    return torch.rand(rows, generator=torch.Generator().manual_seed(1)) * 3, codes
+
+
+@needs_avx512
+@pytest.mark.parametrize(("name", "qmax", "code_bytes"), DECODES)
+def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(name, qmax, code_bytes):
+    """Both stores of the C kernel, the streamed one taken (the kernel says so)."""
+    rows, block = 64, 256
+    scales, codes = _rows_of_every_code(code_bytes, rows, block)
     decode = native.kernel(name)
     plain, streamed = torch.full((rows * block,), 7.0), torch.full((rows * block,), 7.0)
-    assert decode(scales, codes, rows, block, qmax, plain, 0)
-    assert decode(scales, codes, rows, block, qmax, streamed, 1)
-    assert_same_bits(streamed, plain)
+    assert decode.status(scales, codes, rows, block, qmax, plain, 0) == 0
+    assert decode.status(scales, codes, rows, block, qmax, streamed, 1) == 1
+    assert _same_bits(streamed, plain)
     assert not (plain == 7.0).any()
+
+
+@needs_avx512
+def test_the_kernel_streams_only_whole_vectors_on_a_cache_line():
+    scales, codes = _rows_of_every_code(1.0, rows=4, block=256)
+    decode = native.kernel("decode_int8")
+    out = torch.empty(4 * 256 + 16)
+    assert decode.status(scales, codes, 4, 256, 127.0, out[:1024], 1) == 1
+    assert decode.status(scales, codes, 4, 256, 127.0, out[1:1025], 1) == 0
+    assert decode.status(scales, codes[:1000], 4, 250, 127.0, out[:1000], 1) == 0
+    assert decode.status(scales, codes, 4, 256, 127.0, out[:1024], 0) == 0
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4", "int8:stochastic=true", "fp8"])

@@ -23,7 +23,8 @@
 
 /* How far ahead of the block being read its input is fetched into the cache (a prefetch
  * is a hint: past the end of the input it reads nothing). From memory not in the caches,
- * an int8 encode of 1M values takes about 0.4 ms with it against 0.6 ms without (1 KiB: 0.45). */
+ * an int8 encode of 1M values takes about 0.4 ms with it against 0.6 ms without
+ * (benchmarks/streaming_2026-12-06/kernels.txt). */
 #define PREFETCH_BYTES 2048
 
 /* |x| compared as integers: for non-NaN floats, the order of (bits & 0x7fffffff)
@@ -167,10 +168,10 @@ static inline __m512 fp8_codes(const uint8_t *c, int64_t i) {
 
 typedef __m512 (*codes_of)(const uint8_t *c, int64_t i);
 
-/* Whether a decode writes its values past the caches: where the caller asks (`stream`),
- * every row starts on a cache line and holds whole vectors. Non-temporal stores neither
- * read each line before writing it nor evict other data for it: about twice as fast into
- * an output not in the caches, for an output no one reads at once. */
+/* Whether a decode writes its values past the caches (and returns 1, not 0): where the
+ * caller asks (`stream`), every row starts on a cache line and holds whole vectors.
+ * Non-temporal stores neither read each line before writing it nor evict other data for
+ * it: about twice as fast into an output not in the caches. */
 static int streams(int64_t stream, int64_t block, const float *out) {
     return stream && block % 16 == 0 && (uintptr_t)out % 64 == 0;
 }
@@ -197,7 +198,7 @@ int commpress_decode_int8(const float *scales, const int8_t *codes, int64_t rows
 #ifdef __AVX512F__
     if (streams(stream, block, out)) {
         stream_rows(int8_codes, scales, (const uint8_t *)codes, block, rows, block, qmax, out);
-        return 0;
+        return 1;
     }
 #endif
     (void)stream;
@@ -216,7 +217,7 @@ int commpress_decode_int4(const float *scales, const uint8_t *codes, int64_t row
 #ifdef __AVX512F__
     if (streams(stream, block, out)) {
         stream_rows(int4_codes, scales, codes, block / 2, rows, block, qmax, out);
-        return 0;
+        return 1;
     }
 #endif
     (void)stream;
@@ -283,7 +284,7 @@ int commpress_decode_fp8(const float *scales, const uint8_t *codes, int64_t rows
 #ifdef __AVX512F__
     if (streams(stream, block, out)) {
         stream_rows(fp8_codes, scales, codes, block, rows, block, qmax, out);
-        return 0;
+        return 1;
     }
 #endif
     (void)stream;

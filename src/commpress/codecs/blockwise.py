@@ -39,7 +39,7 @@ FP32_SLACK = 2.0**-20
 NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Elements widened to fp32 at a time for the native kernels (bounds the extra memory).
 WIDEN_ELEMENTS = 1 << 20
-#: fp32 output bytes from which a native decode writes with non-temporal stores (see
+#: fp32 output bytes from which a native decode asks for non-temporal stores (see
 #: :func:`streams`).
 STREAM_MIN_BYTES = 1 << 20
 #: The largest block: one scale per 16M values already costs nothing; larger ones once
@@ -48,11 +48,12 @@ MAX_BLOCK = 1 << 24
 
 
 def streams(out: torch.Tensor) -> int:
-    """Whether a native decode into ``out`` writes past the caches (1) or through them (0):
-    fp32 output of :data:`STREAM_MIN_BYTES` or more (where the CPU has AVX-512). Into memory
-    not in the caches, such a decode of 1M int8 values takes about 0.2 ms against 0.5 ms
-    through them, and output that large leaves the caches of a busy core before its reader
-    comes; the reduce-scatter, which adds to what it decodes at once, lost nothing by it
+    """Whether a native decode into ``out`` asks the kernel for non-temporal stores (1) or
+    not (0): fp32 output of :data:`STREAM_MIN_BYTES` or more. The kernel uses them only
+    where it can (AVX-512, a block of whole 16-value vectors, ``out`` on a 64-byte line).
+    Into memory not in the caches, they decode 1M int8 values in about 0.2 ms against 0.5
+    through the caches; a caller that reads the output at once (the reduce-scatter adds
+    to what it decodes) then finds it in memory, not in a cache
     (``benchmarks/streaming_2026-12-06/README.md``)."""
     return int(out.dtype == torch.float32 and out.numel() * 4 >= STREAM_MIN_BYTES)
 

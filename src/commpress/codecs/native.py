@@ -158,13 +158,14 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
     Each tensor passes its data pointer (an :class:`Address` itself, None NULL), a float a
     C float, an int a 64-bit int; the C types are fixed by the first call (every call site
     passes the same kinds), so that later calls convert in ctypes' C code. The callable
-    returns False when the C side declined the arguments (an odd int4 block).
+    returns False when the C side declined the arguments (a negative status: an odd int4
+    block); a decode's 1 (it wrote past the caches) is a success as its 0 is.
     """
     function = getattr(library, f"commpress_{name}")
     function.restype = ctypes.c_int
     tensors: tuple[int, ...] = ()  # the positions of the pointer arguments
 
-    def call(*args: torch.Tensor | float | int | None) -> bool:
+    def status(*args: torch.Tensor | float | int | None) -> int:
         nonlocal tensors
         if function.argtypes is None:
             tensors = tuple(i for i, arg in enumerate(args) if _c_type(arg) is ctypes.c_void_p)
@@ -175,8 +176,12 @@ def wrap(library: ctypes.CDLL, name: str) -> Callable[..., bool]:
                 values[i] = _pointer(values[i])
             elif values[i] is not None and not isinstance(values[i], Address):
                 raise TypeError(f"argument {i} must be a tensor, an Address or None")
-        return function(*values) == 0
+        return function(*values)
 
+    def call(*args: torch.Tensor | float | int | None) -> bool:
+        return status(*args) >= 0
+
+    call.status = status  # what the C side returned
     return call
 
 
