@@ -260,10 +260,14 @@ def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypa
             return kernel
         return lambda *args: asked.append(args[-1]) or kernel(*args)
 
-    def flags(decoded, numel, dtype, out=None) -> list[int]:
+    def flags(decoded, numel, dtype, out=None, streaming=True) -> list[int]:
         asked.clear()
         expected = reference.decode(decoded, numel, dtype)
-        assert_same_bits(fused.decode(decoded, numel, dtype, out=out), expected)
+        if streaming:
+            with blockwise.streaming_decodes:
+                assert_same_bits(fused.decode(decoded, numel, dtype, out=out), expected)
+        else:
+            assert_same_bits(fused.decode(decoded, numel, dtype, out=out), expected)
         return list(asked)
 
     monkeypatch.setattr(native, "kernel", recording)
@@ -271,15 +275,56 @@ def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypa
     assert aligned.data_ptr() % 64 == 0 and off_a_line.data_ptr() % 64
     for out in (aligned, off_a_line):
         assert flags(payload, STREAMED, torch.float32, out)[0] == 1  # a tail's padded row: 0
+    assert not any(flags(payload, STREAMED, torch.float32, aligned, streaming=False))
     assert not any(flags(payload, STREAMED, torch.bfloat16))
     assert not any(flags(small, 1536, torch.float32))
+    assert not blockwise.streaming_decodes.on
 
 
-def test_only_large_fp32_output_asks_to_stream():
+def test_only_large_fp32_output_asks_to_stream_and_only_where_allowed():
     below = blockwise.STREAM_MIN_BYTES // 4 - 1
-    assert not blockwise.streams(torch.empty(below))
-    assert blockwise.streams(torch.empty(below + 1))
-    assert not blockwise.streams(torch.empty(STREAMED, dtype=torch.bfloat16))
+    with blockwise.streaming_decodes:
+        assert not blockwise.streams(torch.empty(below))
+        assert blockwise.streams(torch.empty(below + 1))
+        assert not blockwise.streams(torch.empty(STREAMED, dtype=torch.bfloat16))
+    assert not blockwise.streams(torch.empty(below + 1))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ring-hop"])
+def test_an_all_gather_streams_its_output_and_a_reduce_scatter_reads_its_decodes(
+    algorithm, monkeypatch
+):
+    """The all-gather's decodes into its output ask for non-temporal stores; the
+    reduce-scatter's, which it adds to at once, do not (the payloads of one rank of two)."""
+    from commpress.collectives import payloads
+    from commpress.schedules.registry import plan
+
+    asked = []
+    real = native.kernel
+
+    def recording(name):
+        kernel = real(name)
+        if not name.startswith("decode"):
+            return kernel
+        return lambda *args: asked.append(args[-1]) or kernel(*args)
+
+    monkeypatch.setattr(native, "kernel", recording)
+    codec = with_impl("int8", "fused")
+    shard = torch.randn(STREAMED)
+    (gather,) = plan("all_gather", algorithm, 0, 2, STREAMED, torch.float32, codec)
+    gathered = payloads.Gathered(torch.empty(2 * STREAMED), shard, codec, gather)
+    (step,) = gather.steps
+    gathered.encode_own(step.sends[0])
+    gathered.begin()  # the own shard's decode into the output
+    assert asked == [1]
+    asked.clear()
+    contributions = torch.randn(2, STREAMED)
+    (scatter,) = plan("reduce_scatter", algorithm, 0, 2, STREAMED, torch.float32, codec)
+    partial_sums = payloads.reduction(contributions, codec, scatter)
+    for step in scatter.steps:
+        for receive in step.receives:
+            partial_sums.handle(receive)
+    assert asked and not any(asked)
 
 
 DECODES = [("decode_int8", 127.0, 1.0), ("decode_int4", 7.0, 0.5), ("decode_fp8", 448.0, 1.0)]

@@ -22,6 +22,7 @@ again gives the same payload. Non-finite inputs are never turned into finite out
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import ClassVar
 
 import torch
@@ -47,15 +48,36 @@ STREAM_MIN_BYTES = 1 << 20
 MAX_BLOCK = 1 << 24
 
 
+class _StreamingDecodes(threading.local):
+    """Whether native decodes on this thread may ask for non-temporal stores."""
+
+    on = False
+
+    def __enter__(self) -> None:
+        self.on = True
+
+    def __exit__(self, *exception) -> None:
+        self.on = False
+
+
+#: ``with streaming_decodes:`` the native decodes on this thread, inside, may write large
+#: output past the caches (:func:`streams`): for a caller that writes its output and leaves
+#: it to a later reader (an all-gather), not one that reads it back at once (a
+#: reduce-scatter adds to what it decodes, error feedback subtracts it).
+streaming_decodes = _StreamingDecodes()
+
+
 def streams(out: torch.Tensor) -> int:
     """Whether a native decode into ``out`` asks the kernel for non-temporal stores (1) or
-    not (0): fp32 output of :data:`STREAM_MIN_BYTES` or more. The kernel uses them only
-    where it can (AVX-512, a block of whole 16-value vectors, ``out`` on a 64-byte line).
-    Into memory not in the caches, they decode 1M int8 values in about 0.2 ms against 0.5
-    through the caches; a caller that reads the output at once (the reduce-scatter adds
-    to what it decodes) then finds it in memory, not in a cache
+    not (0): fp32 output of :data:`STREAM_MIN_BYTES` or more, inside
+    :data:`streaming_decodes`. The kernel uses them only where it can (AVX-512, a block of
+    whole 16-value vectors, ``out`` on a 64-byte line). Into memory not in the caches, they
+    decode 1M int8 values in about 0.2 ms against 0.5 through the caches; a reader of the
+    output right after finds it in memory, not in a cache: on 4 emulated hosts they made
+    the all-gather at 8-16 MiB 0.5-1.6 ms faster and cost the reduce-scatter CPU
     (``benchmarks/streaming_2026-12-06/README.md``)."""
-    return int(out.dtype == torch.float32 and out.numel() * 4 >= STREAM_MIN_BYTES)
+    on = streaming_decodes.on and out.dtype == torch.float32
+    return int(on and out.numel() * 4 >= STREAM_MIN_BYTES)
 
 
 def num_blocks(numel: int, block: int) -> int:

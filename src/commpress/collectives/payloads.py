@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from commpress.codecs import Codec
+from commpress.codecs.blockwise import streaming_decodes
 from commpress.collectives.workspace import workspace
 from commpress.schedules import Receive, Schedule, Send, Then, Transport
 from commpress.schedules.wire import HEADER_BYTES
@@ -134,7 +135,8 @@ class Gathered(_InSlots):
     def begin(self) -> None:
         if not self.slots.pieces:  # a world of one sends nothing, but decodes as any rank
             encoded = self.codec.encode(self.inp)
-            self.codec.decode(encoded, self.inp.numel(), self.dtype, out=self.chunks[self.rank])
+            with streaming_decodes:
+                self.codec.decode(encoded, self.inp.numel(), self.dtype, out=self.chunks[self.rank])
         for piece, (offset, numel) in enumerate(self.slots.pieces):
             self._decode(self.rank, piece, offset, numel)
 
@@ -171,7 +173,8 @@ class Gathered(_InSlots):
             self._held.append((chunk, piece, offset, numel))
             return
         out = _piece(self.chunks[chunk], offset, numel)
-        self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
+        with streaming_decodes:  # written, and left to the caller
+            self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
 
 class PartialSums(_InSlots):
