@@ -1,5 +1,6 @@
-"""How error messages name the ranks of a process group: by their rank in it and, on a
-subgroup, by their global rank too (the rank a process was launched as)."""
+"""How error messages name the ranks of a process group (by their rank in it and, on a
+subgroup, by their global rank too: the rank a process was launched as), and how a
+checkpoint keeps each rank's own state."""
 
 from __future__ import annotations
 
@@ -45,3 +46,36 @@ def check_saved_here(state: dict, rank: int, world_size: int, why_world: str) ->
             f"state was saved by rank {state['rank']}, this is rank {rank}: each rank loads "
             "the state it saved (one file per rank)"
         )
+
+
+#: The key under which a per-rank checkpoint state (:func:`keyed_by_rank`) holds its entries.
+RANKS_KEY = "of_rank"
+
+
+def keyed_by_rank(entry: dict, rank: int) -> dict:
+    """``entry``, one rank's own state, under the rank's key, in a tuple: plain for
+    ``torch.save`` (one file per rank), and for ``torch.distributed.checkpoint``, which
+    saves each rank's entry and loads it whole; what every rank held under one key, DCP
+    would keep one copy of."""
+    return {RANKS_KEY: {str(rank): (entry,)}}
+
+
+def own_entry(state: object, rank: int, what: str) -> dict:
+    """``rank``'s entry of ``state``, a :func:`keyed_by_rank` dict that ``what`` (a name,
+    such as ``Compression.state_dict()``) returned; a ``TypeError`` or ``ValueError``
+    naming ``state`` where it is not one, or holds no entry of ``rank``."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be the dict of {what}, got {type(state).__name__}")
+    if not isinstance(state.get(RANKS_KEY), dict):
+        raise ValueError(f"state is not a {what}: it lacks {[RANKS_KEY]}")
+    saved = state[RANKS_KEY]
+    if str(rank) not in saved:
+        ranks = ", ".join(sorted(saved))
+        raise ValueError(
+            f"state was saved by rank {ranks}, this is rank {rank}: each rank loads the state "
+            "it saved (one file per rank, or one torch.distributed.checkpoint of every rank)"
+        )
+    entry = saved[str(rank)]
+    if not (isinstance(entry, tuple) and len(entry) == 1 and isinstance(entry[0], dict)):
+        raise ValueError(f"state[{RANKS_KEY!r}][{str(rank)!r}] must be a tuple of one dict")
+    return entry[0]

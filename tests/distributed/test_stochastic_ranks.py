@@ -35,3 +35,29 @@ def test_ranks_draw_different_noise_and_their_mean_converges():
     all_ranks = error([d for _, decodes in results for d in decodes])
     # 4x the independent draws: the error of the mean halves; shared noise would not shrink.
     assert 1.5 < one_rank / all_ranks < 2.7, (one_rank, all_ranks)
+
+
+def _rounding_through_dcp(rank, world_size, directory):
+    import dataclasses
+
+    import torch.distributed.checkpoint as dcp
+
+    x = torch.linspace(-0.93, 0.93, 2048)
+    codec = dataclasses.replace(cp.get_codec(SPEC))
+    codec.encode(x)  # the stream moves on from its seed
+    dcp.save({"rounding": codec.rounding_state()}, checkpoint_id=directory)
+    uninterrupted = codec.encode(x)
+    resumed = dataclasses.replace(codec)  # as a new process's: its template has no stream
+    template = {"rounding": resumed.rounding_state()}
+    dcp.load(template, checkpoint_id=directory)
+    resumed.load_rounding_state(template["rounding"])
+    return uninterrupted, resumed.encode(x)
+
+
+def test_rounding_states_saved_through_dcp_continue_each_rank_its_own_stream(tmp_path):
+    """One torch.distributed.checkpoint of every rank's streams: each rank continues its own
+    (under one key, DCP would keep one rank's, and every rank would continue it)."""
+    outcomes = run_distributed(_rounding_through_dcp, 2, str(tmp_path / "dcp"), timeout=120)
+    for uninterrupted, resumed in outcomes:
+        assert torch.equal(resumed, uninterrupted)
+    assert not torch.equal(outcomes[0][0], outcomes[1][0])  # the ranks' streams differ

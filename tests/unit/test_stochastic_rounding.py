@@ -179,7 +179,7 @@ def test_a_loaded_cuda_rounding_state_continues_the_saved_stream_bit_for_bit():
     x = values().cuda()
     codec.encode(x)
     state = saved_and_loaded(codec.rounding_state())
-    assert list(state["streams"]) == [str(x.device)]  # cuda:N, the key draws use
+    assert list(_entry(state)["streams"]) == [str(x.device)]  # cuda:N, the key draws use
     uninterrupted = [codec.encode(x) for _ in range(3)]
     resumed = dataclasses.replace(codec)
     resumed.load_rounding_state(state)
@@ -192,22 +192,44 @@ def test_a_loaded_cuda_rounding_state_continues_the_saved_stream_bit_for_bit():
         assert not torch.equal(payload, replayed)
 
 
+def test_a_rank_entry_saved_before_states_were_keyed_by_rank_still_loads():
+    codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,seed=7,block=64"))
+    x = values()
+    codec.encode(x)
+    entry = _entry(saved_and_loaded(codec.rounding_state()))  # what rounding_state() was
+    expected = codec.encode(x)
+    resumed = dataclasses.replace(codec)
+    resumed.load_rounding_state(entry)
+    assert torch.equal(resumed.encode(x), expected)
+
+
 def test_a_stream_that_had_not_drawn_when_saved_starts_over_from_its_seed():
     codec = dataclasses.replace(cp.get_codec("int4:stochastic=true,block=64"))
     state = codec.rounding_state()
-    assert state["streams"] == {}
+    assert _entry(state)["streams"] == {}
     x = values()
     first = codec.encode(x)
     codec.load_rounding_state(state)
     assert torch.equal(codec.encode(x), first)
 
 
-def _misloaded(edit):
-    """A load of this codec's own state, edited by ``edit``."""
+def _entry(state: dict) -> dict:
+    """This rank's entry of a rounding state (rank 0: no process group here)."""
+    ((entry,),) = [state["of_rank"]["0"]]
+    return entry
+
+
+def _misloaded(edit, whole: bool = False):
+    """A load of this codec's own state, its entry (or, ``whole``, the state) edited by
+    ``edit``."""
 
     def load():
         codec = cp.get_codec("int8:stochastic=true,seed=7")
-        codec.load_rounding_state(edit(dict(codec.rounding_state())))
+        state = codec.rounding_state()
+        if whole:
+            codec.load_rounding_state(edit(state))
+        else:
+            codec.load_rounding_state({"of_rank": {"0": (edit(dict(_entry(state))),)}})
 
     return load
 
@@ -230,10 +252,21 @@ def _misloaded(edit):
             "state holds the streams of codec 'int4:stochastic=true'",
         ),
         (_misloaded(lambda s: {**s, "rank": 1}), ValueError, "state was saved by rank 1"),
+        (
+            _misloaded(lambda s: {"of_rank": {"1": s["of_rank"]["0"]}}, whole=True),
+            ValueError,
+            "state was saved by rank 1, this is rank 0",
+        ),
+        (
+            _misloaded(lambda s: {"of_rank": {"0": _entry(s)}}, whole=True),
+            ValueError,
+            r"state\['of_rank'\]\['0'\] must be a tuple of one dict",
+        ),
         (_misloaded(lambda s: {**s, "world_size": 2}), ValueError, "state .* of 2 processes"),
         (_misloaded(lambda s: {"weight": torch.ones(1)}), ValueError, "state .* lacks"),
         (_misloaded(lambda s: {**s, "streams": {"cpu": 0}}), ValueError, r"state\['streams'\]"),
-        (_misloaded(lambda s: [s]), TypeError, "state must be the dict"),
+        (_misloaded(lambda s: [s], whole=True), TypeError, "state must be the dict"),
+        (_misloaded(lambda s: {"weight": torch.ones(1)}, whole=True), ValueError, "lacks"),
         (
             _misloaded(lambda s: {**s, "streams": {"cpu": torch.zeros(3, dtype=torch.uint8)}}),
             ValueError,
@@ -251,7 +284,8 @@ def _misloaded(edit):
         ),
     ],
     ids=[
-        *("seed", "codec", "rank", "world_size", "not_a_state", "streams", "not_a_dict"),
+        *("seed", "codec", "rank", "rank_key", "entry_not_a_tuple", "world_size"),
+        *("not_a_state", "streams", "not_a_dict", "not_keyed"),
         *("not_a_generator_state", "no_device_index", "no_device"),
     ],
 )

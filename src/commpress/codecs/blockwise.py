@@ -394,7 +394,8 @@ class IntegerBlockCodec(BlockScaledCodec):
 
     #: Unbiased stochastic rounding instead of round-to-nearest.
     stochastic: bool = False
-    #: Seed of the stochastic-rounding noise, mixed with the process rank and the device.
+    #: Seed of the stochastic-rounding noise, mixed with the codec's kind and block, the
+    #: process rank and the device.
     seed: int = 0
     _generators: rounding_noise.Generators = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -431,7 +432,8 @@ class IntegerBlockCodec(BlockScaledCodec):
 
     def rounding_state(self) -> dict:
         """This process rank's stochastic-rounding streams, where they have got to: plain
-        tensors and ints for ``torch.save``, one file per rank (see :meth:`load_rounding_state`)."""
+        tensors and ints under the rank's key, for ``torch.save`` (one file per rank) or
+        ``torch.distributed.checkpoint`` (see :meth:`load_rounding_state`)."""
         return rounding_noise.snapshot(self._generators, str(self), self.seed)
 
     def load_rounding_state(self, state: dict) -> None:

@@ -18,7 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from commpress.ranks import check_saved_here
+from commpress.ranks import RANKS_KEY, check_saved_here, keyed_by_rank, own_entry
 
 #: Generators are created at most once per key, even when the communication thread and
 #: the caller encode with the same codec at the same time (drawing is thread safe in torch).
@@ -70,26 +70,27 @@ def world_size() -> int:
 
 def snapshot(generators: Generators, codec: str, seed: int) -> dict:
     """This process rank's streams in ``generators`` (those that have drawn), as plain
-    tensors and ints that ``torch.save`` writes, with what :func:`restore` checks."""
+    tensors and ints under the rank's key (:func:`~commpress.ranks.keyed_by_rank`: for
+    ``torch.save`` or ``torch.distributed.checkpoint``), with what :func:`restore` checks."""
     rank = process_rank()
     with _creation_lock:
         streams = {str(device): g.get_state() for (device, r), g in generators.items() if r == rank}
-    return {
-        "codec": codec,
-        "seed": seed,
-        "rank": rank,
-        "world_size": world_size(),
-        "streams": streams,
-    }
+    own = {"codec": codec, "seed": seed, "rank": rank, "world_size": world_size()}
+    return keyed_by_rank({**own, "streams": streams}, rank)
 
 
 def restore(generators: Generators, codec: str, seed: int, state: dict) -> None:
     """Continue this rank's streams from ``state`` (a :func:`snapshot` of the same codec, seed,
-    rank and world size); a device that had not drawn when it was taken starts over."""
-    check_state(state, codec, seed)
+    rank and world size, or its entry alone, as one was saved before they were keyed); a
+    device that had not drawn when it was taken starts over."""
     rank = process_rank()
+    if isinstance(state, dict) and RANKS_KEY not in state and "streams" in state:
+        own = state
+    else:
+        own = own_entry(state, rank, "rounding_state()")
+    check_state(own, codec, seed)
     restored = {}
-    for name, tensor in state["streams"].items():
+    for name, tensor in own["streams"].items():
         device = _drawing_device(name)
         try:
             generator = torch.Generator(device=device)
@@ -121,9 +122,8 @@ def _drawing_device(name: object) -> torch.device:
     return device
 
 
-def check_state(state: object, codec: str, seed: int) -> None:
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be the dict of rounding_state(), got {type(state).__name__}")
+def check_state(state: dict, codec: str, seed: int) -> None:
+    """``state``, a rank's entry of a :func:`snapshot`, was saved here, by an equal codec."""
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"state is not a codec's rounding_state(): it lacks {missing}")

@@ -41,7 +41,7 @@ from commpress.collectives.work import CollectiveWork, launch
 from commpress.integrations.groups import OwnGroups, exchange_with_every_rank
 from commpress.integrations.spec import CollectiveSpec
 from commpress.integrations.stats import CommStats, Stopwatch
-from commpress.ranks import by_rank, check_saved_here
+from commpress.ranks import by_rank, check_saved_here, keyed_by_rank, own_entry
 from commpress.schedules import wire_bytes
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS, NATIVE
 from commpress.sim import tuner
@@ -75,11 +75,10 @@ class Compression:
 
     def state_dict(self) -> dict:
         """This rank's error-feedback residuals, by module name, with which parameters each
-        came from: plain tensors, ints and bools for ``torch.save`` (one file per rank), or
-        for ``torch.distributed.checkpoint``: they are under this rank's key, in a tuple,
-        which DCP saves for each rank and loads whole (into a fresh compression's
-        ``state_dict`` too); what every rank held under one key, DCP would keep one copy of.
-        Empty of residuals without error feedback."""
+        came from: plain tensors, ints and bools under this rank's key
+        (:func:`~commpress.ranks.keyed_by_rank`), for ``torch.save`` (one file per rank) or
+        ``torch.distributed.checkpoint`` (which loads them into a fresh compression's
+        ``state_dict`` too). Empty of residuals without error feedback."""
         rank = dist.get_rank()
         own = {
             "rank": rank,
@@ -87,7 +86,7 @@ class Compression:
             "error_feedback": self.error_feedback,
             "residuals": {name: rs.residual_state() for name, rs in self.feedback.items()},
         }
-        return {RANKS_KEY: {str(rank): (own,)}}
+        return keyed_by_rank(own, rank)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``, this rank's :meth:`state_dict` of a compression of the same
@@ -263,30 +262,12 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
 
 
 STATE_KEYS = ("rank", "world_size", "error_feedback", "residuals")
+
+
 #: Where :meth:`Compression.state_dict` keeps each rank's state.
-RANKS_KEY = "of_rank"
-
-
 def own_state(state: object) -> dict:
     """This rank's state in ``state``, a :meth:`Compression.state_dict`."""
-    if not isinstance(state, dict):
-        raise TypeError(
-            f"state must be the dict of Compression.state_dict(), got {type(state).__name__}"
-        )
-    if not isinstance(state.get(RANKS_KEY), dict):
-        raise ValueError(f"state is not a Compression.state_dict(): it lacks {[RANKS_KEY]}")
-    rank = dist.get_rank()
-    saved = state[RANKS_KEY]
-    if str(rank) not in saved:
-        ranks = ", ".join(sorted(saved))
-        raise ValueError(
-            f"state was saved by rank {ranks}, this is rank {rank}: each rank loads the state "
-            "it saved (one file per rank, or one torch.distributed.checkpoint of every rank)"
-        )
-    entry = saved[str(rank)]
-    if not (isinstance(entry, tuple) and len(entry) == 1 and isinstance(entry[0], dict)):
-        raise ValueError(f"state[{RANKS_KEY!r}][{str(rank)!r}] must be a tuple of one dict")
-    return entry[0]
+    return own_entry(state, dist.get_rank(), "Compression.state_dict()")
 
 
 def check_state(state: object, error_feedback: bool, modules: list[str]) -> None:
