@@ -14,14 +14,15 @@ itself over the fastest ("auto / best", a separate measurement of the same pair)
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 
 def allowed(request: str, row: dict) -> bool:
     if request.startswith("auto:max_rel_err="):
-        return not row["codec"].startswith("auto") and row["rel_err"] <= float(
-            request.split("=")[1]
-        )
+        limit = float(request.split("=")[1])  # a non-finite error, JSON null, is not within
+        error = math.inf if row["rel_err"] is None else row["rel_err"]
+        return not row["codec"].startswith("auto") and error <= limit
     return row["codec"] == request or row["algorithm"] == "native"
 
 
@@ -56,12 +57,16 @@ def main() -> None:
             else:
                 chosen = f"{mine['time_us'] / best['time_us']:.2f}"
                 if mine not in pool:
-                    chosen += f" (outside the request: rel_err {mine['rel_err']:.3g})"
+                    chosen += f" (outside the request: rel_err {_error(mine)})"
             print(
                 f"| {path.rsplit('/', 1)[-1]} | {size >> 20} MiB | {request} | {auto['chosen']} "
                 f"| {best['codec']}@{best['algorithm']}, {best['time_us'] / 1e3:.1f} ms "
                 f"| {chosen} | {auto['time_us'] / best['time_us']:.2f} |"
             )
+
+
+def _error(row: dict) -> str:
+    return "not finite" if row["rel_err"] is None else f"{row['rel_err']:.3g}"
 
 
 if __name__ == "__main__":

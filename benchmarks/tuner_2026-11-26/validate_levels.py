@@ -39,6 +39,11 @@ FIT = f"{HERE}/fit_levels.json"
 LATER_SWEEPS = sorted(glob.glob(f"{HERE}/sweep_*.json"))
 
 
+def within(row: dict, limit: float) -> bool:
+    """A row's measured error is within ``limit`` (a non-finite one, JSON null, is not)."""
+    return row["rel_err"] is not None and row["rel_err"] <= limit
+
+
 def choices(path: str) -> None:
     with open(path) as file:
         data = json.load(file)
@@ -56,7 +61,7 @@ def choices(path: str) -> None:
         choice = tuner.choose(first["op"], numel, torch.float32, world, request)
         if request.startswith("auto"):
             limit = float(request.split("=")[1])
-            pool = [r for r in measured if r["size_bytes"] == size and r["rel_err"] <= limit]
+            pool = [r for r in measured if r["size_bytes"] == size and within(r, limit)]
         else:
             pool = [r for r in measured if r["size_bytes"] == size
                     and (r["codec"] == request or r["algorithm"] == "native")]  # fmt: skip
@@ -66,7 +71,7 @@ def choices(path: str) -> None:
         mine = ran[0] if ran else None
         ratio = "not swept" if mine is None else f"{mine['time_us'] / best['time_us']:.2f}"
         if mine is not None and mine not in pool:
-            ratio += f" (outside the request: rel_err {mine['rel_err']:.3g})"
+            ratio += f" (outside the request: rel_err {_error(mine)})"
         fastest = f"{best['codec']}@{best['algorithm']}, {best['time_us'] / 1e3:.1f} ms"
         name = path.removeprefix("benchmarks/")
         print(f"| {name} | {size >> 20} MiB | {request} | {choice} | {fastest} | {ratio} |")
@@ -96,6 +101,10 @@ def main() -> None:
         choices(path)
     swept = calibrate.read_bench(LATER_SWEEPS)
     validate.table(validate.predict(swept, fields), "5. held out: 2, 4 and 8 hosts, none/int8/int4")
+
+
+def _error(row: dict) -> str:
+    return "not finite" if row["rel_err"] is None else f"{row['rel_err']:.3g}"
 
 
 if __name__ == "__main__":
