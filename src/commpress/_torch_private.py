@@ -151,27 +151,36 @@ def wrap_fsdp_collectives(module: torch.nn.Module, which: str, wrap: Callable) -
 
 
 def before_post_backward(module: torch.nn.Module, callback: Callable) -> None:
-    """Call ``callback(has_gradient)`` as each parameter group of ``module`` starts its
+    """Call ``callback(reduced)`` as each parameter group of ``module`` starts its
     ``post_backward`` (``FSDPParamGroup.post_backward``, replaced on the instance), with, per
-    ``FSDPParam``, whether it holds a gradient (``unsharded_param.grad`` or
-    ``unsharded_accumulated_grad``): those FSDP2 is about to reduce-scatter."""
+    ``FSDPParam``, whether FSDP2 is about to reduce-scatter its gradient: it holds one
+    (``unsharded_param.grad`` or ``unsharded_accumulated_grad``), or it has none and FSDP2
+    sends zeros for it (``reduce_scatter_unused_params``, from
+    ``set_reduce_scatter_unused_params``; absent from torch releases without it)."""
     for group in _state_param_groups(module):
         original = _attribute(group, "post_backward", "FSDPParamGroup.post_backward")
         fsdp_params = _attribute(group, "fsdp_params", "FSDPParamGroup.fsdp_params")
 
-        def post_backward(*args, _original=original, _fsdp_params=fsdp_params, **kwargs):
-            callback(tuple(_has_gradient(p) for p in _fsdp_params))
+        def post_backward(
+            *args, _original=original, _group=group, _fsdp_params=fsdp_params, **kwargs
+        ):
+            zeros_for_unused = getattr(_group, "reduce_scatter_unused_params", False)
+            callback(tuple(_reduce_scattered(p, zeros_for_unused) for p in _fsdp_params))
             return _original(*args, **kwargs)
 
         group.post_backward = post_backward
 
 
-def _has_gradient(fsdp_param) -> bool:
+def _reduce_scattered(fsdp_param, zeros_for_unused: bool) -> bool:
     accumulated = _attribute(
         fsdp_param, "unsharded_accumulated_grad", "FSDPParam.unsharded_accumulated_grad"
     )
     unsharded = getattr(fsdp_param, "_unsharded_param", None)  # absent before the first unshard
-    return accumulated is not None or (unsharded is not None and unsharded.grad is not None)
+    if accumulated is not None:
+        return True
+    if unsharded is None:
+        return False
+    return unsharded.grad is not None or (zeros_for_unused and unsharded.requires_grad)
 
 
 def reduce_scatter_numels(module: torch.nn.Module) -> list[int]:

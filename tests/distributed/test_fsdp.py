@@ -614,6 +614,27 @@ def test_error_feedback_keeps_a_residual_to_the_parameters_it_came_from():
     assert run_distributed(_residual_across_parameter_sets, 2, timeout=60) == [True, True]
 
 
+def _residual_with_unused_parameters_reduce_scattered(rank, world_size):
+    model = _TwoBranches()
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
+    model.set_reduce_scatter_unused_params(True)
+    compression = cp.fsdp.compress(model, "none", "int8@alltoall", error_feedback=True)
+    generator = torch.Generator().manual_seed(rank)
+    model(torch.randn(8, 16, generator=generator), "pq"[rank]).square().sum().backward()
+    state = compression.state_dict()
+    compression.load_state_dict(state)
+    return state["of_rank"][str(rank)][0]["residuals"]["<root>"]["parameters_with_gradients"]
+
+
+def test_error_feedback_counts_the_zero_gradients_fsdp_reduce_scatters_for_unused_parameters():
+    """set_reduce_scatter_unused_params(True): FSDP2 reduce-scatters a zero gradient for a
+    parameter without one (each rank ran another branch). The residual was recorded as of
+    the used parameter alone, and loading the compression's own state_dict raised a
+    ValueError (a residual of 512 elements for one parameter's 256)."""
+    outcomes = run_distributed(_residual_with_unused_parameters_reduce_scattered, 2, timeout=60)
+    assert outcomes == [[True, True], [True, True]]
+
+
 def _same_gradient_every_step(rank, world_size):
     """The reduce-scattered gradient of one unchanging gradient, step after step (no
     optimizer step), and the exact mean gradient over ranks."""
