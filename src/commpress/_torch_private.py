@@ -90,6 +90,10 @@ class ParamGroup:
     #: than the shard group), or None: the group on which FSDP2 all-gathers again the
     #: parameters that forward's all-gather produced (for backward, for recomputation).
     regather_group: dist.ProcessGroup | None = None
+    #: False for a group replicated without sharding (a mesh without a shard dimension:
+    #: ``fully_shard``'s replicate-only ``dp_mesh_dims``), whose gradients FSDP2 all-reduces
+    #: with torch's all-reduce and which it never all-gathers nor reduce-scatters.
+    sharded_by_fsdp: bool = True
 
 
 def fsdp_param_groups(module: torch.nn.Module) -> list[ParamGroup]:
@@ -116,6 +120,14 @@ def _param_group(group: Any) -> ParamGroup:
         _attribute(group, "mesh_info", "FSDPParamGroup.mesh_info"),
         _attribute(group, "post_forward_mesh_info", "FSDPParamGroup.post_forward_mesh_info"),
     ]
+    if _replicated_only(meshes[0]):
+        return ParamGroup(
+            fsdp_params=list(fsdp_params),
+            sharded=sharded,
+            mp_policy=_attribute(group, "mp_policy", "FSDPParamGroup.mp_policy"),
+            process_groups=(),
+            sharded_by_fsdp=False,
+        )
     process_groups = []
     for mesh in meshes:
         if mesh is None:  # no resharding to a smaller mesh after forward
@@ -136,6 +148,14 @@ def _param_group(group: Any) -> ParamGroup:
         mp_policy=_attribute(group, "mp_policy", "FSDPParamGroup.mp_policy"),
         process_groups=tuple(process_groups),
         regather_group=regather,
+    )
+
+
+def _replicated_only(mesh_info: Any) -> bool:
+    """A ``DDPMeshInfo`` alone (a replicate dimension, no shard dimension): a mesh of
+    ``fully_shard(..., dp_mesh_dims=DataParallelMeshDims(replicate=...))``."""
+    return not hasattr(mesh_info, "shard_process_group") and hasattr(
+        mesh_info, "replicate_process_group"
     )
 
 

@@ -565,6 +565,42 @@ def test_a_module_fsdp_refuses_to_customise_is_an_error_or_left_native():
     assert any("module '0' keeps torch's collectives" in message for message in warned)
 
 
+def _replicated_only(rank, world_size, on_unsupported):
+    """A Linear that FSDP2 replicates without sharding it (a replicate-only
+    ``dp_mesh_dims``; its parameters must then be DTensors on the mesh, as its input)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import DataParallelMeshDims
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))
+    for name, p in list(model.named_parameters()):
+        setattr(model, name, nn.Parameter(distribute_tensor(p.detach(), mesh, [Replicate()])))
+    fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(replicate="dp"))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = cp.fsdp.compress(model, on_unsupported=on_unsupported)
+    except ValueError as error:
+        return str(error)
+    x = distribute_tensor(torch.randn(2, 8, generator=torch.Generator().manual_seed(rank)), mesh,
+                          [Replicate()])  # fmt: skip
+    model(x).sum().backward()
+    return result.left_native, result.modules, [str(w.message) for w in caught]
+
+
+def test_a_module_fsdp_replicates_without_sharding_is_an_error_or_left_native():
+    """FSDP2 all-reduces such a module's gradients; compress failed reading its shard
+    group, with a PrivateAPIMissing that blamed the torch version."""
+    message = run_distributed(_replicated_only, 2, "raise", timeout=60)[0]
+    assert message.startswith("module '<root>' is replicated, not sharded")
+    assert "on_unsupported='native'" in message
+    left, compressed, warned = run_distributed(_replicated_only, 2, "native", timeout=60)[0]
+    assert left == ["<root>"] and compressed == []
+    assert any("'<root>' keeps torch's collectives: it is replicated" in w for w in warned)
+
+
 def test_a_dead_peer_during_training_is_an_error_not_a_hang():
     with pytest.raises(DistributedError, match="rank 0 failed"):
         run_distributed(_dies_mid_training, 2, timeout=120, allow_dead=True)

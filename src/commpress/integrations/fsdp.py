@@ -144,8 +144,9 @@ def compress(
     rank's gradients and add it before the next compression (needs ``@alltoall``, where
     every rounding happens at the source; the returned ``Compression``'s ``state_dict()`` /
     ``load_state_dict()`` save and restore the residuals for a resumed run).
-    ``on_unsupported``: FSDP2 cannot customise a module with several parameter groups;
-    ``"raise"`` (default) says which, ``"native"`` leaves it on torch's collectives with a
+    ``on_unsupported``: FSDP2 cannot customise a module with several parameter groups,
+    and one it replicates without sharding has nothing to compress; ``"raise"`` (default)
+    says which, ``"native"`` leaves it on torch's collectives with a
     warning and lists it in ``left_native``.
     ``timeout``: how long each collective (``native`` included), and ``compress``'s own
     exchanges with the other ranks, wait for a peer that stalls or dies (None: the timeout
@@ -192,7 +193,7 @@ def compress(
             f"{type(model).__name__} has no FSDP modules: apply "
             "torch.distributed.fsdp.fully_shard to it (and its blocks) first"
         )
-    problem, unsupported = None, []
+    problem, unsupported = None, {}
     try:
         unsupported = _check_modules(modules, gather, scatter, error_feedback, on_unsupported)
     except (ValueError, TypeError) as error:
@@ -213,8 +214,7 @@ def compress(
     for name, module in modules:
         if name in unsupported:
             warnings.warn(
-                f"commpress: module {name!r} keeps torch's collectives: FSDP2 cannot customise "
-                "those of a module with several parameter groups",
+                f"commpress: module {name!r} keeps torch's collectives: {unsupported[name]}",
                 stacklevel=2,
             )
             result.left_native.append(name)
@@ -240,24 +240,38 @@ def compress(
     return result
 
 
-def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> list[str]:
-    """Raise where a module cannot be compressed as asked; the names of those FSDP2 cannot
-    customise (several parameter groups) that ``on_unsupported`` leaves to torch."""
-    unsupported = []
+def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> dict[str, str]:
+    """Raise where a module cannot be compressed as asked; the names of those whose
+    collectives FSDP2 cannot customise (several parameter groups) or that it does not shard
+    (replicated only), which ``on_unsupported`` leaves to torch, each with why."""
+    unsupported = {}
     for name, module in modules:
         if getattr(module, MARK, False):
             raise ValueError(f"module {name!r} is already compressed: call compress once per model")
-        groups = len(_torch_private.fsdp_param_groups(module))
-        if groups > 1 and on_unsupported == "raise":
+        groups = _torch_private.fsdp_param_groups(module)
+        if len(groups) > 1 and on_unsupported == "raise":
             raise ValueError(
-                f"module {name!r} has {groups} parameter groups (a per-parameter mesh, from "
-                "shard_placement_fn), whose collectives FSDP2 cannot customise: give it one "
-                "mesh, or compress(..., on_unsupported='native') to leave it on torch's"
+                f"module {name!r} has {len(groups)} parameter groups (a per-parameter mesh, "
+                "from shard_placement_fn), whose collectives FSDP2 cannot customise: give it "
+                "one mesh, or compress(..., on_unsupported='native') to leave it on torch's"
             )
-        if groups > 1:
-            unsupported.append(name)
-            continue
-        _check_dtypes(name, module, gather, scatter, error_feedback)
+        replicated = any(not group.sharded_by_fsdp for group in groups)
+        if replicated and on_unsupported == "raise":
+            raise ValueError(
+                f"module {name!r} is replicated, not sharded (a mesh without a shard "
+                "dimension, from a replicate-only dp_mesh_dims): FSDP2 all-reduces its "
+                "gradients with torch's all-reduce and has no all-gather or reduce-scatter to "
+                "compress; shard it, or compress(..., on_unsupported='native') to leave it "
+                "on torch's"
+            )
+        if len(groups) > 1:
+            unsupported[name] = (
+                "FSDP2 cannot customise those of a module with several parameter groups"
+            )
+        elif replicated:
+            unsupported[name] = "it is replicated, not sharded, and FSDP2 all-reduces it"
+        else:
+            _check_dtypes(name, module, gather, scatter, error_feedback)
     return unsupported
 
 
