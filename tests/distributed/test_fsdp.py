@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
 
 import commpress as cp
 from commpress import _torch_private
@@ -48,9 +49,9 @@ def small_model(dtype=torch.float32) -> nn.Module:
     ).to(dtype)
 
 
-def shard(model: nn.Module, policy=None) -> nn.Module:
+def shard(model: nn.Module, policy=None, mesh=None) -> nn.Module:
     policy = policy or MixedPrecisionPolicy()
-    mesh = cp.fsdp.cpu_mesh()
+    mesh = mesh or cp.fsdp.cpu_mesh()
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
@@ -1020,3 +1021,191 @@ def test_backward_sees_the_weights_forward_saw_after_resharding_to_a_smaller_gro
     for distances, sizes in run_distributed(_saved_weights_forward_and_backward, 4, timeout=120):
         assert sizes == {4, 2}  # forward's all-gathers, then backward's on the smaller group
         assert distances and all(distance == 0 for distance in distances), distances
+
+
+# FSDP2 features combined with compress. Each feature below leaves the arithmetic of a step
+# as it was, except the unused layer: with "none" it is plain FSDP2's bits, and with int8 it
+# is the baseline's int8 bits (whose steps the tests above check against the codec's bound).
+
+
+class _Recomputed(nn.Module):
+    """``layer`` under activation checkpointing: backward runs it again (a Linear and its
+    GELU, whose saved input then comes from the weights gathered again for backward)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return checkpoint(self.layer, x, use_reentrant=False)
+
+
+class _Layers(nn.Sequential):
+    """small_model's layers; ``logits`` is forward by another name (for
+    register_fsdp_forward_method); ``skip_middle`` leaves the middle Linear unused."""
+
+    skip_middle = False
+
+    def forward(self, x):
+        for index, layer in enumerate(self):
+            if not (self.skip_middle and index in (2, 3)):
+                x = layer(x)
+        return x
+
+    def logits(self, x):
+        return self.forward(x)
+
+
+BF16_FP32 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
+#: each feature, and the one whose int8 bits it must give
+SAME_INT8_BITS_AS = {
+    "recompute": "baseline",
+    "checkpoint_wrapper": "baseline",
+    "cpu_offload": "baseline",
+    "sharded_in_reverse": "baseline",
+    "unshard_by_hand": "baseline",
+    "unshard_async_by_hand": "baseline",
+    "forward_method": "baseline",
+    "bf16_output_fp32": "bf16",
+    "bf16_inputs_cast_by_hand": "bf16",
+}
+FEATURES = ["baseline", "bf16", "unused_layer", *SAME_INT8_BITS_AS]
+
+
+def _featured(feature: str) -> _Layers:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import CPUOffloadPolicy, register_fsdp_forward_method
+
+    model = _Layers(*small_model())
+    blocks = [0, 2, 4]
+    wrap = {"recompute": _Recomputed, "checkpoint_wrapper": checkpoint_wrapper}.get(feature)
+    for index in blocks if wrap else []:
+        if index + 1 < len(model):
+            model[index], model[index + 1] = (
+                nn.Sequential(model[index], model[index + 1]),
+                nn.Identity(),
+            )
+        model[index] = wrap(model[index])
+    options = {"mesh": cp.fsdp.cpu_mesh()}
+    if feature == "cpu_offload":
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    if feature.startswith("bf16"):
+        cast = feature != "bf16_inputs_cast_by_hand"
+        options["mp_policy"] = MixedPrecisionPolicy(**BF16_FP32, cast_forward_inputs=cast)
+    for index in reversed(blocks) if feature == "sharded_in_reverse" else blocks:
+        fully_shard(model[index], **options)
+    if feature == "bf16_output_fp32":
+        options["mp_policy"] = MixedPrecisionPolicy(**BF16_FP32, output_dtype=torch.float32)
+    fully_shard(model, **options)
+    if feature == "forward_method":
+        register_fsdp_forward_method(model, "logits")
+    return model
+
+
+def _feature_steps(model: _Layers, feature: str, rank: int, steps: int = 3):
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(steps):
+        x, y = data(rank, step)
+        if feature == "bf16_inputs_cast_by_hand":
+            x = x.bfloat16()
+        model.skip_middle = feature == "unused_layer" and step % 2 == 1
+        if feature.startswith("unshard"):
+            handles = [m.unshard(async_op="async" in feature) for m in fsdp_modules]
+            for handle in filter(None, handles):
+                handle.wait()
+        output = model.logits(x) if feature == "forward_method" else model(x)
+        if feature == "bf16_output_fp32":
+            assert output.dtype == torch.float32
+        loss = F.cross_entropy(output.float(), y)
+        loss.backward()
+        if feature.startswith("unshard"):
+            for module in fsdp_modules:
+                module.reshard()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, full_parameters(model)
+
+
+def _features(rank, world_size):
+    results = {}
+    for feature in FEATURES:
+        for spec in (None, "none", "int8"):
+            model = _featured(feature)
+            if spec is not None:
+                cp.fsdp.compress(model, spec, spec)
+            results[feature, spec] = _feature_steps(model, feature, rank)
+    return results
+
+
+@pytest.fixture(scope="module")
+def features():
+    return run_distributed(_features, 2, timeout=300)
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_fsdp_features_with_none_are_plain_fsdp_bit_for_bit(features, feature):
+    for rank_results in features:
+        losses, params = rank_results[feature, "none"]
+        plain_losses, plain_params = rank_results[feature, None]
+        assert losses == plain_losses
+        assert same(params, plain_params)
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_fsdp_features_with_int8_leave_every_rank_the_same_compressed_parameters(features, feature):
+    first, *others = [rank_results[feature, "int8"][1] for rank_results in features]
+    assert all(same(first, params) for params in others)
+    assert not same(first, features[0][feature, None][1])  # really compressed
+
+
+@pytest.mark.parametrize("feature", list(SAME_INT8_BITS_AS))
+def test_fsdp_features_that_keep_the_arithmetic_give_the_baselines_int8_bits(features, feature):
+    """Recomputed activations see forward's decoded parameters (a re-gather of the same
+    shards decodes to the same bits), a hand-made unshard all-gathers as forward does."""
+    baseline = SAME_INT8_BITS_AS[feature]
+    for rank_results in features:
+        losses, params = rank_results[feature, "int8"]
+        baseline_losses, baseline_params = rank_results[baseline, "int8"]
+        assert losses == baseline_losses
+        assert same(params, baseline_params)
+
+
+def _hybrid_sharded(rank, world_size):
+    """HSDP on 4 ranks: shard over 2, replicate over 2 (FSDP2 all-reduces the
+    reduce-scattered gradients across the replicas with torch's all-reduce)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    results = {}
+    for spec in (None, "none"):
+        model = shard(small_model(), mesh=mesh)
+        if spec is not None:
+            cp.fsdp.compress(model, spec, spec)
+        results[spec] = (train(model, rank), full_parameters(model))
+    model = shard(small_model(), mesh=mesh)
+    cp.fsdp.compress(model, "int8", "int8")
+    records = recorded_training(model, rank)
+    local = [p.to_local().detach().clone() for p in model.parameters()]
+    results["int8"] = (records, full_parameters(model), local)
+    return results
+
+
+def test_hybrid_sharding_is_plain_fsdp_with_none_and_within_the_int8_bound():
+    """Each int8 step within the bound of a reduce-scatter over all 4 ranks, looser than
+    the two 2-rank ones HSDP runs (whose sums torch's all-reduce then adds); the replicas of
+    a shard hold the same bits."""
+    outcomes = run_distributed(_hybrid_sharded, 4, timeout=120)
+    for rank_results in outcomes:
+        assert rank_results["none"][0] == rank_results[None][0]
+        assert same(rank_results["none"][1], rank_results[None][1])
+        records = rank_results["int8"][0]
+        assert all_gather_ratio(records, INT8, world_size=2) <= 1
+        assert update_ratio(records, INT8) <= 1
+        assert update_ratio(records, NONE) > 1
+    full = [rank_results["int8"][1] for rank_results in outcomes]
+    assert all(same(full[0], params) for params in full[1:])
+    local = [rank_results["int8"][2] for rank_results in outcomes]
+    assert same(local[0], local[2]) and same(local[1], local[3])  # replicas: ranks 0, 2; 1, 3
