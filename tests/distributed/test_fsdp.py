@@ -1086,17 +1086,17 @@ def _featured(feature: str) -> _Layers:
                 nn.Identity(),
             )
         model[index] = wrap(model[index])
-    options = {"mesh": cp.fsdp.cpu_mesh()}
+    mesh, options = cp.fsdp.cpu_mesh(), {}
     if feature == "cpu_offload":
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     if feature.startswith("bf16"):
         cast = feature != "bf16_inputs_cast_by_hand"
         options["mp_policy"] = MixedPrecisionPolicy(**BF16_FP32, cast_forward_inputs=cast)
     for index in reversed(blocks) if feature == "sharded_in_reverse" else blocks:
-        fully_shard(model[index], **options)
+        fully_shard(model[index], mesh=mesh, **options)
     if feature == "bf16_output_fp32":
         options["mp_policy"] = MixedPrecisionPolicy(**BF16_FP32, output_dtype=torch.float32)
-    fully_shard(model, **options)
+    fully_shard(model, mesh=mesh, **options)
     if feature == "forward_method":
         register_fsdp_forward_method(model, "logits")
     return model
