@@ -54,6 +54,10 @@ def _fsdp_state(rank, world_size):
             )
             module.reshard()
     found.append([_torch_private.reduce_scatter_numels(layer) for layer in model])
+    # read with a default (False: a torch that sends no zeros for unused parameters), so a
+    # rename would pass silently: that the pinned torch has it is checked here
+    groups = [g for layer in model for g in _torch_private._state_param_groups(layer)]
+    found.append(all(hasattr(g, "reduce_scatter_unused_params") for g in groups))
     return found
 
 
@@ -62,7 +66,7 @@ def test_the_per_instance_fsdp_apis_exist_on_a_real_fsdp2_model():
     # The root holds no parameters of its own; layer 0 holds weight (8, 8) and bias (8,),
     # which take 64 and 8 elements of its reduce-scatter input; layer 1's weight (3, 8) and
     # bias (3,) are padded to 4 rows for 2 ranks: 32 and 4, not 24 and 3.
-    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)}), [[64, 8], [32, 4]]]
+    assert found == [2, ([(4, 8), (4,)], [(8, 8), (8,)], {(0, 1)}), [[64, 8], [32, 4]], True]
 
 
 def _renamed_param_groups(rank, world_size):
