@@ -367,6 +367,36 @@ def test_a_multicast_that_cannot_set_up_on_a_subgroup_names_the_global_ranks_onc
     assert message.count("cannot tell which interface") == 1, message
 
 
+def _multicast_that_cannot_bind_then_what_its_frames_held(rank, world_size):
+    """Whether the shard, held by the frames the setup error passed through, is freed once
+    the error is handled, without a gc pass."""
+    import gc
+    import os
+    import weakref
+
+    os.environ["COMMPRESS_MULTICAST_ADDRESS"] = "127.0.0.1"  # found, but cannot multicast
+    shard = torch.ones(8)
+    freed = weakref.ref(shard)
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError, match="cannot multicast"):
+            cp.all_gather_into_tensor(torch.empty(16), shard, algorithm="multicast")
+        del shard
+        return freed() is None
+    finally:
+        gc.enable()
+
+
+def test_a_failed_multicast_set_up_leaves_no_reference_cycle():
+    """The error held the frames it passed through, and they held the error (the channel's
+    set-up kept its cause, the handle its future): the group stayed alive past
+    destroy_process_group until a gc pass, and at interpreter exit gloo's thread, releasing a
+    finished all-gather of the set-up, found the interpreter finalizing and aborted the
+    process ("terminate called without an active exception"; 3 runs in 34)."""
+    rank_function = _multicast_that_cannot_bind_then_what_its_frames_held
+    assert run_distributed(rank_function, 2, timeout=60) == [True, True]
+
+
 def _cpu_tensors_on_an_nccl_group(rank, world_size):
     if rank != 0:
         return None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import threading
+import weakref
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -347,3 +349,28 @@ def test_a_native_call_before_init_process_group_says_so():
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="init_process_group"):
         cp.all_reduce(torch.ones(1), algorithm="native")
+
+
+def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc_pass():
+    """The error's traceback holds the frames it was re-raised through: the handle in one
+    of them held the error again, a cycle that kept the collective's tensors and group
+    until a gc pass (past destroy_process_group, and at exit into finalization)."""
+
+    class Group:
+        pass
+
+    group = Group()
+    freed = weakref.ref(group)
+
+    def run(group=group):
+        raise RuntimeError("a peer stalled")
+
+    del group
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError, match="a peer stalled"):
+            launch(run, async_op=False)
+        del run
+        assert freed() is None
+    finally:
+        gc.enable()

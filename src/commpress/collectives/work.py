@@ -188,6 +188,7 @@ class CollectiveWork:
         finally:
             if self._order is not None and self._future.done():
                 self._order.make_current_stream_wait()
+            self = None  # the error's traceback holds this frame, and self the error
         return True
 
     def is_completed(self) -> bool:
@@ -311,7 +312,10 @@ def launch(
     work = CollectiveWork(_submit(on_thread), order, output)
     if async_op:
         return work
-    work.wait()
+    try:
+        work.wait()
+    finally:
+        work = None  # the error's traceback holds this frame, and work the error
     return None
 
 

@@ -238,6 +238,7 @@ class Channel:
             outcomes = all_gather_objects(failure, group, timeout)
             _raise_failures(outcomes, ranks, cause)
         except BaseException:  # a peer gone, or setup failed elsewhere: no sockets left bound
+            cause = None  # its traceback holds this frame: a cycle that kept the group alive
             if engine is not None:
                 engine.close()  # and its network
             elif network is not None:
