@@ -397,6 +397,50 @@ def test_a_failed_multicast_set_up_leaves_no_reference_cycle():
     assert run_distributed(rank_function, 2, timeout=60) == [True, True]
 
 
+def _frames_left_by_refusals_after_an_exchange(rank, world_size):
+    """The commpress frames still alive, without a gc pass, after each refusal that every
+    rank raises once the ranks have exchanged what they found."""
+    import gc
+    import types
+
+    from torch.distributed.fsdp import fully_shard
+
+    def frames_left() -> list[str]:
+        return [
+            frame.f_code.co_name
+            for frame in gc.get_objects()
+            if isinstance(frame, types.FrameType) and "commpress" in frame.f_code.co_filename
+        ]
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).double()  # int8 encodes no float64
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
+    calls = {
+        "tuned": lambda: cp.all_gather_into_tensor(
+            torch.empty(16), torch.ones(8), codec="auto:max_rel_err=1e-12,codecs=int8"
+        ),
+        "fsdp.compress": lambda: cp.fsdp.compress(model),
+    }
+    left = {}
+    gc.collect()
+    gc.disable()
+    try:
+        for name, call in calls.items():
+            with pytest.raises((TypeError, ValueError)):
+                call()
+            left[name] = frames_left()
+    finally:
+        gc.enable()
+    return left
+
+
+def test_a_refusal_after_an_exchange_leaves_no_frame_behind():
+    """The refusal was kept in a local of the frames that raised it, which its traceback
+    holds: a cycle that kept the call's group and tensors (fsdp.compress: the model) until
+    a gc pass, past destroy_process_group."""
+    for left in run_distributed(_frames_left_by_refusals_after_an_exchange, 2, timeout=60):
+        assert left == {"tuned": [], "fsdp.compress": []}
+
+
 def _cpu_tensors_on_an_nccl_group(rank, world_size):
     if rank != 0:
         return None

@@ -77,7 +77,10 @@ def resolve(
             planned = _choose(call, codec, inp.dtype, group)
         except ValueError as error:  # every rank must hear of it, not wait
             planned = error
-        choice = _agree(group, inp.device, call, planned, _settings(group, call), timeout)
+        try:
+            choice = _agree(group, inp.device, call, planned, _settings(group, call), timeout)
+        finally:
+            planned = None  # a refusal's traceback holds this frame
         _remember(agreed, call, choice)
     ran = getattr(_recording, "ran", None)
     if ran is not None:
@@ -269,7 +272,10 @@ def _agree(
             f"{by_rank([str(p.call) for p in everyone], global_ranks)}"
         )
     if failed and all(p.error == mine.error for p in everyone):
-        raise planned  # every rank's own, as without the exchange
+        try:
+            raise planned  # every rank's own, as without the exchange
+        finally:
+            planned = None  # its traceback holds this frame
     problem = _disagreement(everyone, global_ranks)
     if problem:
         raise ValueError(f"algorithm/codec 'auto', {call}: {problem}")

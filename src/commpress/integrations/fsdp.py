@@ -198,7 +198,10 @@ def compress(
         unsupported = _check_modules(modules, gather, scatter, error_feedback, on_unsupported)
     except (ValueError, TypeError) as error:
         problem = error
-    _raise_on_every_rank(problem, timeout)
+    try:
+        _raise_on_every_rank(problem, timeout)
+    finally:
+        problem = None  # a refusal's traceback holds this frame
     fsdp_groups = [
         pg
         for _, m in modules
@@ -341,7 +344,10 @@ def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -
     mine = None if problem is None else f"{type(problem).__name__}: {problem}"
     said = exchange_with_every_rank(mine, timeout, "fsdp.compress")
     if problem is not None:
-        raise problem
+        try:
+            raise problem
+        finally:
+            problem = None  # its traceback holds this frame
     failed = by_rank(said)
     if failed:
         raise ValueError(f"cp.fsdp.compress failed on another rank, so on every rank ({failed})")
