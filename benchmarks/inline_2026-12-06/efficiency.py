@@ -15,20 +15,22 @@ import torch
 import commpress as cp
 
 ROW = re.compile(r"\| (\d+) MiB \| all_gather \| (\S+) \| (\w+) \| ([\d.]+) \|")
-RANKS = 4
+HOSTS = re.compile(r"(\d+) hosts at ")  # ab.py's first line; 4 where a file lacks it
 
 
 def relative_efficiencies(path: str) -> list[tuple[int, str, str, float]]:
-    times = {}
+    times, ranks = {}, 4
     with open(path) as lines:
         for line in lines:
+            if hosts := HOSTS.match(line):
+                ranks = int(hosts[1])
             if match := ROW.match(line):
                 times[int(match[1]), match[2], match[3]] = float(match[4])
     rows = []
     for (mib, spec, variant), time in sorted(times.items()):
         if variant == "native":
             continue
-        shard = mib * 2**20 // 4 // RANKS
+        shard = mib * 2**20 // 4 // ranks
         codec = cp.get_codec(spec.split("@")[0])
         ratio = codec.wire_bytes(shard, torch.float32) / (shard * 4)
         rows.append((mib, spec, variant, ratio * times[mib, spec, "native"] / time))
