@@ -240,6 +240,21 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def _record_stream_requests(monkeypatch) -> list[int]:
+    """The ``stream`` argument of every native decode from now on, in call order."""
+    asked: list[int] = []
+    real = native.kernel
+
+    def recording(name):
+        kernel = real(name)
+        if not name.startswith("decode"):
+            return kernel
+        return lambda *args: asked.append(args[-1]) or kernel(*args)
+
+    monkeypatch.setattr(native, "kernel", recording)
+    return asked
+
+
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "int4:block=6"])
 def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypatch):
     """Large fp32 output asks the kernel for non-temporal stores for its whole blocks
@@ -251,14 +266,7 @@ def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypa
     x = torch.randn(STREAMED, generator=torch.Generator().manual_seed(0)) * 5
     x[1000], x[STREAMED // 2] = float("nan"), float("inf")
     payload, small = fused.encode(x), fused.encode(x[:1536])
-    asked: list[int] = []
-    real = native.kernel
-
-    def recording(name):
-        kernel = real(name)
-        if not name.startswith("decode"):
-            return kernel
-        return lambda *args: asked.append(args[-1]) or kernel(*args)
+    asked = _record_stream_requests(monkeypatch)
 
     def flags(decoded, numel, dtype, out=None, streaming=True) -> list[int]:
         asked.clear()
@@ -270,7 +278,6 @@ def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypa
             assert_same_bits(fused.decode(decoded, numel, dtype, out=out), expected)
         return list(asked)
 
-    monkeypatch.setattr(native, "kernel", recording)
     aligned, off_a_line = torch.empty(STREAMED), torch.empty(STREAMED + 1)[1:]
     assert aligned.data_ptr() % 64 == 0 and off_a_line.data_ptr() % 64
     for out in (aligned, off_a_line):
@@ -299,16 +306,7 @@ def test_an_all_gather_streams_its_output_and_a_reduce_scatter_reads_its_decodes
     from commpress.collectives import payloads
     from commpress.schedules.registry import plan
 
-    asked = []
-    real = native.kernel
-
-    def recording(name):
-        kernel = real(name)
-        if not name.startswith("decode"):
-            return kernel
-        return lambda *args: asked.append(args[-1]) or kernel(*args)
-
-    monkeypatch.setattr(native, "kernel", recording)
+    asked = _record_stream_requests(monkeypatch)
     codec = with_impl("int8", "fused")
     shard = torch.randn(STREAMED)
     (gather,) = plan("all_gather", algorithm, 0, 2, STREAMED, torch.float32, codec)
