@@ -72,8 +72,11 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
         "native": lambda: dist.all_gather_into_tensor(out, inp),
         "native-bytes": lambda: dist.all_gather_into_tensor(raw_out, raw_in),
         "backend": lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="backend"),
-        "backend-bare": lambda: gather(out, inp, group, codec, "backend", None),
-        "backend-checked": lambda: gather(out, inp, group, codec, "backend", None, fingerprint),
+        # the output is the caller's, as in the public call (its decodes stream since 926efd3)
+        "backend-bare": lambda: gather(out, inp, group, codec, "backend", None, None, True),
+        "backend-checked": lambda: gather(
+            out, inp, group, codec, "backend", None, fingerprint, stream_output=True
+        ),
         "verdict-allreduce": lambda: dist.all_reduce(pair, dist.ReduceOp.MAX),
         "digest-allgather": lambda: dist.all_gather_into_tensor(digests, digest),
         "header-p2p": header_p2p,

@@ -107,7 +107,7 @@ def _calls(group, op: str, size: int) -> dict:
 
         return {
             "public": lambda: cp.all_gather_into_tensor(out, inp, group, codec=codec),
-            "executor": lambda: gather(out, inp, group, codec, "ring", None),
+            "executor": lambda: gather(out, inp, group, codec, "ring", None, stream_output=True),
             "codec": codec_calls,
         }
     inp, out = torch.randn(chunk * WORLD), torch.empty(chunk)

@@ -101,7 +101,7 @@ def _calls(size: int, rank: int, world_size: int) -> dict:
         "native-bytes": lambda: dist.all_gather_into_tensor(raw_out, raw_in),
         "p2p-ring": p2p_ring,
         "ring": lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="ring"),
-        "ring-bare": lambda: gather(out, inp, group, codec, "ring", None),
+        "ring-bare": lambda: gather(out, inp, group, codec, "ring", None, stream_output=True),
         "backend": lambda: cp.all_gather_into_tensor(out, inp, codec="int8", algorithm="backend"),
     }
 

@@ -295,3 +295,33 @@ def test_multicast_in_a_world_of_one_needs_no_network():
     """Nothing to broadcast: no channel is set up (loopback cannot multicast), and the rank
     keeps the decoded copy of its own shard as every algorithm does."""
     assert run_distributed(_multicast_alone, 1) == [True]
+
+
+def _stream_requests(rank, world_size):
+    from commpress.codecs import blockwise, native
+
+    asked = []
+    real = native.kernel
+
+    def recording(name):
+        kernel = real(name)
+        if not name.startswith("decode"):
+            return kernel
+        return lambda *args: asked.append(args[-1]) or kernel(*args)
+
+    native.kernel = recording
+    shard = blockwise.STREAM_MIN_BYTES // 4 + 1024  # each decode just past the threshold
+    out = torch.empty(world_size * shard)
+    cp.all_gather_into_tensor(out, torch.randn(shard), codec="int8")
+    gathered, asked[:] = list(asked), []
+    cp.all_reduce(torch.randn(world_size * shard), codec="int8")
+    return gathered, list(asked)
+
+
+def test_the_public_all_gather_streams_its_output_and_the_all_reduce_does_not():
+    """The all-gather's decodes into ``out`` ask for non-temporal stores (``out`` is left to
+    the caller); the all-reduce's gather into a buffer it copies out at once does not, nor
+    its reduce-scatter."""
+    for gathered, reduced in run_distributed(_stream_requests, 2, timeout=120):
+        assert gathered == [1, 1]
+        assert reduced and not any(reduced)

@@ -301,28 +301,44 @@ def test_only_large_fp32_output_asks_to_stream_and_only_where_allowed():
 def test_an_all_gather_streams_its_output_and_a_reduce_scatter_reads_its_decodes(
     algorithm, monkeypatch
 ):
-    """The all-gather's decodes into its output ask for non-temporal stores; the
-    reduce-scatter's, which it adds to at once, do not (the payloads of one rank of two)."""
+    """An all-gather's decodes into an output left to its caller ask for non-temporal
+    stores (in a world of one too); into an output read back at once (an all-reduce's
+    gather), or a reduce-scatter's, which it adds to at once, they do not (the payloads of
+    one rank of two)."""
     from commpress.collectives import payloads
     from commpress.schedules.registry import plan
 
     asked = _record_stream_requests(monkeypatch)
     codec = with_impl("int8", "fused")
     shard = torch.randn(STREAMED)
-    (gather,) = plan("all_gather", algorithm, 0, 2, STREAMED, torch.float32, codec)
-    gathered = payloads.Gathered(torch.empty(2 * STREAMED), shard, codec, gather)
-    (step,) = gather.steps
-    gathered.encode_own(step.sends[0])
-    gathered.begin()  # the own shard's decode into the output
-    assert asked == [1]
+    for world, left_to_the_caller in ((2, True), (1, True), (2, False)):
+        (gather,) = plan("all_gather", algorithm, 0, world, STREAMED, torch.float32, codec)
+        out = torch.empty(world * STREAMED)
+        gathered = payloads.Gathered(out, shard, codec, gather, left_to_the_caller)
+        for step in gather.steps:
+            gathered.encode_own(step.sends[0])
+        asked.clear()
+        gathered.begin()  # the own shard's decode into the output
+        assert asked == [int(left_to_the_caller)], (world, left_to_the_caller)
     asked.clear()
     contributions = torch.randn(2, STREAMED)
-    (scatter,) = plan("reduce_scatter", algorithm, 0, 2, STREAMED, torch.float32, codec)
+    (scatter,) = plan("reduce_scatter", algorithm, 0, 2, 2 * STREAMED, torch.float32, codec)
     partial_sums = payloads.reduction(contributions, codec, scatter)
     for step in scatter.steps:
         for receive in step.receives:
             partial_sums.handle(receive)
     assert asked and not any(asked)
+
+
+def test_the_permission_to_stream_nests_and_ends_with_its_outermost_block():
+    with blockwise.streaming_decodes:
+        with blockwise.streaming_decodes:
+            pass
+        assert blockwise.streaming_decodes.on
+        with pytest.raises(RuntimeError), blockwise.streaming_decodes:
+            raise RuntimeError
+        assert blockwise.streaming_decodes.on
+    assert not blockwise.streaming_decodes.on
 
 
 DECODES = [("decode_int8", 127.0, 1.0), ("decode_int4", 7.0, 0.5), ("decode_fp8", 448.0, 1.0)]

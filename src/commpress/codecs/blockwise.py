@@ -51,13 +51,17 @@ MAX_BLOCK = 1 << 24
 class _StreamingDecodes(threading.local):
     """Whether native decodes on this thread may ask for non-temporal stores."""
 
-    on = False
+    depth = 0  # the ``with`` blocks this thread is inside
+
+    @property
+    def on(self) -> bool:
+        return self.depth > 0
 
     def __enter__(self) -> None:
-        self.on = True
+        self.depth += 1
 
     def __exit__(self, *exception) -> None:
-        self.on = False
+        self.depth -= 1
 
 
 #: ``with streaming_decodes:`` the native decodes on this thread, inside, may write large

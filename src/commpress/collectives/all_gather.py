@@ -91,7 +91,7 @@ def all_gather_into_tensor(
 
     def run() -> None:
         with named_failures("all_gather_into_tensor", codec, algorithm, group, timeout):
-            gather(written, inp, group, codec, algorithm, timeout, fingerprint)
+            gather(written, inp, group, codec, algorithm, timeout, fingerprint, written is out)
         if written is not out:
             write_into(out, written)
 
@@ -99,10 +99,19 @@ def all_gather_into_tensor(
 
 
 def gather(
-    out, inp, group, codec: Codec, algorithm: str, timeout, fingerprint: Fingerprint | None = None
+    out,
+    inp,
+    group,
+    codec: Codec,
+    algorithm: str,
+    timeout,
+    fingerprint: Fingerprint | None = None,
+    stream_output: bool = False,
 ) -> None:
     """The all-gather itself, on the calling thread (arguments already checked); with
-    ``fingerprint``, after every rank has agreed on it."""
+    ``fingerprint``, after every rank has agreed on it. ``stream_output``: ``out`` is the
+    caller's, left to it (:class:`~commpress.collectives.payloads.Gathered`)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     (schedule,) = plan("all_gather", algorithm, rank, world_size, inp.numel(), inp.dtype, codec)
-    execute(schedule, Gathered(out, inp, codec, schedule), group, timeout, fingerprint)
+    payloads = Gathered(out, inp, codec, schedule, stream_output)
+    execute(schedule, payloads, group, timeout, fingerprint)

@@ -13,6 +13,8 @@ codec work behind ``encode own``, ``decode``, ``decode, add own, re-encode`` and
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from commpress.codecs import Codec
@@ -120,8 +122,19 @@ class _InSlots:
 class Gathered(_InSlots):
     encodes_change_state = False
 
-    def __init__(self, out: torch.Tensor, inp: torch.Tensor, codec: Codec, schedule: Schedule):
+    def __init__(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        codec: Codec,
+        schedule: Schedule,
+        stream_output: bool = False,
+    ):
+        """``stream_output``: ``out`` is written and left to the caller (the decodes into it
+        may then write past the caches: :data:`~commpress.codecs.blockwise.streaming_decodes`),
+        not read back at once (an all-reduce's gather into a buffer it copies out)."""
         self.rank, self.codec = schedule.rank, codec
+        self._writing = streaming_decodes if stream_output else contextlib.nullcontext()
         self.inp, self.dtype, self.device = inp, inp.dtype, inp.device
         self.chunks = out.view(schedule.world_size, inp.numel())
         self.slots = slots("all_gather.payloads", schedule, inp.device)
@@ -135,7 +148,7 @@ class Gathered(_InSlots):
     def begin(self) -> None:
         if not self.slots.pieces:  # a world of one sends nothing, but decodes as any rank
             encoded = self.codec.encode(self.inp)
-            with streaming_decodes:
+            with self._writing:
                 self.codec.decode(encoded, self.inp.numel(), self.dtype, out=self.chunks[self.rank])
         for piece, (offset, numel) in enumerate(self.slots.pieces):
             self._decode(self.rank, piece, offset, numel)
@@ -173,7 +186,7 @@ class Gathered(_InSlots):
             self._held.append((chunk, piece, offset, numel))
             return
         out = _piece(self.chunks[chunk], offset, numel)
-        with streaming_decodes:  # written, and left to the caller
+        with self._writing:
             self.codec.decode(self.slots(chunk, piece), numel, self.dtype, out=out)
 
 

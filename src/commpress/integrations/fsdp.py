@@ -281,7 +281,6 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
 STATE_KEYS = ("rank", "world_size", "error_feedback", "residuals")
 
 
-#: Where :meth:`Compression.state_dict` keeps each rank's state.
 def own_state(state: object) -> dict:
     """This rank's state in ``state``, a :meth:`Compression.state_dict`."""
     return own_entry(state, dist.get_rank(), "Compression.state_dict()")
