@@ -298,24 +298,16 @@ def test_multicast_in_a_world_of_one_needs_no_network():
 
 
 def _stream_requests(rank, world_size):
-    from commpress.codecs import blockwise, native
+    from commpress.codecs import blockwise
+    from commpress.testing.stream_requests import recorded_stream_requests
 
-    asked = []
-    real = native.kernel
-
-    def recording(name):
-        kernel = real(name)
-        if not name.startswith("decode"):
-            return kernel
-        return lambda *args: asked.append(args[-1]) or kernel(*args)
-
-    native.kernel = recording
     shard = blockwise.STREAM_MIN_BYTES // 4 + 1024  # each decode just past the threshold
     out = torch.empty(world_size * shard)
-    cp.all_gather_into_tensor(out, torch.randn(shard), codec="int8")
-    gathered, asked[:] = list(asked), []
-    cp.all_reduce(torch.randn(world_size * shard), codec="int8")
-    return gathered, list(asked)
+    with recorded_stream_requests() as gathered:
+        cp.all_gather_into_tensor(out, torch.randn(shard), codec="int8")
+    with recorded_stream_requests() as reduced:
+        cp.all_reduce(torch.randn(world_size * shard), codec="int8")
+    return gathered, reduced
 
 
 def test_the_public_all_gather_streams_its_output_and_the_all_reduce_does_not():

@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 import commpress as cp
 from commpress.codecs import blockwise, kernels, native
 from commpress.testing import assert_same_bits
+from commpress.testing.stream_requests import recorded_stream_requests
 
 FUSED_SPECS = [
     "int8",
@@ -240,23 +241,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def _record_stream_requests(monkeypatch) -> list[int]:
-    """The ``stream`` argument of every native decode from now on, in call order."""
-    asked: list[int] = []
-    real = native.kernel
-
-    def recording(name):
-        kernel = real(name)
-        if not name.startswith("decode"):
-            return kernel
-        return lambda *args: asked.append(args[-1]) or kernel(*args)
-
-    monkeypatch.setattr(native, "kernel", recording)
-    return asked
+@pytest.fixture
+def stream_requests():
+    with recorded_stream_requests() as asked:
+        yield asked
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "int4:block=6"])
-def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypatch):
+def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, stream_requests):
     """Large fp32 output asks the kernel for non-temporal stores for its whole blocks
     (which it uses where a block holds whole vectors and the output starts on a cache
     line; else the plain loop: ``block=6``, an output off a line); 16-bit output never
@@ -266,7 +258,7 @@ def test_a_large_decode_asks_to_stream_and_has_the_reference_bits(spec, monkeypa
     x = torch.randn(STREAMED, generator=torch.Generator().manual_seed(0)) * 5
     x[1000], x[STREAMED // 2] = float("nan"), float("inf")
     payload, small = fused.encode(x), fused.encode(x[:1536])
-    asked = _record_stream_requests(monkeypatch)
+    asked = stream_requests
 
     def flags(decoded, numel, dtype, out=None, streaming=True) -> list[int]:
         asked.clear()
@@ -299,7 +291,7 @@ def test_only_large_fp32_output_asks_to_stream_and_only_where_allowed():
 
 @pytest.mark.parametrize("algorithm", ["ring", "ring-hop"])
 def test_an_all_gather_streams_its_output_and_a_reduce_scatter_reads_its_decodes(
-    algorithm, monkeypatch
+    algorithm, stream_requests
 ):
     """An all-gather's decodes into an output left to its caller ask for non-temporal
     stores (in a world of one too); into an output read back at once (an all-reduce's
@@ -308,7 +300,7 @@ def test_an_all_gather_streams_its_output_and_a_reduce_scatter_reads_its_decodes
     from commpress.collectives import payloads
     from commpress.schedules.registry import plan
 
-    asked = _record_stream_requests(monkeypatch)
+    asked = stream_requests
     codec = with_impl("int8", "fused")
     shard = torch.randn(STREAMED)
     for world, left_to_the_caller in ((2, True), (1, True), (2, False)):
