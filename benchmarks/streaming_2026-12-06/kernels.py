@@ -2,8 +2,10 @@
 one core: encode and decode of 1M fp32 values, from and into memory in the caches (the
 same buffer every call) and not (a new one of 48 each call, 192 MiB in all).
 
-``python benchmarks/streaming_2026-12-06/kernels.py COMMIT`` (the working tree's decodes
-with non-temporal stores on and off; medians of 5 repeats of 48 calls, in ms)."""
+``python benchmarks/streaming_2026-12-06/kernels.py COMMIT [FLAG...]`` (the working tree's
+decodes with non-temporal stores asked for and not; medians of 5 repeats of 48 calls, in
+ms). FLAGs go to the compiler for both builds: ``-mno-avx512f`` measures the kernels a CPU
+without AVX-512 runs (AVX2 here)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ FORMATS = (("int8", 127.0, 1.0), ("int4", 7.0, 0.5), ("fp8", 448.0, 1.0))
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def _library_at(commit: str, into: Path):
+def _library_at(commit: str, into: Path, flags: tuple[str, ...]):
     source = into / "blockquant.c"
     source.write_bytes(
         subprocess.run(
@@ -33,7 +35,7 @@ def _library_at(commit: str, into: Path):
             capture_output=True,
         ).stdout
     )
-    return native.build(source=source)
+    return native.build(flags, source=source)
 
 
 def _ms(call, buffers) -> float:
@@ -51,13 +53,14 @@ def _row(kernel: str, version: str, call, buffers: list[torch.Tensor]) -> str:
     return f"| {kernel} | {version} | {hot:.3f} | {cold:.3f} |"
 
 
-def main(commit: str) -> None:
+def main(commit: str, *flags: str) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        before = _library_at(commit, Path(scratch))
-    after = native.load()
+        before = _library_at(commit, Path(scratch), flags)
+    after = native.build(flags)
     buffers = [torch.randn(NUMEL) for _ in range(BUFFERS)]
     scales = torch.rand(ROWS) * 3
-    print(f"1M fp32 values, block {BLOCK}, one core; before = {commit}, after = the working tree")
+    built = f", both built with {' '.join(flags)}" if flags else ""
+    print(f"1M fp32 values, block {BLOCK}, one core; before = {commit}, after = this tree{built}")
     print("| kernel | version | in the caches (ms) | not (ms) |")
     print("|---|---|---:|---:|")
     for name, qmax, code_bytes in FORMATS:
@@ -85,4 +88,4 @@ def main(commit: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
