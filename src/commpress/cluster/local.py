@@ -227,12 +227,11 @@ def _collect(processes, results, timeout: float, allow_dead: bool, stop=()) -> l
                 dead.add(rank)
             suspects = {rank for rank, _ in ended}
             continue
-        past_deadline = time.monotonic() > deadline  # the ranks' collectives have the run's
-        if not ok and past_deadline and not _ended_unreported(processes, values, dead, rank, True):
-            raise _timed_out(processes, values, timeout, f"; rank {rank} failed:\n{value}")
         if not ok:  # the cause may be a rank that died first: named ahead of this report
-            look_until = time.monotonic() + DEATH_LOOK_SECONDS  # its exit code may lag
             killed = _ended_unreported(processes, values, dead, rank, failed_only=True)
+            if not killed and time.monotonic() > deadline:  # collectives have the run's timeout
+                raise _timed_out(processes, values, timeout, f"; rank {rank} failed:\n{value}")
+            look_until = time.monotonic() + DEATH_LOOK_SECONDS  # its exit code may lag
             while not killed and time.monotonic() < look_until:
                 time.sleep(POLL_SECONDS / 10)
                 killed = _ended_unreported(processes, values, dead, rank, failed_only=True)
