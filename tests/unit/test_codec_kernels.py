@@ -225,15 +225,35 @@ def test_fp8_fused_and_reference_agree_around_every_grid_point_and_tie():
 STREAMED = blockwise.STREAM_MIN_BYTES // 4 + 4096
 
 
-def _has_avx512() -> bool:
+def _cpu_has(flag: str) -> bool:
     try:
         with open("/proc/cpuinfo") as info:
-            return any(line.startswith("flags") and " avx512f" in line for line in info)
+            return any(
+                line.startswith("flags") and flag in line.split(":", 1)[1].split() for line in info
+            )
     except OSError:
         return False
 
 
-needs_avx512 = pytest.mark.skipif(not _has_avx512(), reason="the streamed stores are AVX-512's")
+needs_avx512 = pytest.mark.skipif(not _cpu_has("avx512f"), reason="needs AVX-512")
+
+#: The builds whose decodes stream: as the package builds them (AVX-512 here), and without
+#: AVX-512 (the AVX2 loops, as CPUs without it run them).
+STREAMING_BUILDS = [
+    pytest.param((), marks=needs_avx512, id="avx512"),
+    pytest.param(
+        ("-mno-avx512f",),
+        marks=pytest.mark.skipif(not _cpu_has("avx2"), reason="needs AVX2"),
+        id="avx2",
+    ),
+]
+
+
+def _decode_kernel(name: str, flags: tuple[str, ...], cache, monkeypatch):
+    if not flags:
+        return native.kernel(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return native.wrap(native.build(extra_flags=flags), name)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -343,13 +363,15 @@ def _rows_of_every_code(code_bytes: float, rows: int = 64, block: int = 256):
     return torch.rand(rows, generator=torch.Generator().manual_seed(1)) * 3, codes
 
 
-@needs_avx512
+@pytest.mark.parametrize("flags", STREAMING_BUILDS)
 @pytest.mark.parametrize(("name", "qmax", "code_bytes"), DECODES)
-def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(name, qmax, code_bytes):
+def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(
+    name, qmax, code_bytes, flags, tmp_path, monkeypatch
+):
     """Both stores of the C kernel, the streamed one taken (the kernel says so)."""
     rows, block = 64, 256
     scales, codes = _rows_of_every_code(code_bytes, rows, block)
-    decode = native.kernel(name)
+    decode = _decode_kernel(name, flags, tmp_path, monkeypatch)
     plain, streamed = torch.full((rows * block,), 7.0), torch.full((rows * block,), 7.0)
     assert decode.status(scales, codes, rows, block, qmax, plain, 0) == 0
     assert decode.status(scales, codes, rows, block, qmax, streamed, 1) == 1
@@ -357,10 +379,10 @@ def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(name, qma
     assert not (plain == 7.0).any()
 
 
-@needs_avx512
-def test_the_kernel_streams_only_whole_vectors_on_a_cache_line():
+@pytest.mark.parametrize("flags", STREAMING_BUILDS)
+def test_the_kernel_streams_only_whole_lines_on_a_cache_line(flags, tmp_path, monkeypatch):
     scales, codes = _rows_of_every_code(1.0, rows=4, block=256)
-    decode = native.kernel("decode_int8")
+    decode = _decode_kernel("decode_int8", flags, tmp_path, monkeypatch)
     out = torch.empty(4 * 256 + 16)
     assert decode.status(scales, codes, 4, 256, 127.0, out[:1024], 1) == 1
     assert decode.status(scales, codes, 4, 256, 127.0, out[1:1025], 1) == 0

@@ -146,13 +146,23 @@ int commpress_encode_int4(const float *x, const float *noise, int64_t rows, int6
     return 0;
 }
 
+/* The streamed decode: each ISA's vector of floats (`lanes`, LANES of them), the codes of
+ * elements i to i + LANES - 1 of a row (i a multiple of LANES) as floats, and a store that
+ * writes a vector past the caches. */
 #ifdef __AVX512F__
-/* The codes of elements i to i + 15 of a row (i a multiple of 16), as floats. */
-static inline __m512 int8_codes(const uint8_t *c, int64_t i) {
+#define LANES 16
+typedef __m512 lanes;
+static inline lanes splat(float x) { return _mm512_set1_ps(x); }
+static inline lanes dequantized(lanes q, lanes qmax, lanes absmax) {
+    return _mm512_mul_ps(_mm512_div_ps(q, qmax), absmax);
+}
+static inline void store_past_caches(float *out, lanes x) { _mm512_stream_ps(out, x); }
+
+static inline lanes int8_codes(const uint8_t *c, int64_t i) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + i))));
 }
 
-static inline __m512 int4_codes(const uint8_t *c, int64_t i) {
+static inline lanes int4_codes(const uint8_t *c, int64_t i) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)(c + i / 2));
     const __m128i nibble = _mm_set1_epi8(0xf);
     const __m128i low = _mm_and_si128(bytes, nibble);
@@ -163,7 +173,7 @@ static inline __m512 int4_codes(const uint8_t *c, int64_t i) {
 
 /* e4m3_value's arithmetic on 16 codes: the exponent rebiased from 7 to 127 where it is
  * not 0, multiples of 2^-9 where it is, and S.1111.111 the canonical NaN with its sign. */
-static inline __m512 fp8_codes(const uint8_t *c, int64_t i) {
+static inline lanes fp8_codes(const uint8_t *c, int64_t i) {
     const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + i)));
     const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7f));
     const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24);
@@ -176,29 +186,67 @@ static inline __m512 fp8_codes(const uint8_t *c, int64_t i) {
     bits = _mm512_mask_mov_epi32(bits, nan, _mm512_set1_epi32(0x7fc00000));
     return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
 }
+#elif defined(__AVX2__)
+#define LANES 8
+typedef __m256 lanes;
+static inline lanes splat(float x) { return _mm256_set1_ps(x); }
+static inline lanes dequantized(lanes q, lanes qmax, lanes absmax) {
+    return _mm256_mul_ps(_mm256_div_ps(q, qmax), absmax);
+}
+static inline void store_past_caches(float *out, lanes x) { _mm256_stream_ps(out, x); }
 
-typedef __m512 (*codes_of)(const uint8_t *c, int64_t i);
+static inline lanes int8_codes(const uint8_t *c, int64_t i) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
+}
+
+static inline lanes int4_codes(const uint8_t *c, int64_t i) {
+    int32_t four;
+    memcpy(&four, c + i / 2, sizeof four);
+    const __m128i bytes = _mm_cvtsi32_si128(four);
+    const __m128i nibble = _mm_set1_epi8(0xf);
+    const __m128i low = _mm_and_si128(bytes, nibble);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    const __m256i q = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)); /* element 2i low */
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8)));
+}
+
+/* As the AVX-512 fp8_codes, on 8 codes, the masks blended. */
+static inline lanes fp8_codes(const uint8_t *c, int64_t i) {
+    const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
+    const __m256i magnitude = _mm256_and_si256(code, _mm256_set1_epi32(0x7f));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24);
+    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(magnitude, 20),
+                                            _mm256_set1_epi32((127 - 7) << 23));
+    const __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), _mm256_set1_ps(0x1p-9f));
+    const __m256i subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), magnitude);
+    const __m256i nan = _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7f));
+    __m256i bits = _mm256_blendv_epi8(normal, _mm256_castps_si256(small), subnormal);
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), nan);
+    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+}
+#endif
+
+#ifdef LANES
+typedef lanes (*codes_of)(const uint8_t *c, int64_t i);
 
 /* Whether a decode writes its values past the caches (and returns 1, not 0): where the
- * caller asks (`stream`), every row starts on a cache line and holds whole vectors.
+ * caller asks (`stream`), every row starts on a cache line and holds whole lines.
  * Non-temporal stores neither read each line before writing it nor evict other data for
  * it: about twice as fast into an output not in the caches. */
 static int streams(int64_t stream, int64_t block, const float *out) {
     return stream && block % 16 == 0 && (uintptr_t)out % 64 == 0;
 }
 
-/* x_hat = (q / qmax) * absmax, as the loops below, 16 values to a non-temporal store. */
+/* x_hat = (q / qmax) * absmax, as the loops below, LANES values to a non-temporal store. */
 static inline void stream_rows(codes_of codes_at, const float *scales, const uint8_t *codes,
                                int64_t row_bytes, int64_t rows, int64_t block, float qmax,
                                float *out) {
-    const __m512 top = _mm512_set1_ps(qmax);
+    const lanes top = splat(qmax);
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *c = codes + r * row_bytes;
-        const __m512 absmax = _mm512_set1_ps(scales[r]);
-        for (int64_t i = 0; i < block; i += 16) {
-            const __m512 q = codes_at(c, i);
-            _mm512_stream_ps(out + r * block + i, _mm512_mul_ps(_mm512_div_ps(q, top), absmax));
-        }
+        const lanes absmax = splat(scales[r]);
+        for (int64_t i = 0; i < block; i += LANES)
+            store_past_caches(out + r * block + i, dequantized(codes_at(c, i), top, absmax));
     }
     _mm_sfence(); /* the streamed values before any later store */
 }
@@ -206,7 +254,7 @@ static inline void stream_rows(codes_of codes_at, const float *scales, const uin
 
 int commpress_decode_int8(const float *scales, const int8_t *codes, int64_t rows, int64_t block,
                           float qmax, float *out, int64_t stream) {
-#ifdef __AVX512F__
+#ifdef LANES
     if (streams(stream, block, out)) {
         stream_rows(int8_codes, scales, (const uint8_t *)codes, block, rows, block, qmax, out);
         return 1;
@@ -225,7 +273,7 @@ int commpress_decode_int8(const float *scales, const int8_t *codes, int64_t rows
 int commpress_decode_int4(const float *scales, const uint8_t *codes, int64_t rows, int64_t block,
                           float qmax, float *out, int64_t stream) {
     if (block % 2) return -1;
-#ifdef __AVX512F__
+#ifdef LANES
     if (streams(stream, block, out)) {
         stream_rows(int4_codes, scales, codes, block / 2, rows, block, qmax, out);
         return 1;
@@ -292,7 +340,7 @@ int commpress_encode_fp8(const float *x, const float *noise, int64_t rows, int64
 
 int commpress_decode_fp8(const float *scales, const uint8_t *codes, int64_t rows, int64_t block,
                          float qmax, float *out, int64_t stream) {
-#ifdef __AVX512F__
+#ifdef LANES
     if (streams(stream, block, out)) {
         stream_rows(fp8_codes, scales, codes, block, rows, block, qmax, out);
         return 1;

@@ -74,8 +74,8 @@ streaming_decodes = _StreamingDecodes()
 def streams(out: torch.Tensor) -> int:
     """Whether a native decode into ``out`` asks the kernel for non-temporal stores (1) or
     not (0): fp32 output of :data:`STREAM_MIN_BYTES` or more, inside
-    :data:`streaming_decodes`. The kernel uses them only where it can (AVX-512, a block of
-    whole 16-value vectors, ``out`` on a 64-byte line). Into memory not in the caches, they
+    :data:`streaming_decodes`. The kernel uses them only where it can (AVX-512 or AVX2, a
+    block of whole 64-byte lines, ``out`` on a 64-byte line). Into memory not in the caches, they
     decode 1M int8 values in about 0.2 ms against 0.5 through the caches; a reader of the
     output right after finds it in memory, not in a cache: on 4 emulated hosts they made
     the all-gather at 8-16 MiB 0.5-1.6 ms faster and cost the reduce-scatter CPU
