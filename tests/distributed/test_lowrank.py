@@ -564,6 +564,55 @@ def test_reducer_and_hook_on_cuda_with_nccl():
     assert all(torch.isfinite(torch.tensor(runs[True])))
 
 
+def _loaded_on_the_cpu_then_planned_on(rank, world_size, device):
+    """The devices of a state loaded from a CPU checkpoint (``torch.load(...,
+    map_location="cpu")``) once a part of gradients on ``device`` is planned."""
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0))
+    reducer.reduce([("a", gradients(rank, 0)["a"])])
+    fresh = Reducer(PowerSGD(rank=2, start_iter=0))
+    fresh.load_state_dict(reducer.state_dict())
+    fresh.plan([("a", gradients(rank, 1)["a"].to(device))])
+    return {name: str(tensor.device) for name, tensor in fresh.states["a"].items()}
+
+
+def test_a_state_loaded_on_another_device_follows_the_gradients():
+    """Factors and error buffers loaded on the CPU stayed there while the gradients were on
+    a GPU: the first step after the load failed ("Expected all tensors to be on the same
+    device"). Meta stands in for the GPU here: a plan moves no data."""
+    (devices,) = run_distributed(_loaded_on_the_cpu_then_planned_on, 1, "meta", timeout=60)
+    assert devices == {"q": "meta", "p": "meta", "error": "meta"}
+
+
+def _resumed_on_cuda_from_a_cpu_checkpoint(rank, world_size):
+    """The gradients of a step after a CUDA run's checkpoint, loaded with
+    ``map_location="cpu"``, and of the uninterrupted run."""
+    import io
+
+    torch.cuda.set_device(rank)
+    on_gpu = [{k: v.cuda() for k, v in gradients(rank, step).items()} for step in range(2)]
+    reducer = Reducer(PowerSGD(rank=2, start_iter=0))
+    reducer.reduce(list(on_gpu[0].items()))
+    saved = io.BytesIO()
+    torch.save(reducer.state_dict(), saved)
+    saved.seek(0)
+    resumed = Reducer(PowerSGD(rank=2, start_iter=0))
+    resumed.load_state_dict(torch.load(saved, map_location="cpu"))
+    again = {k: v.clone() for k, v in on_gpu[1].items()}
+    reducer.reduce(list(on_gpu[1].items()))
+    resumed.reduce(list(again.items()))
+    return {k: v.cpu() for k, v in on_gpu[1].items()}, {k: v.cpu() for k, v in again.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_resumes_from_a_checkpoint_loaded_on_the_cpu():
+    uninterrupted, resumed = run_distributed(
+        _resumed_on_cuda_from_a_cpu_checkpoint, 1, backend="nccl", timeout=180
+    )[0]
+    for key in SHAPES:
+        assert torch.equal(resumed[key], uninterrupted[key]), key
+
+
 def _degenerate_steps(rank, world_size):
     """What the bug hunt found, per algorithm: the averaged gradient's largest magnitude and
     rank at each step after a first compressed step whose gradient was zero, or of rank

@@ -282,6 +282,8 @@ class Reducer:
             self.states[key] = self._fresh_state(n, m, device)
         state = self.states[key]
         _check_state_fits(key, state, n, m, self.algorithm.rank)
+        if any(tensor.device != device for tensor in state.values()):
+            state = self.states[key] = _moved(state, device)
         return state
 
     def _fresh_state(self, n: int, m: int, device) -> dict[str, torch.Tensor]:
@@ -482,6 +484,13 @@ def checkpoint_names(state: dict) -> set:
     if "states" in state:
         return set(state["states"])
     return {key for (states,) in state["states_of_rank"].values() for key in states}
+
+
+def _moved(state: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """``state`` on the gradient's ``device``: a checkpoint loaded elsewhere
+    (``torch.load(..., map_location="cpu")``, another GPU) holds its factors and error
+    buffers where it was loaded."""
+    return {name: tensor.to(device) for name, tensor in state.items()}
 
 
 def _cloned(states: dict) -> dict:
