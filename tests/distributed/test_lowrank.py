@@ -583,9 +583,9 @@ def test_a_state_loaded_on_another_device_follows_the_gradients():
     assert devices == {"q": "meta", "p": "meta", "error": "meta"}
 
 
-def _resumed_on_cuda_from_a_cpu_checkpoint(rank, world_size):
+def _resumed_on_cuda_from_a_checkpoint(rank, world_size, map_location):
     """The gradients of a step after a CUDA run's checkpoint, loaded with
-    ``map_location="cpu"``, and of the uninterrupted run."""
+    ``map_location``, and of the uninterrupted run."""
     import io
 
     torch.cuda.set_device(rank)
@@ -596,7 +596,7 @@ def _resumed_on_cuda_from_a_cpu_checkpoint(rank, world_size):
     torch.save(reducer.state_dict(), saved)
     saved.seek(0)
     resumed = Reducer(PowerSGD(rank=2, start_iter=0))
-    resumed.load_state_dict(torch.load(saved, map_location="cpu"))
+    resumed.load_state_dict(torch.load(saved, map_location=map_location))
     again = {k: v.clone() for k, v in on_gpu[1].items()}
     reducer.reduce(list(on_gpu[1].items()))
     resumed.reduce(list(again.items()))
@@ -605,9 +605,13 @@ def _resumed_on_cuda_from_a_cpu_checkpoint(rank, world_size):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_cuda_run_resumes_from_a_checkpoint_loaded_on_the_cpu():
+@pytest.mark.parametrize("map_location", ["cpu", "cuda"])
+def test_a_cuda_run_resumes_from_a_checkpoint_loaded_with_a_map_location(map_location):
+    """Loaded on the CPU, the factors stayed there (a device mismatch at the next step);
+    loaded on the GPU, the generator's state was refused ("RNG state must be a
+    torch.ByteTensor")."""
     uninterrupted, resumed = run_distributed(
-        _resumed_on_cuda_from_a_cpu_checkpoint, 1, backend="nccl", timeout=180
+        _resumed_on_cuda_from_a_checkpoint, 1, map_location, backend="nccl", timeout=180
     )[0]
     for key in SHAPES:
         assert torch.equal(resumed[key], uninterrupted[key]), key

@@ -192,6 +192,27 @@ def test_a_loaded_cuda_rounding_state_continues_the_saved_stream_bit_for_bit():
         assert not torch.equal(payload, replayed)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_rounding_state_loaded_onto_the_gpu_continues_the_saved_stream(device):
+    """``torch.load(..., map_location="cuda")`` puts the saved generator states on the GPU,
+    and ``Generator.set_state`` takes a CPU tensor only ("RNG state must be a
+    torch.ByteTensor")."""
+    codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,seed=7,block=64"))
+    x = values().to(device)
+    codec.encode(x)
+    file = io.BytesIO()
+    torch.save(codec.rounding_state(), file)
+    file.seek(0)
+    state = torch.load(file, map_location="cuda")
+    uninterrupted = [codec.encode(x) for _ in range(3)]
+    resumed = dataclasses.replace(codec)
+    resumed.load_rounding_state(state)
+    for payload, expected in zip([resumed.encode(x) for _ in range(3)], uninterrupted, strict=True):
+        assert torch.equal(payload, expected)
+
+
 def test_a_rank_entry_saved_before_states_were_keyed_by_rank_still_loads():
     codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,seed=7,block=64"))
     x = values()

@@ -94,7 +94,7 @@ def restore(generators: Generators, codec: str, seed: int, state: dict) -> None:
         device = _drawing_device(name)
         try:
             generator = torch.Generator(device=device)
-            generator.set_state(tensor)
+            generator.set_state(tensor.cpu())  # loaded with map_location="cuda", say
         except RuntimeError as error:  # no such device here, or not a generator's state
             raise ValueError(f"state['streams'][{name!r}] cannot be loaded here: {error}") from None
         restored[(device, rank)] = generator

@@ -326,7 +326,7 @@ class Reducer:
             )
         saved = self._own_states(state)
         self.step = state["step"]
-        self._generator.set_state(state["generator"])
+        self._generator.set_state(_on_the_cpu(state["generator"]))
         self.states = _cloned(saved)
         self._loaded = True
         self._error_stacks.clear()
@@ -484,6 +484,14 @@ def checkpoint_names(state: dict) -> set:
     if "states" in state:
         return set(state["states"])
     return {key for (states,) in state["states_of_rank"].values() for key in states}
+
+
+def _on_the_cpu(generator_state):
+    """A generator's saved state as ``set_state`` takes it, on the CPU: a checkpoint loaded
+    with ``map_location="cuda"`` holds it on the GPU ("RNG state must be a torch.ByteTensor")."""
+    if isinstance(generator_state, torch.Tensor):
+        return generator_state.cpu()
+    return generator_state
 
 
 def _moved(state: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
