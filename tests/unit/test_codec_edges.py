@@ -394,6 +394,18 @@ def test_bf16_on_fp16_keeps_finite_values_finite():
     assert torch.isinf(codec.decode(codec.encode(fp32), 2, torch.float16)).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_on_fp16_keeps_finite_values_finite_on_cuda():
+    """The saturation above mixes a CPU scalar (the largest bf16 within fp16) into the CUDA
+    tensor's arithmetic: the CPU's payload, bit for bit."""
+    codec = cp.get_codec("bf16")
+    x = torch.tensor([65504, 65408, 65407, -65504, float("inf"), -float("inf"), 1.5])
+    x = x.to(torch.float16)
+    payload = codec.encode(x.cuda())
+    assert payload.is_cuda and torch.equal(payload.cpu(), codec.encode(x))
+
+
 @pytest.mark.parametrize(
     "dtype, rate",  # bf16 from rate 16 on: every decode within reach casts to the largest
     [(torch.float16, 4), (torch.float16, 8), (torch.float16, 16), (torch.bfloat16, 4),
