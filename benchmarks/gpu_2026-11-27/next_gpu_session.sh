@@ -6,7 +6,9 @@
 # them the tests run one at a time under the shell's `timeout` alone. Every gpu-marked
 # test (the rewritten two-rank stream tests and their broken variants, the FSDP2 adapters
 # called synchronously, the corrected CUDA codec check, the codecs' compiled twins, the
-# low-rank scheduler's hand-over, the multicast on CUDA where `ip` is), then the per-call
+# low-rank scheduler's hand-over, the multicast on CUDA where `ip` is; added 2026-12-06:
+# checkpoints of a CUDA run loaded with map_location="cpu"/"cuda", the low-rank
+# reducer's and the rounding streams', and bf16's saturation of fp16 on CUDA), then the per-call
 # probes to compare with run 1 (run1_probe_codec_calls.md, run1_probe_fixed.md: same card
 # kind for a comparison).
 cd "$(dirname "$0")/../.."
