@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 FSDP_API_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_api"
+FSDP_COLLECTIVES_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 
 
 class PrivateAPIMissing(RuntimeError):
@@ -54,6 +55,34 @@ def fsdp_comm_classes() -> tuple[type, type]:
         _attribute(api, "AllGather", f"{FSDP_API_MODULE}.AllGather"),
         _attribute(api, "ReduceScatter", f"{FSDP_API_MODULE}.ReduceScatter"),
     )
+
+
+def fsdp_default_comm_classes() -> tuple[type, type]:
+    """FSDP2's own collectives, ``(DefaultAllGather, DefaultReduceScatter)``: what a module
+    calls until ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` (or FSDP2's
+    ``set_symm_mem_for_comm``, ``set_allocate_memory_from_process_group_for_comm``) replace
+    them."""
+    collectives = _module(FSDP_COLLECTIVES_MODULE)
+    return (
+        _attribute(collectives, "DefaultAllGather", f"{FSDP_COLLECTIVES_MODULE}.DefaultAllGather"),
+        _attribute(
+            collectives, "DefaultReduceScatter", f"{FSDP_COLLECTIVES_MODULE}.DefaultReduceScatter"
+        ),
+    )
+
+
+def replaced_collective(module: torch.nn.Module, which: str) -> object | None:
+    """The ``which`` (``"all_gather"`` / ``"reduce_scatter"``) collective set on ``module``
+    in place of FSDP2's default (``FSDPParamGroup._all_gather_comm`` /
+    ``_reduce_scatter_comm``), or None where its parameter groups use the default."""
+    default_all_gather, default_reduce_scatter = fsdp_default_comm_classes()
+    default = default_all_gather if which == "all_gather" else default_reduce_scatter
+    name = f"_{which}_comm"
+    for group in _state_param_groups(module):
+        comm = _attribute(group, name, f"FSDPParamGroup.{name}")
+        if type(comm) is not default:
+            return comm
+    return None
 
 
 def recompile_limit_error() -> type[Exception]:
@@ -287,6 +316,7 @@ def _get_fsdp_state_method() -> object:
 #: FSDP2 model in the tests.
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
+    f"{FSDP_COLLECTIVES_MODULE}.DefaultAllGather/DefaultReduceScatter": fsdp_default_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,

@@ -566,6 +566,45 @@ def test_a_module_fsdp_refuses_to_customise_is_an_error_or_left_native():
     assert any("module '0' keeps torch's collectives" in message for message in warned)
 
 
+def _with_a_custom_all_gather(rank, world_size, on_unsupported, all_gather="int8"):
+    """The user's own all-gather on one block, set before compress."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    class UsersAllGather(DefaultAllGather):
+        pass
+
+    model = shard(small_model())
+    mine = UsersAllGather()
+    model[2].set_custom_all_gather(mine)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = cp.fsdp.compress(model, all_gather, "int8", on_unsupported=on_unsupported)
+    except ValueError as error:
+        return str(error)
+    kept = all(
+        group._all_gather_comm is mine for group in model[2]._get_fsdp_state()._fsdp_param_groups
+    )
+    warned = [str(w.message) for w in caught]
+    return result.modules, result.left_native, kept, warned, train(model, rank, steps=1)
+
+
+def test_a_module_with_its_users_own_collective_is_an_error_or_left_as_it_is():
+    """compress replaced the all-gather a user had set with set_custom_all_gather, silently."""
+    message = run_distributed(_with_a_custom_all_gather, 2, "raise", timeout=120)[0]
+    assert message.startswith("module '2' has its own all-gather (UsersAllGather) set on it")
+    assert "on_unsupported='native'" in message
+    modules, left, kept, warned, losses = run_distributed(
+        _with_a_custom_all_gather, 2, "native", timeout=120
+    )[0]
+    assert left == ["2"] and "2" not in modules and kept and len(losses) == 1
+    assert any("module '2' keeps its collectives as they are" in w for w in warned)
+    modules, left, kept, *_ = run_distributed(
+        _with_a_custom_all_gather, 2, "raise", None, timeout=120
+    )[0]
+    assert "2" in modules and left == [] and kept  # all_gather=None keeps it, compressing the rest
+
+
 def _replicated_only(rank, world_size, on_unsupported):
     """A Linear that FSDP2 replicates without sharding it (a replicate-only
     ``dp_mesh_dims``; its parameters must then be DTensors on the mesh, as its input)."""

@@ -145,9 +145,11 @@ def compress(
     every rounding happens at the source; the returned ``Compression``'s ``state_dict()`` /
     ``load_state_dict()`` save and restore the residuals for a resumed run).
     ``on_unsupported``: FSDP2 cannot customise a module with several parameter groups,
-    and one it replicates without sharding has nothing to compress; ``"raise"`` (default)
-    says which, ``"native"`` leaves it on torch's collectives with a
-    warning and lists it in ``left_native``.
+    one it replicates without sharding has nothing to compress, and one given collectives
+    of its user's (``set_custom_all_gather`` / ``set_custom_reduce_scatter``, FSDP2's
+    ``set_*_for_comm``) in a direction ``compress`` would replace keeps them;
+    ``"raise"`` (default) says which, ``"native"`` leaves its collectives as they are
+    with a warning and lists it in ``left_native``.
     ``timeout``: how long each collective (``native`` included), and ``compress``'s own
     exchanges with the other ranks, wait for a peer that stalls or dies (None: the timeout
     of FSDP's process group, which commpress's twin of it is made with).
@@ -216,10 +218,7 @@ def compress(
     )
     for name, module in modules:
         if name in unsupported:
-            warnings.warn(
-                f"commpress: module {name!r} keeps torch's collectives: {unsupported[name]}",
-                stacklevel=2,
-            )
+            warnings.warn(f"commpress: module {name!r} {unsupported[name]}", stacklevel=2)
             result.left_native.append(name)
             continue
         if gather is not None:
@@ -245,8 +244,9 @@ def compress(
 
 def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> dict[str, str]:
     """Raise where a module cannot be compressed as asked; the names of those whose
-    collectives FSDP2 cannot customise (several parameter groups) or that it does not shard
-    (replicated only), which ``on_unsupported`` leaves to torch, each with why."""
+    collectives FSDP2 cannot customise (several parameter groups), that it does not shard
+    (replicated only) or that have collectives of their user's, which ``on_unsupported``
+    leaves as they are, each with what that means and why."""
     unsupported = {}
     for name, module in modules:
         if getattr(module, MARK, False):
@@ -267,15 +267,40 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
                 "compress; shard it, or compress(..., on_unsupported='native') to leave it "
                 "on torch's"
             )
+        own = _own_collectives(module, gather, scatter)
+        if own and on_unsupported == "raise":
+            raise ValueError(
+                f"module {name!r} has {own} set on it (set_custom_all_gather / "
+                "set_custom_reduce_scatter, or FSDP2's set_*_for_comm), which compress would "
+                "replace: pass None for that direction to keep it, or compress(..., "
+                "on_unsupported='native') to leave this module's collectives as they are"
+            )
         if len(groups) > 1:
             unsupported[name] = (
-                "FSDP2 cannot customise those of a module with several parameter groups"
+                "keeps torch's collectives: FSDP2 cannot customise those of a module with "
+                "several parameter groups"
             )
         elif replicated:
-            unsupported[name] = "it is replicated, not sharded, and FSDP2 all-reduces it"
+            unsupported[name] = (
+                "keeps torch's collectives: it is replicated, not sharded, and FSDP2 all-reduces it"
+            )
+        elif own:
+            unsupported[name] = f"keeps its collectives as they are: it has {own} set on it"
         else:
             _check_dtypes(name, module, gather, scatter, error_feedback)
     return unsupported
+
+
+def _own_collectives(module, gather, scatter) -> str:
+    """The collectives set on ``module`` (by its user) that ``compress`` would replace, in
+    words: ``"its own all-gather (MyAllGather)"``; empty where there are none."""
+    own = [
+        f"{which.replace('_', '-')} ({type(comm).__name__})"
+        for which, spec in (("all_gather", gather), ("reduce_scatter", scatter))
+        if spec is not None
+        and (comm := _torch_private.replaced_collective(module, which)) is not None
+    ]
+    return f"its own {' and '.join(own)}" if own else ""
 
 
 STATE_KEYS = ("rank", "world_size", "error_feedback", "residuals")
