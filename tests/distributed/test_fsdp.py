@@ -521,6 +521,34 @@ def test_misuse_is_a_clear_error_naming_the_argument_or_module():
     assert kind == "ValueError" and "reduce-scatter: error feedback needs one of" in message
 
 
+def _cast_after_compress(rank, world_size, all_gather, biases_alone=False):
+    """Parameters cast to float64 after compress checked their dtypes: FSDP2 then hands
+    the collectives float64 (or, the biases alone cast and frozen, raw bytes of both)."""
+    model = shard(small_model())
+    cp.fsdp.compress(model, all_gather, "int8")
+    for name, p in model.named_parameters():
+        p.requires_grad_(not (biases_alone and name.endswith("bias")))
+    model._apply(lambda t: t.double() if t.dim() == 1 or not biases_alone else t)
+    x, y = data(rank, 0)
+    try:
+        F.cross_entropy(model(x.to(model[0].weight.dtype)).float(), y).backward()
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+def test_a_dtype_refused_during_a_step_names_the_module_and_the_dtype():
+    """The refusal came from the codec deep in the wire-byte count ("codec 'int8' cannot
+    take dtype=torch.float64"), naming neither the module nor the collective."""
+    message = run_distributed(_cast_after_compress, 2, "int8", timeout=120)[0]
+    assert message.startswith("codec 'int8' cannot take module '0' all-gather dtype=")
+    assert "float64" in message
+    message = run_distributed(_cast_after_compress, 2, "none", timeout=120)[0]
+    assert message.startswith("module '4' reduce-scatter dtype=torch.float64: commpress")
+    message = run_distributed(_cast_after_compress, 2, "int8", True, timeout=120)[0]
+    assert message.startswith("module '0' all-gather dtype: parameters of several dtypes")
+
+
 def _with_a_frozen_float64_parameter(rank, world_size):
     model = small_model()
     model[2].register_parameter("table", nn.Parameter(torch.arange(64.0).double(), False))

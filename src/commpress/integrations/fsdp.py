@@ -548,6 +548,7 @@ class CompressedAllGather(AllGather):
         )
         if tuple(dist.get_process_group_ranks(group)) == self.regather_ranks:
             codec = LOSSLESS
+        _check_call_dtype("all_gather", algorithm, codec, dtype, self.module_name)
         own = self.groups.for_call(group, algorithm, input_tensor)
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
@@ -597,6 +598,7 @@ class CompressedReduceScatter(ReduceScatter):
             feedback,
             op,
         )
+        _check_call_dtype("reduce_scatter", algorithm, codec, dtype, self.module_name)
         own = self.groups.for_call(group, algorithm, input_tensor)
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)
@@ -677,6 +679,23 @@ class CompressedReduceScatter(ReduceScatter):
 
     def __repr__(self) -> str:
         return f"CompressedReduceScatter({self.spec.text!r}, module={self.module_name!r})"
+
+
+def _check_call_dtype(op: str, algorithm: str, codec, dtype: torch.dtype, module_name) -> None:
+    """The dtype FSDP2 hands a call must be one ``codec`` encodes (and, reduced, fp32 holds):
+    ``compress`` checked the dtypes of then, which a later cast (``model.double()``) changes."""
+    if algorithm == NATIVE:
+        return
+    argument = f"module {module_name!r} {op.replace('_', '-')} dtype"
+    if op == "all_gather" and dtype == torch.uint8 and not codec.lossless:
+        raise TypeError(
+            f"{argument}: parameters of several dtypes are all-gathered as raw bytes "
+            f"(uint8), which codec {codec.name!r} cannot encode; give them one dtype "
+            "(MixedPrecisionPolicy) or use all_gather='none'"
+        )
+    if op == "reduce_scatter":
+        check_reduction_dtype(dtype, argument)  # first: it names the way out
+    codec.check_dtype(dtype, argument)
 
 
 def _sum_or_average(op, module_name: str):
