@@ -220,6 +220,35 @@ def before_post_backward(module: torch.nn.Module, callback: Callable) -> None:
         group.post_backward = post_backward
 
 
+def after_reset_iter_state(module: torch.nn.Module, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` after each parameter group of ``module`` is reset by the root's
+    ``reset_iter_state()`` (``FSDPParamGroup._reset_iter_state``, replaced on the
+    instance), which discards the gradients of a step that an exception aborted."""
+    for group in _state_param_groups(module):
+        original = _attribute(group, "_reset_iter_state", "FSDPParamGroup._reset_iter_state")
+
+        def reset_iter_state(*args, _original=original, **kwargs):
+            result = _original(*args, **kwargs)
+            callback()
+            return result
+
+        group._reset_iter_state = reset_iter_state
+
+
+def after_this_backward(callback: Callable[[], None]) -> bool:
+    """Call ``callback()`` once the running backward has finished without an exception
+    (``Variable._execution_engine.queue_callback``, as FSDP2 does); False, and no call,
+    outside a backward (``torch._C._current_graph_task_id``)."""
+    graph_task_id = _attribute(
+        torch._C, "_current_graph_task_id", "torch._C._current_graph_task_id"
+    )
+    if graph_task_id() == -1:
+        return False
+    engine = _attribute(torch.autograd.Variable, "_execution_engine", "Variable._execution_engine")
+    _attribute(engine, "queue_callback", "Variable._execution_engine.queue_callback")(callback)
+    return True
+
+
 def _reduce_scattered(fsdp_param, zeros_for_unused: bool) -> bool:
     accumulated = _attribute(
         fsdp_param, "unsharded_accumulated_grad", "FSDPParam.unsharded_accumulated_grad"

@@ -739,6 +739,67 @@ def test_error_feedback_counts_the_zero_gradients_fsdp_reduce_scatters_for_unuse
     assert outcomes == [[True, True], [True, True]]
 
 
+def _step_aborted_mid_backward(rank, world_size):
+    """A step whose backward raises after module '4' reduce-scattered, before '2' and '0',
+    then FSDP2's recovery (reset_iter_state) and the step run again."""
+    model = shard(small_model())
+    compression = cp.fsdp.compress(model, "int8", "int8@alltoall", error_feedback=True)
+
+    def fail(grad):
+        raise RuntimeError("aborted mid-backward")
+
+    def fail_in_backward(module, args, output) -> None:
+        output.register_hook(fail)
+
+    def step(abort=False):
+        x, y = data(rank, 0)
+        hook = model[3].register_forward_hook(fail_in_backward)
+        if not abort:
+            hook.remove()
+        try:
+            F.cross_entropy(model(x), y).backward()
+        finally:
+            hook.remove()
+
+    def residuals():
+        found = compression.state_dict()["of_rank"][str(rank)][0]["residuals"]
+        return {name: found[name]["residual"] for name in ("0", "2", "4")}
+
+    def abort_forward(module, args):
+        raise RuntimeError("aborted mid-forward")
+
+    step()
+    before = residuals()
+    with pytest.raises(RuntimeError, match="aborted mid-backward"):
+        step(abort=True)
+    model.reset_iter_state()
+    after = residuals()
+    model.zero_grad()
+    step()
+    retried = residuals()
+    hook = model[2].register_forward_pre_hook(abort_forward)
+    with pytest.raises(RuntimeError, match="aborted mid-forward"):
+        step()
+    hook.remove()
+    model.reset_iter_state()
+    return before, after, retried, residuals()
+
+
+def test_a_step_aborted_mid_backward_leaves_no_residual_of_its_discarded_gradients():
+    """reset_iter_state discards the aborted step's gradients: module '4' kept the residual
+    of its reduce-scatter (the rounding error of gradients no optimizer saw; the residual
+    before it was sent with them), and the step run again added it. It restarts from
+    zero, as after a skipped step; the modules not yet reduce-scattered keep theirs, and
+    a step aborted mid-forward, before any reduce-scatter, leaves every residual."""
+    for before, after, retried, forward_aborted in run_distributed(
+        _step_aborted_mid_backward, 2, timeout=120
+    ):
+        assert all(residual is not None for residual in before.values())
+        assert after["4"] is None
+        assert torch.equal(after["0"], before["0"]) and torch.equal(after["2"], before["2"])
+        assert all(torch.equal(forward_aborted[name], retried[name]) for name in retried)
+
+
 def _same_gradient_every_step(rank, world_size):
     """The reduce-scattered gradient of one unchanging gradient, step after step (no
     optimizer step), and the exact mean gradient over ranks."""
