@@ -549,6 +549,13 @@ def test_a_dtype_refused_during_a_step_names_the_module_and_the_dtype():
     assert message.startswith("module '0' all-gather dtype: parameters of several dtypes")
 
 
+def test_a_dtype_a_tuned_spec_refuses_during_a_step_names_the_module():
+    """The tuner, timing int8 on float64, raised from the codec's wire-byte count
+    ("codec 'int8' cannot take dtype=torch.float64"), naming neither module nor collective."""
+    message = run_distributed(_cast_after_compress, 2, "int8@auto", timeout=120)[0]
+    assert message.startswith("module '0' all-gather of torch.float64: codec 'int8' cannot")
+
+
 def _with_a_frozen_float64_parameter(rank, world_size):
     model = small_model()
     model[2].register_parameter("table", nn.Parameter(torch.arange(64.0).double(), False))

@@ -466,12 +466,19 @@ def _resolve(
     timeout,
     feedback=False,
     reduce_op=None,
+    *,
+    module_name: str,
 ):
     """``spec``'s ``(algorithm, codec)`` for one call on FSDP's ``group``; a tuned spec is
     resolved on commpress's twin, where its compressed collectives run (a multicast with
     the twin's own options) and where its ranks agree on the choice (and ``reduce_op``)."""
     where = groups.twin(group) if spec.tuned else group
-    return spec.resolve(op, tensor, where, feedback, reduce_op, timeout)
+    try:
+        return spec.resolve(op, tensor, where, feedback, reduce_op, timeout)
+    except TypeError as error:  # a dtype no candidate takes (cast after compress)
+        raise TypeError(
+            f"module {module_name!r} {op.replace('_', '-')} of {tensor.dtype}: {error}"
+        ) from error
 
 
 def _wait_native(name: str, codec, group, timeout, work) -> None:
@@ -547,7 +554,13 @@ class CompressedAllGather(AllGather):
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         numel, dtype, n = input_tensor.numel(), input_tensor.dtype, group.size()
         algorithm, codec = _resolve(
-            self.spec, "all_gather", input_tensor, group, self.groups, self.timeout
+            self.spec,
+            "all_gather",
+            input_tensor,
+            group,
+            self.groups,
+            self.timeout,
+            module_name=self.module_name,
         )
         if tuple(dist.get_process_group_ranks(group)) == self.regather_ranks:
             codec = LOSSLESS
@@ -602,6 +615,7 @@ class CompressedReduceScatter(ReduceScatter):
             self.timeout,
             feedback,
             op,
+            module_name=self.module_name,
         )
         _check_call_dtype("reduce_scatter", algorithm, codec, dtype, self.module_name)
         own = self.groups.for_call(group, algorithm, input_tensor)
