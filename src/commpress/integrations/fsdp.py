@@ -60,7 +60,8 @@ ON_UNSUPPORTED = ("raise", "native")
 
 @dataclass
 class Compression:
-    """What ``compress`` did: the modules it changed, those it left to torch, the counters."""
+    """What ``compress`` did: the modules it changed, those it left as they were
+    (``on_unsupported="native"``), the counters."""
 
     modules: list[str]
     left_native: list[str]
