@@ -16,6 +16,7 @@ import random
 import struct
 import threading
 import time
+import traceback
 import types
 
 import pytest
@@ -411,6 +412,33 @@ def test_a_stopped_or_closed_engine_fails_at_once():
         running.wait(0, 5)
     with pytest.raises(BroadcastError, match="closed"):
         all_gather_one(engine, 0, shards, 1, wait=False)
+
+
+def test_a_failed_wait_frees_its_operation_without_a_gc_pass():
+    """Each wait raised the operation's stored error: its traceback held the wait's frame,
+    which held the operation, which held the error (a cycle that kept the caller's frames,
+    group and tensors until a gc pass), and it grew by the frames of every wait."""
+    import gc
+    import weakref
+
+    hub = Hub(2)
+    engine = Engine(hub.endpoint(0), CHANNEL, Options(**FAST))
+    operation, _ = all_gather_one(engine, 0, random_shards(2, 10_000), 0, wait=False)
+    engine.close()
+    freed = weakref.ref(operation)
+    gc.disable()
+    try:
+        depths = []
+        for root in operation.order:
+            with pytest.raises(BroadcastError, match="closed") as raised:
+                operation.wait(root, 5)
+            depths.append(len(traceback.extract_tb(raised.value.__traceback__)))
+            del raised
+        assert depths[0] == depths[-1], f"the traceback grew with each wait: {depths}"
+        del operation
+        assert freed() is None, "the failed operation is held until a gc pass"
+    finally:
+        gc.enable()
 
 
 def test_close_stops_the_lingering_thread_before_closing_the_network(monkeypatch):

@@ -234,20 +234,23 @@ class Operation:
         self.id, self.order = operation_id, tuple(order)
         self.own, self.incoming = own, incoming
         self._done = {root: threading.Event() for root in self.order}
-        self.error: BaseException | None = None
+        self.error: BroadcastError | None = None
 
     def wait(self, root: int, timeout: float | None) -> bool:
         """Whether ``root``'s broadcast finished here within ``timeout`` s (this rank's own:
         every receiver has ACKed it); raises the engine's error if it failed."""
         finished = self._done[root].wait(timeout)
         if self.error is not None:
-            raise self.error
+            raise BroadcastError(*self.error.args) from self.error.__cause__
         return finished
 
     def _finish(self, root: int) -> None:
         self._done[root].set()
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BroadcastError) -> None:
+        """Every wait raises a new copy of ``error``: raising the stored one would grow its
+        traceback with each waiter's frames, one of which holds this operation, and so
+        the error again (a cycle that kept the caller's group and tensors until a gc pass)."""
         self.error = error
         for event in self._done.values():
             event.set()
@@ -486,7 +489,7 @@ class Engine:
             if handled is not None:
                 handled.set()
 
-    def _fail_all(self, failure: BaseException) -> None:
+    def _fail_all(self, failure: BroadcastError) -> None:
         for operation in self._operations():
             operation._fail(failure)
         self._running = self._take = None  # the taker pins the running operation's buffers
