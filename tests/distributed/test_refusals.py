@@ -509,19 +509,27 @@ def _reduce_ops(rank, world_size):
             ),
         }
     )
-    return average, total, refused
+    largest = torch.tensor([float(rank), -float(rank)])
+    cp.all_reduce(largest, dist.ReduceOp.MAX, algorithm="native")
+    smallest = torch.zeros(2)
+    contributions = torch.tensor([float(rank), -float(rank)] * world_size)
+    cp.reduce_scatter_tensor(smallest, contributions, dist.ReduceOp.MIN, algorithm="native")
+    return average, total, refused, largest, smallest
 
 
 def test_reduce_ops_are_taken_as_torch_takes_them():
     """Before, ``ReduceOp(ReduceOp.AVG)``, which torch takes, was refused with the object's
-    repr, while ``op=True`` averaged and ``op=0`` summed where torch raises."""
-    for average, total, refused in run_distributed(_reduce_ops, 2):
+    repr, while ``op=True`` averaged and ``op=0`` summed where torch raises; and
+    ``algorithm="native"``, torch's own collective, refused MAX and MIN, which torch takes."""
+    for average, total, refused, largest, smallest in run_distributed(_reduce_ops, 2):
         assert torch.equal(average, torch.full((4,), 0.5))
         assert torch.equal(total, torch.full((2,), 2.0))
+        assert torch.equal(largest, torch.tensor([1.0, 0.0]))
+        assert torch.equal(smallest, torch.tensor([0.0, -1.0]))
         for name in ("True", "0"):
             kind, message = refused[name]
             assert kind == "TypeError" and "op must be a torch.distributed.ReduceOp" in message
-        assert refused["premul sum"] == (
-            "ValueError",
-            "op must be ReduceOp.SUM or ReduceOp.AVG, got RedOpType.PREMUL_SUM",
-        )
+        kind, message = refused["premul sum"]
+        assert kind == "ValueError"
+        assert "op must be ReduceOp.SUM or ReduceOp.AVG, got RedOpType.PREMUL_SUM" in message
+        assert "algorithm='native' takes torch's other ops" in message

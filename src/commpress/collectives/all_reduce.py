@@ -56,7 +56,7 @@ def all_reduce(
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
-    op = check_op(op)
+    op = check_op(op, algorithm)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     check_dense(tensor, "tensor")

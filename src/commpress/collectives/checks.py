@@ -163,14 +163,20 @@ def check_moved(tensor: torch.Tensor, group, argument: str = "inp") -> None:
         )
 
 
-def check_op(op) -> dist.ReduceOp.RedOpType:
+def check_op(op, algorithm: str) -> dist.ReduceOp.RedOpType | dist.ReduceOp:
     """``op`` as a ``ReduceOp.RedOpType``: torch takes ``ReduceOp.AVG`` and
-    ``ReduceOp(ReduceOp.AVG)`` alike, and refuses an int (``True`` would read as AVG)."""
+    ``ReduceOp(ReduceOp.AVG)`` alike, and refuses an int (``True`` would read as AVG).
+    ``native`` (torch's own collective) takes ``op`` as given: whichever torch takes."""
     if not isinstance(op, dist.ReduceOp):
         raise TypeError(f"op must be a torch.distributed.ReduceOp, got {op!r}")
+    if algorithm == NATIVE:
+        return op
     kind = op_kind(op)
     if kind not in SUPPORTED_OPS:
-        raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {kind}")
+        raise ValueError(
+            f"op must be ReduceOp.SUM or ReduceOp.AVG, got {kind} (algorithm='native' "
+            "takes torch's other ops)"
+        )
     return kind
 
 

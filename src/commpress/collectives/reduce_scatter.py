@@ -88,7 +88,7 @@ def reduce_scatter_tensor(
     check_timeout(timeout)
     check_flag(async_op, "async_op")
     world_size = dist.get_world_size(group)
-    op = check_op(op)
+    op = check_op(op, algorithm)
     check_pair(out, inp, world_size=world_size, gather=False)
     check_chunk_bytes(chunk_bytes)
     feedback = residual is not None
