@@ -188,7 +188,8 @@ def _bad_argument_errors():
         lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), op=dist.ReduceOp.MAX),
         lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), chunk_bytes=0),
         lambda: reduce_scatter_tensor(torch.zeros(5), torch.zeros(10), algorithm="tree"),
-        lambda: all_reduce(torch.zeros(4, 4).t()),
+        lambda: all_reduce(torch.zeros(4, 4).t(), algorithm="native"),
+        lambda: all_reduce(torch.zeros(1).expand(4)),
     ]
     for call in calls:
         try:
@@ -200,12 +201,47 @@ def _bad_argument_errors():
 
 def test_bad_arguments_raise_before_any_communication():
     errors = run_distributed(_bad_arguments, 2)[0]
-    assert len(errors) == 5
+    assert len(errors) == 6
     assert "(5,)" in errors[0] and "(9,)" in errors[0] and "world_size=2" in errors[0]
     assert "SUM or ReduceOp.AVG" in errors[1]
     assert "chunk_bytes" in errors[2]
     assert "unknown algorithm 'tree'" in errors[3] and errors[3].endswith("'auto')")
-    assert "contiguous" in errors[4]
+    assert "tensor must be contiguous for algorithm 'native'" in errors[4]
+    assert "tensor has elements that share memory" in errors[5]
+
+
+def _strided(rank, world_size):
+    """Reductions of strided tensors by every compressed algorithm, and torch's of
+    contiguous copies (torch's gloo all_reduce of ``t[::2]`` sums ``t[:n]`` instead)."""
+    inp = contribution(rank, 1200, torch.float32)[::2]
+    out = torch.empty(600 // world_size)
+    dist.reduce_scatter_tensor(out, inp.contiguous())
+    summed = contribution(rank, 600, torch.float32).view(20, 30)
+    expected_sum = summed.clone()
+    dist.all_reduce(expected_sum)
+    same = {}
+    for algorithm in COMPRESSED:
+        strided_out = torch.zeros(2 * out.numel())
+        reduce_scatter_tensor(strided_out[::2], inp, codec="none", algorithm=algorithm)
+        transposed = summed.t().clone().t()
+        all_reduce(transposed, codec="none", algorithm=algorithm)
+        every_other = torch.zeros(1200)
+        every_other[::2] = summed.view(-1)
+        all_reduce(every_other[::2], codec="none", algorithm=algorithm)
+        same[algorithm] = (
+            torch.equal(strided_out[::2], out)
+            and not strided_out[1::2].any()
+            and torch.equal(transposed, expected_sum)
+            and torch.equal(every_other[::2], expected_sum.view(-1))
+            and not every_other[1::2].any()
+        )
+    return same
+
+
+def test_strided_tensors_reduce_as_torch_reduces_contiguous_ones():
+    """They were refused ("must be contiguous"), while torch takes them."""
+    for same in run_distributed(_strided, 2):
+        assert all(same.values()), same
 
 
 def _nan_in_one_contribution(rank, world_size):

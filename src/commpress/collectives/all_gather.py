@@ -27,6 +27,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
+    check_contiguous_for_native,
     check_device,
     check_flag,
     check_moved,
@@ -81,12 +82,14 @@ def all_gather_into_tensor(
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, tunable=True)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
+        check_contiguous_for_native(out=out, inp=inp)
         start = lambda: collective.all_gather(out, inp, group)  # noqa: E731
         return run_native("all_gather_into_tensor", start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
     check_same_result_on_every_rank(codec, algorithm)
     fingerprint = Fingerprint.of("all_gather", inp, codec, algorithm)
+    inp = inp.contiguous()
     written = writable(out)
 
     def run() -> None:

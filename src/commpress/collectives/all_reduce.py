@@ -17,9 +17,11 @@ from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
     check_codec_has_no_tuner,
+    check_contiguous_for_native,
     check_dense,
     check_device,
     check_flag,
+    check_no_shared_elements,
     check_op,
     check_reduction_dtype,
     check_same_result_on_every_rank,
@@ -60,10 +62,10 @@ def all_reduce(
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     check_dense(tensor, "tensor")
-    if not tensor.is_contiguous():
-        raise ValueError("tensor must be contiguous")
+    check_no_shared_elements(tensor, "tensor")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
+        check_contiguous_for_native(tensor=tensor)
         start = lambda: collective.all_reduce(tensor, op, group)  # noqa: E731
         return run_native("all_reduce", start, group, async_op, timeout, (tensor,))
     check_codec_has_no_tuner(codec)
@@ -84,7 +86,7 @@ def all_reduce(
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )
-        padded[:numel] = tensor.view(-1)
+        padded[:numel] = tensor.reshape(-1)
         padded[numel:] = 0
         total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, fingerprint)
         if op == dist.ReduceOp.AVG:
@@ -97,6 +99,6 @@ def all_reduce(
             "all_reduce.gathered", world_size * chunk, total.dtype, total.device
         )
         gather(gathered, total, group, codec, gather_algorithm, timeout)
-        write_into(tensor.view(-1), gathered[:numel])
+        write_into(tensor, gathered[:numel].view(tensor.shape))
 
     return queued_on(group, launch(run, async_op, (tensor,)))

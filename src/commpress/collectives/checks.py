@@ -186,7 +186,8 @@ def op_kind(op: dist.ReduceOp) -> dist.ReduceOp.RedOpType:
 
 
 def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather: bool) -> None:
-    """``out`` holds ``world_size`` x ``inp`` (gather) or ``inp`` holds ``world_size`` x ``out``."""
+    """``out`` holds ``world_size`` x ``inp`` (gather) or ``inp`` holds ``world_size`` x ``out``;
+    either may be strided (the compressed algorithms run on contiguous copies)."""
     for name, tensor in (("out", out), ("inp", inp)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -204,10 +205,35 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
             f"out ({out.dtype} on {out.device}) and inp ({inp.dtype} on {inp.device}) "
             "must have the same dtype and device"
         )
-    for name, tensor in (("out", out), ("inp", inp)):
-        check_dense(tensor, name)
+    check_dense(out, "out")
+    check_dense(inp, "inp")
+    check_no_shared_elements(out, "out")
+
+
+def check_contiguous_for_native(**tensors: torch.Tensor) -> None:
+    """torch's own collectives take strided tensors, but gloo's all_reduce reads and writes
+    a strided tensor's storage as if it were contiguous (``t[::2]`` of 20 elements: it
+    sums ``t[:10]`` and writes there), so ``native`` takes contiguous tensors only."""
+    for argument, tensor in tensors.items():
         if not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+            raise ValueError(
+                f"{argument} must be contiguous for algorithm 'native' (torch's own "
+                "collective may read a strided one's storage as if it were): pass "
+                f"{argument}.contiguous() and copy the result back, or use a compressed "
+                "algorithm, which takes it strided"
+            )
+
+
+def check_no_shared_elements(tensor: torch.Tensor, argument: str) -> None:
+    """An output may be strided, as torch's collectives take it, but no two of its elements
+    may be one in memory (a stride of 0, as ``expand()`` makes): they would be written
+    with different values (torch's ``copy_`` refuses such a tensor too)."""
+    layout = zip(tensor.shape, tensor.stride(), strict=True)
+    if any(stride == 0 and size > 1 for size, stride in layout):
+        raise ValueError(
+            f"{argument} has elements that share memory (a stride of 0, as from expand()), "
+            f"so it cannot hold the result: give a tensor of its own, e.g. {argument}.clone()"
+        )
 
 
 def check_dense(tensor: torch.Tensor, argument: str) -> None:

@@ -33,6 +33,7 @@ from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_chunk_bytes,
+    check_contiguous_for_native,
     check_device,
     check_flag,
     check_moved,
@@ -103,6 +104,7 @@ def reduce_scatter_tensor(
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
+        check_contiguous_for_native(out=out, inp=inp)
         start = lambda: collective.reduce_scatter(out, inp, op, group)  # noqa: E731
         return run_native("reduce_scatter_tensor", start, group, async_op, timeout, (out, inp))
     codec = get_codec(codec)
@@ -110,6 +112,7 @@ def reduce_scatter_tensor(
     codec.check_dtype(inp.dtype, "inp.dtype")
     pieces = chunk_bytes if algorithm == "ring" else 0
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
+    inp = inp.contiguous()
 
     def run() -> None:
         with named_failures("reduce_scatter_tensor", codec, algorithm, group, timeout):
@@ -118,7 +121,7 @@ def reduce_scatter_tensor(
             )
         if op == dist.ReduceOp.AVG:
             total /= world_size
-        write_into(out.view(-1), total)
+        write_into(out, total.view(out.shape))
 
     tensors = (out, inp) if residual is None else (out, inp, residual)
     return queued_on(group, launch(run, async_op, tensors))

@@ -261,13 +261,14 @@ def _value(future: torch.futures.Future):
 
 
 def writable(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``, or where a collective may write in place for it: inference mode is the
-    calling thread's, and only under it may a tensor made under it be written in place, so
-    for such a tensor a fresh one (copy the result in with :func:`write_into`)."""
-    if not tensor.is_inference():
+    """``tensor``, or where a collective may write in place for it: a fresh contiguous
+    tensor (copy the result in with :func:`write_into`) for a strided one, which the
+    schedules cannot write, and for one made under inference mode, which is the calling
+    thread's: only under it may such a tensor be written in place."""
+    if tensor.is_contiguous() and not tensor.is_inference():
         return tensor
     with torch.inference_mode(False):
-        return torch.empty_like(tensor)
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
 
 
 def write_into(tensor: torch.Tensor, value: torch.Tensor) -> None:
