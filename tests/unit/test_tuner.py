@@ -90,6 +90,23 @@ def test_a_sum_fp32_cannot_hold_is_left_to_torch(tmp_path):
         tuner.check("reduce_scatter", torch.float64, 4, "none")
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint32, torch.float8_e4m3fn])
+def test_a_dtype_gloo_cannot_move_is_not_given_to_torch_on_gloo(tmp_path, dtype):
+    """The tuner gave an all-gather of these to torch's own collective, cheapest in the
+    model (and in a world of one, always), which on gloo raised "Invalid scalar type" where
+    every compressed algorithm moves them; a sum of them, which only torch may run, is
+    refused naming gloo."""
+    tuner.configure(link="1gbit", fit=_fit(tmp_path, (1e-6, 1.0), (1.0, 1.0)))
+    assert tuner.choose("all_gather", 1 << 20, torch.float32, 4, "none").algorithm == "native"
+    assert tuner.choose("all_gather", 1 << 20, dtype, 4, "none").algorithm != "native"
+    gpus = tuner.choose("all_gather", 1 << 20, dtype, 4, "none", on_cpu=False, backend="nccl")
+    assert gpus.algorithm == "native"
+    assert tuner.choose("all_gather", 1000, dtype, 1, "none") == tuner.Choice("ring", "none", 0.0)
+    for world_size in (1, 4):
+        with pytest.raises(ValueError, match=f"gloo moves no {dtype}"):
+            tuner.choose("reduce_scatter", 4 << 20, dtype, world_size, "none")
+
+
 def test_ties_go_to_the_exact_choice():
     """The model ties native with the uncompressed ring, and bf16 with fp16 on fp16 input:
     the tuner must not pay an argument check or an error for nothing."""

@@ -1,7 +1,7 @@
 """``algorithm="auto"`` and ``codec="auto:..."`` resolved for one call by the tuner
 (:mod:`commpress.sim.tuner`), after the checks that need no algorithm (the tensors, a
 residual, the device) and before those of the one chosen (a codec's dtype among them: the
-tuner may give the call to torch, which takes any).
+tuner may give the call to torch, which takes dtypes no lossy codec does).
 
 On a group's first call of each shape every rank's choice is exchanged over the group, in
 the order of the communication thread's queue (behind the compressed collectives given

@@ -227,12 +227,16 @@ def choose(
     found = _recalled(key)
     if found is not None:
         return found
-    if world_size == 1:  # nothing moves: torch's own collective copies, exactly
+    alone = world_size == 1  # nothing moves: torch's own collective copies, exactly
+    if alone and torch_moves(dtype, backend, on_cpu):
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
+    if alone:  # of a dtype torch does not take: the most accurate of the others
+        name, spec = min(pairs, key=lambda pair: expected_rel_err(pair[1], op, pair[0], 1, dtype))
+        return Choice(name, spec, 0.0)
     # an empty call is planned as the smallest one (one element per rank: a schedule of no
     # bytes is none the model reads), so that error feedback and a fixed algorithm hold
     planned = numel or (world_size if op == "reduce_scatter" else 1)
@@ -437,6 +441,8 @@ def _candidates(
             raise ValueError(f"codec {codec!r}: none of {list(budget(codec)[1])} encodes {dtype}")
     pairs, too_inexact = [], []
     for name in names:
+        if name == NATIVE and not torch_moves(dtype, backend, on_cpu):
+            continue
         moves_host_memory = name != NATIVE and get_algorithm(name, op).host_transport
         if moves_host_memory and "nccl" in backend:  # as collectives.checks.check_device
             continue
@@ -461,11 +467,29 @@ def _candidates(
             f"{spec}@{name}, errs {error:.3g})"
         )
     if not pairs:
+        unmoved = "" if torch_moves(dtype, backend, on_cpu) else f"; gloo moves no {dtype}"
         raise ValueError(
             f"no algorithm of {names} runs {op} with codec {codec!r} on this group "
-            f"({'CPU' if on_cpu else 'GPU'} tensors, {backend})"
+            f"({'CPU' if on_cpu else 'GPU'} tensors, {backend}{unmoved})"
         )
     return pairs
+
+
+#: The dtypes torch's gloo collectives take (ProcessGroupGloo's GENERATE_ALL_TYPES in
+#: torch 2.13; a complex tensor travels as its real view): any other, such as int16,
+#: uint32 or float8, is "Invalid scalar type", which the compressed algorithms move.
+GLOO_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+     torch.bool, torch.int32, torch.int64}
+)  # fmt: skip
+
+
+def torch_moves(dtype: torch.dtype, backend: str, on_cpu: bool) -> bool:
+    """Whether torch's own collective (``native``) on a ``backend`` group takes ``dtype``
+    (gloo's carries CPU tensors, and CUDA tensors on a group of gloo alone)."""
+    if not (backend == "gloo" or (on_cpu and "gloo" in backend)):
+        return True
+    return (dtype.to_real() if dtype.is_complex else dtype) in GLOO_DTYPES
 
 
 def _native_only(names: list[str], op: str, dtype: torch.dtype) -> list[str]:
