@@ -6,6 +6,7 @@ import concurrent.futures
 import gc
 import os
 import threading
+import traceback
 import weakref
 from datetime import timedelta
 from types import SimpleNamespace
@@ -370,6 +371,43 @@ def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc
     try:
         with pytest.raises(RuntimeError, match="a peer stalled"):
             launch(run, async_op=False)
+        del run
+        assert freed() is None
+    finally:
+        gc.enable()
+
+
+def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass():
+    """wait() raised the error its future keeps: its traceback gained the caller's frame,
+    which held the handle, which held the error (a cycle that kept the collective's
+    tensors and group until a gc pass), and grew with each wait. Each wait raises a copy,
+    of the same type and message, with the communication thread's frames."""
+
+    class Group:
+        pass
+
+    group = Group()
+    freed = weakref.ref(group)
+
+    def run(group=group):
+        raise RuntimeError("a peer stalled")
+
+    def caller(collective):
+        work = launch(collective, async_op=True)
+        depths = []
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="a peer stalled") as raised:
+                work.wait()
+            frames = [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)]
+            depths.append(len(frames))
+            assert "run" in frames
+            del raised  # its traceback holds this frame
+        assert depths[0] == depths[1], depths
+
+    del group
+    gc.disable()
+    try:
+        caller(run)
         del run
         assert freed() is None
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import os
 import threading
 import weakref
@@ -184,11 +185,13 @@ class CollectiveWork:
                 seconds = timeout.total_seconds()
                 if not concurrent.futures.wait([self._future], timeout=seconds).done:
                     raise TimeoutError(f"collective did not complete within {timeout}")
-            self._future.result()
+            error = self._future.exception()
+            if error is not None:
+                raise _copy_of(error)
         finally:
             if self._order is not None and self._future.done():
                 self._order.make_current_stream_wait()
-            self = None  # the error's traceback holds this frame, and self the error
+            self = error = None  # the error's traceback holds this frame
         return True
 
     def is_completed(self) -> bool:
@@ -246,6 +249,21 @@ class CollectiveWork:
 
         self._future.add_done_callback(complete)
         return future
+
+
+def _copy_of(error: BaseException) -> BaseException:
+    """``error`` as a new exception, with its message, cause and traceback so far, to raise
+    in a waiter: the future keeps ``error``, which raised itself would gain the waiter's
+    frames, among them a caller's that holds the handle, and so the error again (a cycle
+    that kept the caller's tensors and group until a gc pass). ``error`` itself where its
+    type cannot be rebuilt from its arguments."""
+    try:
+        fresh = copy.copy(error)
+    except Exception:  # noqa: BLE001 - a type whose arguments do not rebuild it
+        return error
+    fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
+    fresh.__suppress_context__ = error.__suppress_context__
+    return fresh.with_traceback(error.__traceback__)
 
 
 def for_ddp(future: torch.futures.Future) -> torch.futures.Future:
