@@ -27,7 +27,6 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
-    check_contiguous_for_native,
     check_device,
     check_flag,
     check_moved,
@@ -40,7 +39,14 @@ from commpress.collectives.executor import execute
 from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import Gathered
-from commpress.collectives.work import launch, queued_on, run_native, writable, write_into
+from commpress.collectives.work import (
+    launch,
+    queued_on,
+    run_native,
+    staged,
+    writable,
+    write_into,
+)
 from commpress.schedules import algorithms, plan
 from commpress.transport import backends, collective
 
@@ -82,9 +88,12 @@ def all_gather_into_tensor(
     check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, tunable=True)
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
-        check_contiguous_for_native(out=out, inp=inp)
-        start = lambda: collective.all_gather(out, inp, group)  # noqa: E731
-        return run_native("all_gather_into_tensor", start, group, async_op, timeout, (out, inp))
+        shard, (gathered, copy_back) = inp.contiguous(), staged(out)
+        start = lambda: collective.all_gather(gathered, shard, group)  # noqa: E731
+        tensors = (out, inp, gathered, shard)
+        return run_native(
+            "all_gather_into_tensor", start, group, async_op, timeout, tensors, copy_back
+        )
     codec = get_codec(codec)
     codec.check_dtype(inp.dtype, "inp.dtype")
     check_same_result_on_every_rank(codec, algorithm)

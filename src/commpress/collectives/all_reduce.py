@@ -17,7 +17,6 @@ from commpress.collectives.all_gather import gather
 from commpress.collectives.checks import (
     check_algorithm,
     check_codec_has_no_tuner,
-    check_contiguous_for_native,
     check_dense,
     check_device,
     check_flag,
@@ -31,7 +30,7 @@ from commpress.collectives.checks import (
 from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
-from commpress.collectives.work import launch, queued_on, run_native, write_into
+from commpress.collectives.work import launch, queued_on, run_native, staged, write_into
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
@@ -65,9 +64,10 @@ def all_reduce(
     check_no_shared_elements(tensor, "tensor")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
-        check_contiguous_for_native(tensor=tensor)
-        start = lambda: collective.all_reduce(tensor, op, group)  # noqa: E731
-        return run_native("all_reduce", start, group, async_op, timeout, (tensor,))
+        reduced, copy_back = staged(tensor)
+        start = lambda: collective.all_reduce(reduced, op, group)  # noqa: E731
+        tensors = (tensor, reduced)
+        return run_native("all_reduce", start, group, async_op, timeout, tensors, copy_back)
     check_codec_has_no_tuner(codec)
     codec = get_codec(codec)
     check_reduction_dtype(tensor.dtype, "tensor.dtype")  # first: it names the way out

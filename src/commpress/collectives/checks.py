@@ -187,7 +187,7 @@ def op_kind(op: dist.ReduceOp) -> dist.ReduceOp.RedOpType:
 
 def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather: bool) -> None:
     """``out`` holds ``world_size`` x ``inp`` (gather) or ``inp`` holds ``world_size`` x ``out``;
-    either may be strided (the compressed algorithms run on contiguous copies)."""
+    either may be strided (the collectives run on contiguous copies)."""
     for name, tensor in (("out", out), ("inp", inp)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -208,20 +208,6 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
     check_dense(out, "out")
     check_dense(inp, "inp")
     check_no_shared_elements(out, "out")
-
-
-def check_contiguous_for_native(**tensors: torch.Tensor) -> None:
-    """torch's own collectives take strided tensors, but gloo's all_reduce reads and writes
-    a strided tensor's storage as if it were contiguous (``t[::2]`` of 20 elements: it
-    sums ``t[:10]`` and writes there), so ``native`` takes contiguous tensors only."""
-    for argument, tensor in tensors.items():
-        if not tensor.is_contiguous():
-            raise ValueError(
-                f"{argument} must be contiguous for algorithm 'native' (torch's own "
-                "collective may read a strided one's storage as if it were): pass "
-                f"{argument}.contiguous() and copy the result back, or use a compressed "
-                "algorithm, which takes it strided"
-            )
 
 
 def check_no_shared_elements(tensor: torch.Tensor, argument: str) -> None:

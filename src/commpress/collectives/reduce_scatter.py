@@ -33,7 +33,6 @@ from commpress.collectives import auto
 from commpress.collectives.checks import (
     check_algorithm,
     check_chunk_bytes,
-    check_contiguous_for_native,
     check_device,
     check_flag,
     check_moved,
@@ -49,7 +48,7 @@ from commpress.collectives.executor import execute
 from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
-from commpress.collectives.work import launch, queued_on, run_native, write_into
+from commpress.collectives.work import launch, queued_on, run_native, staged, write_into
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
 from commpress.transport import backends, collective
 
@@ -104,9 +103,12 @@ def reduce_scatter_tensor(
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
-        check_contiguous_for_native(out=out, inp=inp)
-        start = lambda: collective.reduce_scatter(out, inp, op, group)  # noqa: E731
-        return run_native("reduce_scatter_tensor", start, group, async_op, timeout, (out, inp))
+        contributions, (reduced, copy_back) = inp.contiguous(), staged(out)
+        start = lambda: collective.reduce_scatter(reduced, contributions, op, group)  # noqa: E731
+        tensors = (out, inp, reduced, contributions)
+        return run_native(
+            "reduce_scatter_tensor", start, group, async_op, timeout, tensors, copy_back
+        )
     codec = get_codec(codec)
     check_reduction_dtype(inp.dtype, "inp.dtype")  # first: it names the way out
     codec.check_dtype(inp.dtype, "inp.dtype")

@@ -380,10 +380,14 @@ def run_native(
     async_op: bool,
     timeout,
     tensors: tuple[torch.Tensor, ...],
+    copy_back: Callable[[], None] | None = None,
 ):
     """torch's own collective ``name`` on ``group`` (``start()`` issues it and returns its
     ``Work``), as torch runs it; but behind a compressed collective given to the group before
-    that may still be queued on the communication thread, it is queued there too. Issued at
+    that may still be queued on the communication thread, it is queued there too, and so is
+    one with a ``copy_back`` to run once it has finished (a strided output staged through
+    a contiguous copy: gloo reads and writes a strided tensor's storage as if it were
+    contiguous). Issued at
     once on the calling thread, one rank could hand the two to the backend in one order and
     its peer in the other, which gloo takes for a mismatch (it ends the process). A failure
     waited for here is named as a compressed collective's (torch's own ``Work``, returned
@@ -393,10 +397,24 @@ def run_native(
         with named_failures(name, "none", "native", group, timeout):
             wait_work(work, timeout)
 
-    if _behind_queued(group):  # and the next native call behind this one in turn
-        return queued_on(group, launch(lambda: waited(start()), async_op, tensors))
+    def run() -> None:
+        waited(start())
+        if copy_back is not None:
+            copy_back()
+
+    if copy_back is not None or _behind_queued(group):  # and the next native call behind it
+        return queued_on(group, launch(run, async_op, tensors))
     work = start()
     return work if async_op else waited(work)
+
+
+def staged(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """``(tensor, None)``, or for a strided ``tensor`` a contiguous copy and what copies the
+    result back into ``tensor`` (``copy_back`` of :func:`run_native`)."""
+    if tensor.is_contiguous():
+        return tensor, None
+    copy = tensor.contiguous()
+    return copy, lambda: write_into(tensor, copy)
 
 
 def _behind_queued(group) -> bool:
