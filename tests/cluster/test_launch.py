@@ -289,8 +289,9 @@ def test_on_a_kept_cluster_the_job_s_detached_processes_end_with_it_another_job_
             other.wait()
 
 
-def test_launch_without_a_cluster_or_command_is_a_usage_error(prefix):
-    assert "give both --hosts and --link" in run_launch("--prefix", prefix, "--", "true").stderr
+def test_launch_without_a_cluster_fails_and_without_a_command_is_a_usage_error(prefix):
+    no_cluster = run_launch("--prefix", prefix, "--", "true")
+    assert no_cluster.returncode == 1 and "give both --hosts and --link" in no_cluster.stderr
     missing = run_launch("--hosts", "2", "--link", "1gbit", "--prefix", prefix)
     assert missing.returncode == 2 and "give the command to run" in missing.stderr
     assert present(Layout(prefix)) == []

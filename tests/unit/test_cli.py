@@ -1107,3 +1107,26 @@ def test_train_strategy_says_what_each_runs():
     options = [a for path, a in _options_of(cli.build_parser(["train"]), "") if path == "train"]
     (strategy,) = (action.help for action in options if "--strategy" in action.option_strings)
     assert "fsdp: FSDP2" in strategy and "ddp: DistributedDataParallel" in strategy
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["launch", "--prefix", "cpnone", "--", "true"],
+        ["launch", "--prefix", "cpnone", "--hosts", "2", "--", "true"],
+        ["bench", "--prefix", "cpnone", "-b", "1K", "-e", "1K", "-n", "1"],
+        ["train", "--prefix", "cpnone", "--steps", "1"],
+    ],
+)
+def test_a_cluster_that_is_not_up_is_a_run_time_failure_saying_how_to_start_one(
+    argv, monkeypatch, capsys
+):
+    """From a bug hunt: ``launch``/``bench --prefix X`` without cluster ``X`` up exited with
+    status 2, a usage error, for a command that is right once the cluster is up."""
+    import commpress.cluster.emulated as emulated
+
+    monkeypatch.setattr(emulated, "present", lambda layout: [])
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no cluster named 'cpnone' is up: start one with `commpress cluster up --prefix" in err
+    assert err.count("\n") == 1

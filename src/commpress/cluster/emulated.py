@@ -508,7 +508,8 @@ def cluster_for(
     """The cluster named ``prefix`` if it is up (checked against ``hosts``/``link``/``racks``/
     ``uplink``/``delay``/``mtu``, each where given), else a new one built from them (one
     rack where ``racks`` is None, :data:`~commpress.cluster.link.DEFAULT_MTU` where ``mtu``
-    is) and removed on exit."""
+    is) and removed on exit. :class:`ClusterError` where none is up and ``hosts`` or
+    ``link`` is not given."""
     layout = Layout(prefix)
     if present(layout):
         cluster = Emulated.attach(prefix)
@@ -542,8 +543,10 @@ def cluster_for(
         yield cluster
         return
     if hosts is None or link is None:
-        raise ValueError(
-            f"no cluster named {prefix!r} is up: give both --hosts and --link to build one"
+        raise ClusterError(
+            f"no cluster named {prefix!r} is up: start one with `commpress cluster up "
+            f"--prefix {prefix} --hosts N --link RATE`, or give both --hosts and --link "
+            "to build one for this command"
         )
     racks = 1 if racks is None else racks
     mtu = DEFAULT_MTU if mtu is None else mtu
