@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -151,7 +152,7 @@ def test_bench_checks_its_algorithms_before_any_process_starts(argv, message, ca
         ["bench", "--json", "{missing}/rows.json"],
         ["bench", "--plot", "{folder}"],
         ["sim", "--json", "{missing}/rows.json"],
-        ["sim", "--calibrate", "x.json", "--save-fit", "{missing}/fit.json"],
+        ["sim", "--save-fit", "{missing}/fit.json", "--calibrate", "x.json"],
         ["codecs", "--markdown", "{missing}/codecs.md"],
         ["train", "--markdown", "{missing}/train.md"],
     ],
@@ -685,7 +686,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
             "--loss 0.5: for --algorithm multicast",
         ),
         (["bench", "--seed", "3"], "--seed 3: for --algorithm multicast"),
-        (["bench", "--tune-fit", "fit.json"], "--tune-fit fit.json: for --algorithm auto"),
+        (["bench", "--tune-fit", os.devnull], f"--tune-fit {os.devnull}: for --algorithm auto"),
         (["bench", "--algorithm", "ring", "--roots", "3"], "--roots 3: for --algorithm multicast"),
         (  # the tuner's candidates in the bench leave multicast out: nothing would use it
             ["bench", "--algorithm", "auto", "--loss", "0.5"],
@@ -1031,7 +1032,7 @@ def test_two_outputs_naming_one_file_are_refused(argv, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["sim", "--calibrate", "a.json", "{read}", "--save-fit", "{read}"],
+        (["sim", "--calibrate", "{read}", "--save-fit", "{read}"],
          "--save-fit names '{read}', which --calibrate reads"),
         (["sim", "--fit", "{read}", "--json", "{read}"],
          "--json names '{read}', which --fit reads"),
@@ -1130,3 +1131,24 @@ def test_a_cluster_that_is_not_up_is_a_run_time_failure_saying_how_to_start_one(
     err = capsys.readouterr().err
     assert "no cluster named 'cpnone' is up: start one with `commpress cluster up --prefix" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["sim", "--fit", "{missing}"], ["sim", "--codec-speeds", "{folder}"],
+     ["sim", "--calibrate", "{file}", "{missing}"],
+     ["bench", "--algorithm", "auto", "--tune-fit", "{missing}"]],
+)  # fmt: skip
+def test_an_input_file_that_is_not_there_is_refused_naming_its_option(argv, tmp_path, capsys):
+    """From a bug hunt: ``sim --fit missing.json`` said 'cannot read missing.json: No such
+    file or directory', naming no option (which of --fit, --calibrate, --codec-speeds?)."""
+    (tmp_path / "file.json").write_text("{}")
+    paths = {"missing": tmp_path / "no.json", "folder": tmp_path, "file": tmp_path / "file.json"}
+    argv = [word.format(**paths) for word in argv]
+    option = next(word for word in reversed(argv) if word.startswith("--"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert f"error: argument {option}: '{argv[-1]}'" in err
+    assert err.endswith(("no such file", "is a folder, not a file"))

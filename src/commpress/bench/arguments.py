@@ -213,8 +213,15 @@ def output_path(text: str) -> str:
 
 def input_path(text: str) -> str:
     """A file the command reads: named, for an empty path (an unset shell variable) would
-    be taken for no file at all, or fail only once the ranks have started."""
+    be taken for no file at all, or fail only once the ranks have started; one that is
+    there to read, so that the error names the option that gave it."""
     _check_named(text)
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: not readable")
     return text
 
 
