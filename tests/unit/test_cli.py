@@ -1152,3 +1152,14 @@ def test_an_input_file_that_is_not_there_is_refused_naming_its_option(argv, tmp_
     err = capsys.readouterr().err.splitlines()[-1]
     assert f"error: argument {option}: '{argv[-1]}'" in err
     assert err.endswith(("no such file", "is a folder, not a file"))
+
+
+def test_codecs_takes_a_comma_list_of_specs_as_bench_and_sim_do(tmp_path):
+    """From a bug hunt: ``codecs --codec int8,int4``, written as ``bench --codec`` takes
+    it, failed with 'unknown codec 'int8,int4''."""
+    path = tmp_path / "rows.json"
+    argv = ["codecs", "--numel", "64", "--repeats", "1", "--json", str(path)]
+    codecs = ["--codec", "int8:block=32,stochastic=true,int4", "--codec", "none"]
+    assert main([*argv, *codecs]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["codec"] for row in rows] == ["int8:block=32,stochastic=true", "int4", "none"]

@@ -22,6 +22,7 @@ from commpress.bench.arguments import (
     output_path,
     positive_int,
     same_twice,
+    spec_list,
     whole_number,
 )
 from commpress.codecs import get_codec
@@ -173,9 +174,11 @@ def main(args) -> int:
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--codec",
-        action="append",
+        type=spec_list,
+        action="extend",
         metavar="SPEC",
-        help="codec spec to measure (repeatable); default: all built-in codecs",
+        help="codec specs to measure, comma-separated as in `commpress bench` (int8,int4) or "
+        "repeated; default: all built-in codecs",
     )
     parser.add_argument(
         "--numel",
