@@ -93,6 +93,14 @@ def test_a_delay_netem_cannot_take_is_refused_not_truncated(delay):
         Link.parse("1gbit", delay=delay)
 
 
+def test_a_delay_past_what_tc_takes_is_refused_before_anything_is_built():
+    """From a bug hunt: ``cluster up --delay 300s`` built the hosts, then failed (exit 1) at
+    tc's 'Illegal 300000000 time (too large)', two lines naming no option."""
+    assert Link.parse("1gbit", delay="274s").delay_s == 274
+    with pytest.raises(ValueError, match="delay '275s' is above netem's maximum of 274877906us"):
+        Link.parse("1gbit", delay="275s")
+
+
 def test_ideal_time_is_bytes_over_rate():
     assert Link.parse("1gbit").seconds_for(125_000_000) == pytest.approx(1.0)
 

@@ -10,6 +10,8 @@ _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 MIN_RATE_BITS = 10**6  # tbf's burst arithmetic is coarse below about 1 Mbit/s
 MAX_RATE_BITS = 10**13  # tc takes a burst of at most 4 GiB: one millisecond of 34 Tbit/s
 MIN_MTU, MAX_MTU = 576, 65535
+#: tc gives netem its delay in 32-bit scheduler ticks of 64 ns: about 274.9 seconds at most.
+MAX_DELAY_US = (2**32 - 1) * 64 // 1000
 BURST_SECONDS = 1e-3  # the token bucket holds one millisecond of line rate...
 MIN_BURST_BYTES = 64 << 10  # ...but never less than this (a few full-size frames)
 QUEUE_SECONDS = 0.05  # how long a packet may wait in the shaper before it is dropped
@@ -39,6 +41,8 @@ def parse_delay(text: str) -> float:
     seconds = parse_quantity(text, _TIME_UNITS, "delay")
     if seconds <= 0:
         raise ValueError(f"delay {text!r} must be positive")
+    if seconds * 1e6 > MAX_DELAY_US:
+        raise ValueError(f"delay {text!r} is above netem's maximum of {MAX_DELAY_US}us")
     if abs(seconds * 1e6 - round(seconds * 1e6)) > 1e-6:
         raise ValueError(f"delay {text!r} is not a whole number of microseconds")
     return seconds
