@@ -1101,6 +1101,32 @@ def test_an_option_with_a_default_names_it_in_its_help(command, option):
     assert f"({action.default:g})" in action.help
 
 
+@pytest.mark.parametrize(
+    ("option", "accepted"),
+    [("--hosts", "1 to 254"), ("--link", "1mbit to 10tbit"), ("--uplink", "kbit, mbit, gbit"),
+     ("--delay", "at most 274877906us"), ("--mtu", "576 to 65535"),
+     ("--prefix", "1-6 lowercase letters or digits")],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["cluster", "launch", "bench", "train"])
+def test_a_cluster_option_names_the_values_it_takes(command, option, accepted):
+    """From a bug hunt: ``--hosts`` said only 'number of hosts', ``--mtu`` 'MTU of every
+    link', ``--link`` gave examples but not the units or range the cluster takes."""
+    from commpress import cli
+
+    helps = [a.help for _, a in _options_of(cli.build_parser([command]), "")
+             if option in a.option_strings]  # fmt: skip
+    assert helps and all(accepted in text for text in helps)
+
+
+def test_launch_help_says_which_cluster_the_job_runs_on():
+    from commpress import cli
+
+    (launch,) = [p for p in cli.build_parser(["launch"])._actions[1].choices.values()
+                 if p.prog == "commpress launch"]  # fmt: skip
+    assert "named --prefix that is up" in launch.description
+    assert "given --hosts and --link, of one built for the job" in launch.description
+
+
 def test_train_strategy_says_what_each_runs():
     """``commpress train --help`` listed ``--strategy {fsdp,ddp}`` with no word on either."""
     from commpress import cli

@@ -11,28 +11,49 @@ from collections.abc import Iterator
 from commpress.bench.arguments import port, positive_int, seconds
 from commpress.cluster.emulated import Emulated, cluster_for, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
-from commpress.cluster.layout import DEFAULT_PREFIX, Layout
-from commpress.cluster.link import DEFAULT_MTU, format_rate
+from commpress.cluster.layout import DEFAULT_PREFIX, MAX_HOSTS, Layout
+from commpress.cluster.link import (
+    DEFAULT_MTU,
+    MAX_DELAY_US,
+    MAX_MTU,
+    MAX_RATE_BITS,
+    MIN_MTU,
+    MIN_RATE_BITS,
+    format_rate,
+)
+from commpress.units import RATE_UNITS
 
 
 def add_link_arguments(parser, *, required: bool) -> None:
     """Options that describe (or find) a cluster; shared by every command that uses one."""
-    parser.add_argument("--hosts", type=positive_int, required=required, help="number of hosts")
     parser.add_argument(
-        "--link", required=required, help="rate of every host link, each way: 1gbit, 100mbit"
+        "--hosts", type=positive_int, required=required, help=f"number of hosts, 1 to {MAX_HOSTS}"
     )
+    parser.add_argument("--link", required=required, help=f"rate of every host link, {RATES}")
     parser.add_argument(
         "--racks",
         type=positive_int,
         help="racks the hosts are split into, numbered rack by rack, each joined to a spine "
         "by an uplink (1: one switch, no uplink); must divide --hosts",
     )
+    parser.add_argument("--uplink", help=f"rate of every rack's uplink, {RATES} (the --link rate)")
     parser.add_argument(
-        "--uplink", help="rate of every rack's uplink, each way: 500mbit (the --link rate)"
+        "--delay",
+        help="added to every packet a host sends: a whole number of microseconds, in us, ms "
+        f"or s: 1ms, 200us; at most {MAX_DELAY_US}us (none)",
     )
-    parser.add_argument("--delay", help="added to every packet a host sends: 1ms, 200us")
-    parser.add_argument("--mtu", type=positive_int, help=f"MTU of every link ({DEFAULT_MTU})")
+    parser.add_argument(
+        "--mtu",
+        type=positive_int,
+        help=f"MTU of every link, {MIN_MTU} to {MAX_MTU} ({DEFAULT_MTU})",
+    )
     add_prefix_argument(parser, default=None)
+
+
+RATES = (
+    f"each way, in {', '.join(RATE_UNITS)} (SI, as tc's): 1gbit, 100mbit; "
+    f"{format_rate(MIN_RATE_BITS)} to {format_rate(MAX_RATE_BITS)}"
+)
 
 
 #: The options of :func:`add_link_arguments`: giving any of them asks for the cluster.
@@ -76,7 +97,8 @@ def add_prefix_argument(parser, default: str | None = DEFAULT_PREFIX) -> None:
         "--prefix",
         type=cluster_prefix,
         default=default,
-        help=f"names of the cluster's namespaces and links ({DEFAULT_PREFIX})",
+        help="names of the cluster's namespaces and links: 1-6 lowercase letters or digits, "
+        f"the first a letter ({DEFAULT_PREFIX})",
     )
 
 
@@ -157,6 +179,13 @@ def cluster_status(args) -> int:
 
 
 def add_launch_arguments(parser) -> None:
+    parser.description = (
+        "Run the program given after -- on every host of the emulated cluster named --prefix "
+        "that is up (`commpress cluster up`), or, given --hosts and --link, of one built for "
+        "the job and removed after it; --nproc-per-host ranks each, with torchrun's variables. "
+        "Exit status: the job's worst (127, 126: the program cannot be found, run; 1: no "
+        "cluster is up)."
+    )
     add_link_arguments(parser, required=False)
     parser.add_argument("--nproc-per-host", type=positive_int, default=1, help="ranks per host (1)")
     parser.add_argument(
