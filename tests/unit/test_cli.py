@@ -1189,3 +1189,13 @@ def test_codecs_takes_a_comma_list_of_specs_as_bench_and_sim_do(tmp_path):
     assert main([*argv, *codecs]) == 0
     rows = json.loads(path.read_text())["rows"]
     assert [row["codec"] for row in rows] == ["int8:block=32,stochastic=true", "int4", "none"]
+
+
+def test_cluster_status_of_a_prefix_not_up_says_how_to_start_that_one(monkeypatch, capsys):
+    """From a bug hunt: ``cluster status --prefix lab`` said 'start one with `commpress
+    cluster up`', which starts the cluster ``cp``, not ``lab``."""
+    import commpress.cluster.commands as commands
+
+    monkeypatch.setattr(commands, "present", lambda layout: [])
+    assert main(["cluster", "status", "--prefix", "lab"]) == 1
+    assert "start one with `commpress cluster up --prefix lab " in capsys.readouterr().err

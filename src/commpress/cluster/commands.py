@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 
 from commpress.bench.arguments import port, positive_int, seconds
-from commpress.cluster.emulated import Emulated, cluster_for, present, remove
+from commpress.cluster.emulated import Emulated, cluster_for, not_up, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import DEFAULT_PREFIX, MAX_HOSTS, Layout
 from commpress.cluster.link import (
@@ -151,11 +151,7 @@ def cluster_down(args) -> int:
 
 def cluster_status(args) -> int:
     if not present(Layout(args.prefix)):
-        print(
-            f"commpress cluster status: no cluster named {args.prefix!r} is up: "
-            "start one with `commpress cluster up`",
-            file=sys.stderr,
-        )
+        print(f"commpress cluster status: {not_up(args.prefix)}", file=sys.stderr)
         return 1
     cluster = Emulated.attach(args.prefix)
     print(f"cluster: {cluster.describe()}")

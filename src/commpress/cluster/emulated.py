@@ -126,9 +126,7 @@ class Emulated:
         layout = Layout(prefix)
         leftovers = present(layout)
         if not leftovers:
-            raise ClusterError(
-                f"no cluster named {prefix!r} is up: start one with `commpress cluster up`"
-            )
+            raise ClusterError(not_up(prefix))
         hosts = _built_hosts(layout, leftovers)
         missing = _missing_parts(layout, hosts, leftovers)
         if missing:
@@ -494,6 +492,14 @@ def _read_link(layout: Layout) -> Link:
     return Link.parse(rate_bits, delay, mtu)
 
 
+def not_up(prefix: str) -> str:
+    """That no cluster named ``prefix`` is up, and the command that starts one of that name."""
+    return (
+        f"no cluster named {prefix!r} is up: start one with "
+        f"`commpress cluster up --prefix {prefix} --hosts N --link RATE`"
+    )
+
+
 @contextlib.contextmanager
 def cluster_for(
     hosts: int | None,
@@ -544,9 +550,7 @@ def cluster_for(
         return
     if hosts is None or link is None:
         raise ClusterError(
-            f"no cluster named {prefix!r} is up: start one with `commpress cluster up "
-            f"--prefix {prefix} --hosts N --link RATE`, or give both --hosts and --link "
-            "to build one for this command"
+            f"{not_up(prefix)}, or give both --hosts and --link to build one for this command"
         )
     racks = 1 if racks is None else racks
     mtu = DEFAULT_MTU if mtu is None else mtu
