@@ -1199,3 +1199,12 @@ def test_cluster_status_of_a_prefix_not_up_says_how_to_start_that_one(monkeypatc
     monkeypatch.setattr(commands, "present", lambda layout: [])
     assert main(["cluster", "status", "--prefix", "lab"]) == 1
     assert "start one with `commpress cluster up --prefix lab " in capsys.readouterr().err
+
+
+def test_codecs_refuses_a_numel_whose_run_cannot_fit_in_memory(capsys):
+    """From a bug hunt: ``codecs --numel 100000000000`` ended in torch's traceback,
+    'DefaultCPUAllocator: can't allocate memory'."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["codecs", "--codec", "none", "--numel", str(10**15), "--repeats", "1"])
+    assert exit_info.value.code == 2
+    assert f"argument --numel: '{10**15}': a run holds about" in capsys.readouterr().err

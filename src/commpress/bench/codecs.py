@@ -123,6 +123,25 @@ def available_default_codecs() -> list[str]:
     return specs
 
 
+#: A run's peak memory in multiples of its fp32 input: the two inputs, the scratch output,
+#: the payloads and the float64 copies the errors are computed in (measured: about 17).
+MEMORY_PER_INPUT = 18
+
+
+def value_count(text: str) -> int:
+    """``--numel``: at least 1, and few enough that a run fits in this machine's memory
+    (past it torch failed with a traceback: 'can't allocate memory')."""
+    value = positive_int(text)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if value * 4 * MEMORY_PER_INPUT > memory:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a run holds about {MEMORY_PER_INPUT} times its input of "
+            f"{value * 4 / 2**30:.3g} GiB, more than this machine's {memory / 2**30:.3g} GiB: "
+            f"at most {memory // (4 * MEMORY_PER_INPUT)}"
+        )
+    return value
+
+
 def thread_count(text: str) -> int:
     """``--threads``: 1 to the machine's cores (torch crashed at exit with 100000; more
     threads than cores measure the scheduler, not the codec)."""
@@ -182,9 +201,10 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--numel",
-        type=positive_int,
+        type=value_count,
         default=1 << 24,
-        help="fp32 values per tensor (default: 16M = 64 MiB)",
+        help=f"fp32 values per tensor; a run takes about {MEMORY_PER_INPUT} times their bytes "
+        "of memory (default: 16M = 64 MiB)",
     )
     parser.add_argument(
         "--repeats",
