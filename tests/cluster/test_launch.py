@@ -265,7 +265,7 @@ def test_a_cluster_that_is_up_is_used_and_kept(prefix):
         assert sorted(done.stdout.splitlines()) == ["h0r0| 10.213.0.1 2", "h1r1| 10.213.0.1 2"]
         assert present(Layout(prefix))
         wrong = run_launch("--prefix", prefix, "--hosts", "3", "--", "true")
-        assert wrong.returncode == 2 and "up with 2 hosts" in wrong.stderr
+        assert wrong.returncode == 1 and "up with 2 hosts" in wrong.stderr
 
 
 def test_on_a_kept_cluster_the_job_s_detached_processes_end_with_it_another_job_s_stay(

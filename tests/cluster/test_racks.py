@@ -201,22 +201,22 @@ def test_attach_restores_racks_and_uplink_and_down_leaves_nothing(prefix, capsys
         with cluster_for(None, None, racks=3, uplink=UPLINK, prefix=prefix) as found:
             assert found.racks == 3
         with (
-            pytest.raises(ValueError, match="racks=2 but cluster .* 3 rack"),
+            pytest.raises(ClusterError, match="racks=2 but cluster .* 3 rack"),
             cluster_for(6, RATE, racks=2, prefix=prefix),
         ):
             pass
         with (
-            pytest.raises(ValueError, match="uplink='1gbit' but cluster .* uplinks 200mbit"),
+            pytest.raises(ClusterError, match="uplink='1gbit' but cluster .* uplinks 200mbit"),
             cluster_for(None, None, uplink="1gbit", prefix=prefix),
         ):
             pass
         with (  # before, an MTU or delay that the cluster up did not have was ignored
-            pytest.raises(ValueError, match="mtu=9000 but cluster .* MTU 1500"),
+            pytest.raises(ClusterError, match="mtu=9000 but cluster .* MTU 1500"),
             cluster_for(None, None, mtu=9000, prefix=prefix),
         ):
             pass
         with (
-            pytest.raises(ValueError, match="delay='1ms' but cluster"),
+            pytest.raises(ClusterError, match="delay='1ms' but cluster"),
             cluster_for(None, None, delay="1ms", prefix=prefix),
         ):
             pass
@@ -251,7 +251,7 @@ def test_one_rack_attaches_as_one_rack_and_refuses_an_uplink(prefix):
         assert attached.racks == 1 and attached.uplink is None
         assert attached.uplink_counters() == []
         with (
-            pytest.raises(ValueError, match="one rack"),
+            pytest.raises(ClusterError, match="one rack"),
             cluster_for(None, None, uplink=UPLINK, prefix=prefix),
         ):
             pass

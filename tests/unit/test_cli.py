@@ -1208,3 +1208,18 @@ def test_codecs_refuses_a_numel_whose_run_cannot_fit_in_memory(capsys):
         main(["codecs", "--codec", "none", "--numel", str(10**15), "--repeats", "1"])
     assert exit_info.value.code == 2
     assert f"argument --numel: '{10**15}': a run holds about" in capsys.readouterr().err
+
+
+def test_an_option_the_cluster_up_does_not_match_is_a_run_time_failure(monkeypatch, capsys):
+    """From a bug hunt: ``launch --hosts 3`` with a cluster of 4 hosts up exited 2, a usage
+    error, where ``cluster up`` of a cluster already up exits 1: the same command line is
+    right once that cluster is down."""
+    import commpress.cluster.emulated as emulated
+
+    class Up:
+        hosts = 4
+
+    monkeypatch.setattr(emulated, "present", lambda layout: ["cpup-h0"])
+    monkeypatch.setattr(emulated.Emulated, "attach", lambda prefix: Up())
+    assert main(["launch", "--prefix", "cpup", "--hosts", "3", "--", "true"]) == 1
+    assert "hosts=3 but cluster 'cpup' is up with 4 hosts" in capsys.readouterr().err

@@ -515,22 +515,22 @@ def cluster_for(
     ``uplink``/``delay``/``mtu``, each where given), else a new one built from them (one
     rack where ``racks`` is None, :data:`~commpress.cluster.link.DEFAULT_MTU` where ``mtu``
     is) and removed on exit. :class:`ClusterError` where none is up and ``hosts`` or
-    ``link`` is not given."""
+    ``link`` is not given, or where the one up does not match them."""
     layout = Layout(prefix)
     if present(layout):
         cluster = Emulated.attach(prefix)
         if hosts is not None and hosts != cluster.hosts:
-            raise ValueError(
+            raise ClusterError(
                 f"hosts={hosts} but cluster {prefix!r} is up with "
                 f"{counted(cluster.hosts, 'host')}: "
                 f"`commpress cluster down --prefix {prefix}` first, or drop --hosts"
             )
         if link is not None and Link.parse(link).rate_bits != cluster.link.rate_bits:
-            raise ValueError(
+            raise ClusterError(
                 f"link={link!r} but cluster {prefix!r} is up with {cluster.link.describe()}"
             )
         if racks is not None and racks != cluster.racks:
-            raise ValueError(
+            raise ClusterError(
                 f"racks={racks} but cluster {prefix!r} is up with "
                 f"{counted(cluster.racks, 'rack')}: "
                 f"`commpress cluster down --prefix {prefix}` first, or drop --racks"
@@ -539,11 +539,13 @@ def cluster_for(
             cluster.uplink is None or Link.parse(uplink).rate_bits != cluster.uplink.rate_bits
         ):
             has = cluster.describe_racks() or "one rack (no uplink)"
-            raise ValueError(f"uplink={uplink!r} but cluster {prefix!r} is up with {has}")
+            raise ClusterError(f"uplink={uplink!r} but cluster {prefix!r} is up with {has}")
         if mtu is not None and mtu != cluster.link.mtu:
-            raise ValueError(f"mtu={mtu} but cluster {prefix!r} is up with MTU {cluster.link.mtu}")
+            raise ClusterError(
+                f"mtu={mtu} but cluster {prefix!r} is up with MTU {cluster.link.mtu}"
+            )
         if delay is not None and abs(parse_delay(delay) - (cluster.link.delay_s or 0)) > 1e-6:
-            raise ValueError(
+            raise ClusterError(
                 f"delay={delay!r} but cluster {prefix!r} is up with {cluster.link.describe()}"
             )
         yield cluster
