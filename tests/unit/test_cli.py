@@ -109,6 +109,20 @@ def test_sizes_take_binary_units_spelled_either_way(text, size):
     assert byte_size(text) == size
 
 
+@pytest.mark.parametrize("text", ["0.1K", "1.0000001M", "0.3k"])
+def test_sizes_refuse_a_fraction_of_a_byte(text, capsys):
+    """From a bug hunt: ``-b 0.1K`` was taken for 102 bytes (102.4 cut), ``1.0000001M``
+    for 1M, without a word; a plain ``1.5`` is refused as not a size."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim", "--size", f"1M,{text}"])
+    assert exit_info.value.code == 2
+    assert "argument --size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "-b", text])
+    err = capsys.readouterr().err
+    assert f"argument -b/--minbytes: '{text}' is " in err and "not a whole number of bytes" in err
+
+
 @pytest.mark.parametrize("text", ["1iB", "1I", "MiB", "1KIIB", "1TiB"])
 def test_sizes_refuse_what_is_not_a_unit(text):
     from commpress.bench.arguments import byte_size

@@ -95,6 +95,8 @@ def byte_size(text: str) -> int:
             number = float(cleaned[:-1]) * UNITS[cleaned[-1]]
             if not math.isfinite(number):  # int() of it raises OverflowError
                 raise InvalidValue(f"{text!r}: must be a finite number of bytes")
+            if not number.is_integer():  # int() would drop the fraction of a byte
+                raise InvalidValue(f"{text!r} is {number:g} bytes: not a whole number of bytes")
             value = int(number)
         else:
             value = int(cleaned)
