@@ -276,8 +276,27 @@ def test_sim_says_a_row_of_fewer_nodes_than_roots_has_every_node_a_root(capsys):
 def test_an_error_of_a_cluster_action_names_the_action_as_argparse_does(capsys):
     """'commpress cluster: error: hosts must be ...' for `cluster up`, whose argparse errors
     say 'commpress cluster up: error:'."""
-    assert main(["cluster", "up", "--hosts", "300", "--link", "1gbit", "--prefix", "cptx"]) == 2
-    assert capsys.readouterr().err.startswith("commpress cluster up: error: hosts must be")
+    argv = ["cluster", "up", "--hosts", "4", "--racks", "3", "--link", "1gbit", "--prefix", "cptx"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("commpress cluster up: error: racks must divide")
+
+
+@pytest.mark.parametrize(
+    ("option", "reason"),
+    [(["--hosts", "255"], "--hosts: '255': must be in [1, 254]"),
+     (["--mtu", "100"], "--mtu: '100': must be in [576, 65535]")],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["cluster", "up", "--hosts", "2"], ["launch"], ["bench"], ["train"]]
+)
+def test_a_host_count_or_mtu_out_of_range_names_its_option(command, option, reason, capsys):
+    """From a bug hunt: ``launch --hosts 255`` said 'hosts must be between 1 and 254, got
+    255', ``--mtu 100`` 'mtu must be between 576 and 65535', naming no option, as the other
+    values' errors do."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--link", "1gbit", "--prefix", "cpnone", *option])
+    assert exit_info.value.code == 2
+    assert f"error: argument {reason}" in capsys.readouterr().err
 
 
 def test_sim_refuses_roots_without_multicast(capsys):

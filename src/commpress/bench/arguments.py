@@ -27,6 +27,13 @@ def whole_number(text: str) -> int:
         raise InvalidValue(f"{text!r} is not a whole number") from None
 
 
+def bounded_int(text: str, least: int, most: int) -> int:
+    value = whole_number(text)
+    if not least <= value <= most:
+        raise InvalidValue(f"{text!r}: must be in [{least}, {most}]")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = whole_number(text)
     if value < 1:

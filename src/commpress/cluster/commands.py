@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from commpress.bench.arguments import port, positive_int, seconds
+from commpress.bench.arguments import bounded_int, port, positive_int, seconds
 from commpress.cluster.emulated import Emulated, cluster_for, not_up, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import DEFAULT_PREFIX, MAX_HOSTS, Layout
@@ -27,7 +27,7 @@ from commpress.units import RATE_UNITS
 def add_link_arguments(parser, *, required: bool) -> None:
     """Options that describe (or find) a cluster; shared by every command that uses one."""
     parser.add_argument(
-        "--hosts", type=positive_int, required=required, help=f"number of hosts, 1 to {MAX_HOSTS}"
+        "--hosts", type=host_count, required=required, help=f"number of hosts, 1 to {MAX_HOSTS}"
     )
     parser.add_argument("--link", required=required, help=f"rate of every host link, {RATES}")
     parser.add_argument(
@@ -44,10 +44,18 @@ def add_link_arguments(parser, *, required: bool) -> None:
     )
     parser.add_argument(
         "--mtu",
-        type=positive_int,
+        type=mtu,
         help=f"MTU of every link, {MIN_MTU} to {MAX_MTU} ({DEFAULT_MTU})",
     )
     add_prefix_argument(parser, default=None)
+
+
+def host_count(text: str) -> int:
+    return bounded_int(text, 1, MAX_HOSTS)
+
+
+def mtu(text: str) -> int:
+    return bounded_int(text, MIN_MTU, MAX_MTU)
 
 
 RATES = (
