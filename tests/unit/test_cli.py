@@ -284,15 +284,18 @@ def test_an_error_of_a_cluster_action_names_the_action_as_argparse_does(capsys):
 @pytest.mark.parametrize(
     ("option", "reason"),
     [(["--hosts", "255"], "--hosts: '255': must be in [1, 254]"),
-     (["--mtu", "100"], "--mtu: '100': must be in [576, 65535]")],
+     (["--mtu", "100"], "--mtu: '100': must be in [576, 65535]"),
+     (["--link", "1gbps"], "--link: link rate '1gbps' is not understood"),
+     (["--uplink", "8bit"], "--uplink: link rate '8bit' is below the minimum of 1mbit"),
+     (["--delay", "1x"], "--delay: delay '1x' is not understood")],
 )  # fmt: skip
 @pytest.mark.parametrize(
     "command", [["cluster", "up", "--hosts", "2"], ["launch"], ["bench"], ["train"]]
 )
-def test_a_host_count_or_mtu_out_of_range_names_its_option(command, option, reason, capsys):
+def test_a_bad_cluster_option_is_refused_naming_it(command, option, reason, capsys):
     """From a bug hunt: ``launch --hosts 255`` said 'hosts must be between 1 and 254, got
-    255', ``--mtu 100`` 'mtu must be between 576 and 65535', naming no option, as the other
-    values' errors do."""
+    255', ``--mtu 100`` 'mtu must be between 576 and 65535', ``--link 1gbps`` 'link rate
+    '1gbps' is not understood', naming no option as the other values' errors do."""
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--link", "1gbit", "--prefix", "cpnone", *option])
     assert exit_info.value.code == 2

@@ -20,6 +20,8 @@ from commpress.cluster.link import (
     MIN_MTU,
     MIN_RATE_BITS,
     format_rate,
+    parse_delay,
+    parse_rate,
 )
 from commpress.units import RATE_UNITS
 
@@ -29,16 +31,21 @@ def add_link_arguments(parser, *, required: bool) -> None:
     parser.add_argument(
         "--hosts", type=host_count, required=required, help=f"number of hosts, 1 to {MAX_HOSTS}"
     )
-    parser.add_argument("--link", required=required, help=f"rate of every host link, {RATES}")
+    parser.add_argument(
+        "--link", type=rate, required=required, help=f"rate of every host link, {RATES}"
+    )
     parser.add_argument(
         "--racks",
         type=positive_int,
         help="racks the hosts are split into, numbered rack by rack, each joined to a spine "
         "by an uplink (1: one switch, no uplink); must divide --hosts",
     )
-    parser.add_argument("--uplink", help=f"rate of every rack's uplink, {RATES} (the --link rate)")
+    parser.add_argument(
+        "--uplink", type=rate, help=f"rate of every rack's uplink, {RATES} (the --link rate)"
+    )
     parser.add_argument(
         "--delay",
+        type=delay,
         help="added to every packet a host sends: a whole number of microseconds, in us, ms "
         f"or s: 1ms, 200us; at most {MAX_DELAY_US}us (none)",
     )
@@ -56,6 +63,24 @@ def host_count(text: str) -> int:
 
 def mtu(text: str) -> int:
     return bounded_int(text, MIN_MTU, MAX_MTU)
+
+
+def rate(text: str) -> str:
+    """``--link``, ``--uplink``: a rate the cluster's links take, kept as given."""
+    return _checked(parse_rate, text)
+
+
+def delay(text: str) -> str:
+    """``--delay``: a delay netem takes, kept as given."""
+    return _checked(parse_delay, text)
+
+
+def _checked(parse, text: str) -> str:
+    try:
+        parse(text)
+    except ValueError as error:  # argparse shows an ArgumentTypeError's reason
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 RATES = (
