@@ -1259,3 +1259,17 @@ def test_an_option_the_cluster_up_does_not_match_is_a_run_time_failure(monkeypat
     monkeypatch.setattr(emulated.Emulated, "attach", lambda prefix: Up())
     assert main(["launch", "--prefix", "cpup", "--hosts", "3", "--", "true"]) == 1
     assert "hosts=3 but cluster 'cpup' is up with 4 hosts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "spec"),
+    [(["bench", "--codec", "int4,int8:block=0"], "int8:block=0"),
+     (["sim", "--codec", "zfp:rate=99"], "zfp:rate=99"),
+     (["schedule", "--op", "all_gather", "--algorithm", "ring", "--world", "2", "--codec",
+       "int4:block=0"], "int4:block=0")],
+)  # fmt: skip
+def test_a_codec_option_out_of_range_names_its_spec(argv, spec, capsys):
+    """From a bug hunt: ``bench --codec int4,int8:block=0`` said only 'block must be a
+    positive int of at most 16777216, got 0', not which of the specs had it."""
+    assert main(argv) == 2
+    assert f"error: codec spec {spec!r}: " in capsys.readouterr().err

@@ -64,7 +64,11 @@ def _build(spec: str) -> Codec:
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown codec {name!r} in spec {spec!r}; known: {list_codecs()}")
-    return cls(**_parse_options(cls, option_text, spec))
+    options = _parse_options(cls, option_text, spec)
+    try:
+        return cls(**options)
+    except ValueError as error:  # an option out of range: which spec, of several, had it
+        raise ValueError(f"codec spec {spec!r}: {error}") from None
 
 
 def _parse_options(cls: type[CodecBase], text: str, spec: str) -> dict[str, object]:
