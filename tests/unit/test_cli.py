@@ -1273,3 +1273,11 @@ def test_a_codec_option_out_of_range_names_its_spec(argv, spec, capsys):
     positive int of at most 16777216, got 0', not which of the specs had it."""
     assert main(argv) == 2
     assert f"error: codec spec {spec!r}: " in capsys.readouterr().err
+
+
+def test_a_low_rank_option_out_of_range_names_its_spec(capsys):
+    """From a bug hunt: ``train --compare plain powersgd:rank=0`` said only 'rank must be an
+    int of at least 1, got 0'."""
+    argv = ["train", "--strategy", "ddp", "--compare", "plain", "powersgd:rank=0"]
+    assert main(argv) == 2
+    assert "error: low-rank spec 'powersgd:rank=0': rank must be" in capsys.readouterr().err

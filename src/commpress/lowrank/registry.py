@@ -18,4 +18,8 @@ def get_algorithm(spec: str) -> LowRankAlgorithm:
     name, options = split_spec(spec)
     if name not in ALGORITHMS:
         raise ValueError(f"unknown low-rank algorithm {name!r}; known: {sorted(ALGORITHMS)}")
-    return ALGORITHMS[name](**parse_options(options, _TYPES, spec, f"algorithm {name!r}"))
+    parsed = parse_options(options, _TYPES, spec, f"algorithm {name!r}")
+    try:
+        return ALGORITHMS[name](**parsed)
+    except ValueError as error:  # an option out of range: which spec, of several, had it
+        raise ValueError(f"low-rank spec {spec!r}: {error}") from None
