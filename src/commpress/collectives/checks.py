@@ -212,14 +212,31 @@ def check_pair(out: torch.Tensor, inp: torch.Tensor, *, world_size: int, gather:
 
 def check_no_shared_elements(tensor: torch.Tensor, argument: str) -> None:
     """An output may be strided, as torch's collectives take it, but no two of its elements
-    may be one in memory (a stride of 0, as ``expand()`` makes): they would be written
-    with different values (torch's ``copy_`` refuses such a tensor too)."""
-    layout = zip(tensor.shape, tensor.stride(), strict=True)
-    if any(stride == 0 and size > 1 for size, stride in layout):
+    may be one in memory (a stride of 0, as ``expand()`` makes, or strides whose rows
+    overlap, as ``as_strided`` can make): they would be written with different values, and
+    the one written last would silently win."""
+    if elements_may_overlap(tensor):
         raise ValueError(
-            f"{argument} has elements that share memory (a stride of 0, as from expand()), "
-            f"so it cannot hold the result: give a tensor of its own, e.g. {argument}.clone()"
+            f"{argument} has elements that share memory (a stride of 0, as from expand(), or "
+            f"overlapping strides), so it cannot hold the result: give a tensor of its own, "
+            f"e.g. {argument}.clone()"
         )
+
+
+def elements_may_overlap(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` may be one in memory: unless each dimension (of
+    more than one element), taken from the smallest stride up, steps past everything the
+    smaller ones span. A layout that interleaves dimensions without overlap counts as
+    overlapping too (no torch operation but ``as_strided`` makes one)."""
+    if tensor.numel() == 0:
+        return False
+    layout = zip(tensor.stride(), tensor.shape, strict=True)
+    spanned = 0  # the largest offset the dimensions taken so far reach
+    for stride, size in sorted((stride, size) for stride, size in layout if size > 1):
+        if stride <= spanned:
+            return True
+        spanned += stride * (size - 1)
+    return False
 
 
 def check_dense(tensor: torch.Tensor, argument: str) -> None:
