@@ -235,20 +235,6 @@ def after_reset_iter_state(module: torch.nn.Module, callback: Callable[[], None]
         group._reset_iter_state = reset_iter_state
 
 
-def after_this_backward(callback: Callable[[], None]) -> bool:
-    """Call ``callback()`` once the running backward has finished without an exception
-    (``Variable._execution_engine.queue_callback``, as FSDP2 does); False, and no call,
-    outside a backward (``torch._C._current_graph_task_id``)."""
-    graph_task_id = _attribute(
-        torch._C, "_current_graph_task_id", "torch._C._current_graph_task_id"
-    )
-    if graph_task_id() == -1:
-        return False
-    engine = _attribute(torch.autograd.Variable, "_execution_engine", "Variable._execution_engine")
-    _attribute(engine, "queue_callback", "Variable._execution_engine.queue_callback")(callback)
-    return True
-
-
 def _reduce_scattered(fsdp_param, zeros_for_unused: bool) -> bool:
     accumulated = _attribute(
         fsdp_param, "unsharded_accumulated_grad", "FSDPParam.unsharded_accumulated_grad"
@@ -334,6 +320,12 @@ def _cuda_sleep() -> Callable[[int], None]:
     return _attribute(torch.cuda, "_sleep", "torch.cuda._sleep")
 
 
+def _reset_iter_state_method() -> object:
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    return _attribute(FSDPParamGroup, "_reset_iter_state", "FSDPParamGroup._reset_iter_state")
+
+
 def _get_fsdp_state_method() -> object:
     from torch.distributed.fsdp import FSDPModule
 
@@ -347,6 +339,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_API_MODULE}.AllGather/ReduceScatter": fsdp_comm_classes,
     f"{FSDP_COLLECTIVES_MODULE}.DefaultAllGather/DefaultReduceScatter": fsdp_default_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
+    "FSDPParamGroup._reset_iter_state": _reset_iter_state_method,
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,

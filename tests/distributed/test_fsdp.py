@@ -746,9 +746,11 @@ def test_error_feedback_counts_the_zero_gradients_fsdp_reduce_scatters_for_unuse
     assert outcomes == [[True, True], [True, True]]
 
 
-def _step_aborted_mid_backward(rank, world_size):
-    """A step whose backward raises after module '4' reduce-scattered, before '2' and '0',
-    then FSDP2's recovery (reset_iter_state) and the step run again."""
+def _steps_reset(rank, world_size):
+    """Residuals after FSDP2's recovery (reset_iter_state) from a backward that raises once
+    module '4' has reduce-scattered, before '2' and '0'; and from a forward that raises
+    after a successful backward of the same step (gradient accumulation: the microbatch
+    sequence is invalidated, its first backward's gradients discarded too)."""
     model = shard(small_model())
     compression = cp.fsdp.compress(model, "int8", "int8@alltoall", error_feedback=True)
 
@@ -758,53 +760,49 @@ def _step_aborted_mid_backward(rank, world_size):
     def fail_in_backward(module, args, output) -> None:
         output.register_hook(fail)
 
-    def step(abort=False):
-        x, y = data(rank, 0)
-        hook = model[3].register_forward_hook(fail_in_backward)
-        if not abort:
-            hook.remove()
-        try:
-            F.cross_entropy(model(x), y).backward()
-        finally:
-            hook.remove()
+    def abort_forward(module, args):
+        raise RuntimeError("aborted mid-forward")
+
+    def step(microbatch=0):
+        x, y = data(rank, microbatch)
+        F.cross_entropy(model(x), y).backward()
+
+    def aborted(where, hook, error):
+        handle = hook(where)
+        with pytest.raises(RuntimeError, match=error):
+            step(1)
+        handle.remove()
+        model.reset_iter_state()
+        model.zero_grad()
 
     def residuals():
         found = compression.state_dict()["of_rank"][str(rank)][0]["residuals"]
         return {name: found[name]["residual"] for name in ("0", "2", "4")}
 
-    def abort_forward(module, args):
-        raise RuntimeError("aborted mid-forward")
-
     step()
-    before = residuals()
-    with pytest.raises(RuntimeError, match="aborted mid-backward"):
-        step(abort=True)
-    model.reset_iter_state()
-    after = residuals()
-    model.zero_grad()
+    fed = residuals()
+    aborted(model[3], lambda m: m.register_forward_hook(fail_in_backward), "mid-backward")
+    after_backward = residuals()
     step()
     retried = residuals()
-    hook = model[2].register_forward_pre_hook(abort_forward)
-    with pytest.raises(RuntimeError, match="aborted mid-forward"):
-        step()
-    hook.remove()
-    model.reset_iter_state()
-    return before, after, retried, residuals()
+    step()  # a first microbatch, then the second aborts in its forward
+    aborted(model[2], lambda m: m.register_forward_pre_hook(abort_forward), "mid-forward")
+    return fed, after_backward, retried, residuals()
 
 
-def test_a_step_aborted_mid_backward_leaves_no_residual_of_its_discarded_gradients():
-    """reset_iter_state discards the aborted step's gradients: module '4' kept the residual
-    of its reduce-scatter (the rounding error of gradients no optimizer saw; the residual
-    before it was sent with them), and the step run again added it. It restarts from
-    zero, as after a skipped step; the modules not yet reduce-scattered keep theirs, and
-    a step aborted mid-forward, before any reduce-scatter, leaves every residual."""
-    for before, after, retried, forward_aborted in run_distributed(
-        _step_aborted_mid_backward, 2, timeout=120
+def test_reset_iter_state_leaves_no_residual_of_discarded_gradients():
+    """reset_iter_state discards the gradients in flight: module '4' kept the residual of
+    its reduce-scatter (the rounding error of gradients no optimizer saw; the residual
+    before it was sent with them), and the step run again added it; under gradient
+    accumulation every module kept the residual of the sequence's first backward. Every
+    residual restarts from zero, and the next step feeds them again."""
+    for fed, after_backward, retried, after_forward in run_distributed(
+        _steps_reset, 2, timeout=120
     ):
-        assert all(residual is not None for residual in before.values())
-        assert after["4"] is None
-        assert torch.equal(after["0"], before["0"]) and torch.equal(after["2"], before["2"])
-        assert all(torch.equal(forward_aborted[name], retried[name]) for name in retried)
+        assert all(residual is not None for residual in fed.values())
+        assert all(residual is None for residual in after_backward.values())
+        assert all(residual is not None for residual in retried.values())
+        assert all(residual is None for residual in after_forward.values())
 
 
 def _same_gradient_every_step(rank, world_size):

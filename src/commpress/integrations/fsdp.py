@@ -144,9 +144,9 @@ def compress(
     ``error_feedback``: keep, per module, the reduce-scatter's rounding error of this
     rank's gradients and add it before the next compression (needs ``@alltoall``, where
     every rounding happens at the source; the returned ``Compression``'s ``state_dict()`` /
-    ``load_state_dict()`` save and restore the residuals for a resumed run; a step aborted
-    mid-backward and reset with ``reset_iter_state()`` restarts from zero the residuals its
-    reduce-scatters had fed with the gradients it discards).
+    ``load_state_dict()`` save and restore the residuals for a resumed run; FSDP2's
+    ``reset_iter_state()``, which discards an aborted step's gradients, restarts every
+    residual from zero).
     ``on_unsupported``: FSDP2 cannot customise a module with several parameter groups,
     one it replicates without sharding has nothing to compress, and one given collectives
     of its user's (``set_custom_all_gather`` / ``set_custom_reduce_scatter``, FSDP2's
@@ -597,8 +597,6 @@ class CompressedReduceScatter(ReduceScatter):
         self._residual_of: tuple[bool, ...] | None = None
         #: per parameter, the elements its gradient takes in the input (error feedback)
         self.numels: list[int] = []
-        #: whether the residual took gradients of a backward that has not finished
-        self._fed_this_step = False
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -637,22 +635,12 @@ class CompressedReduceScatter(ReduceScatter):
         wait_native = partial(_wait_native, "reduce_scatter_tensor", codec, own, self.timeout)
         return _finish(work, watch, async_op, output_tensor, wait_native)
 
-    def _feed(self) -> None:
-        """The residual takes this backward's gradients: until it finishes, a reset discards
-        them (:meth:`discard_step`)."""
-        if not self._fed_this_step:
-            self._fed_this_step = _torch_private.after_this_backward(self._backward_finished)
-
-    def _backward_finished(self) -> None:
-        self._fed_this_step = False
-
     def discard_step(self) -> None:
-        """FSDP2 discarded this step's gradients (``reset_iter_state()`` after an exception):
-        a residual this step's reduce-scatter left holds the rounding error of gradients no
-        optimizer sees, and the residual before it went out with them: restart from zero."""
-        if self._fed_this_step:
-            self.residual, self._residual_of = None, None
-            self._fed_this_step = False
+        """FSDP2 discarded the gradients in flight (``reset_iter_state()`` after an
+        exception; under gradient accumulation the whole microbatch sequence): a residual
+        fed by them holds the rounding error of gradients no optimizer sees, and which
+        backwards of the sequence fed it cannot be told here: restart from zero."""
+        self.residual, self._residual_of = None, None
 
     def note_reduced(self, has_gradient: tuple[bool, ...]) -> None:
         """Which of the module's parameters the next call carries (FSDP2 reduce-scatters
@@ -704,7 +692,6 @@ class CompressedReduceScatter(ReduceScatter):
         (one unused this step) lays the input out differently, even at the same size."""
         if not self.error_feedback:
             return None
-        self._feed()
         stale = self.residual is None or self.residual.shape != input_tensor.shape
         if stale or self._residual_of != self._reduced:
             self.residual = torch.zeros(
