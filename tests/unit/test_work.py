@@ -412,3 +412,37 @@ def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass
         assert freed() is None
     finally:
         gc.enable()
+
+
+class _RankFailed(RuntimeError):
+    """An exception whose ``__init__`` formats its argument: rebuilt from its ``args``, it
+    would read 'rank rank 3 failed failed'."""
+
+    def __init__(self, rank):
+        super().__init__(f"rank {rank} failed")
+
+
+class _Timeout(RuntimeError):
+    def __init__(self, *, seconds):
+        super().__init__(f"no answer in {seconds} s")
+        self.seconds = seconds
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (_RankFailed(3), "rank 3 failed"),
+        (_Timeout(seconds=5), "no answer in 5 s"),
+        (OSError(104, "Connection reset by peer"), "[Errno 104] Connection reset by peer"),
+    ],
+)
+def test_a_failed_handle_raises_its_error_with_the_message_and_type_it_had(error, message):
+    def run():
+        raise error
+
+    work = launch(run, async_op=True)
+    for _ in range(2):
+        with pytest.raises(type(error)) as raised:
+            work.wait()
+        assert str(raised.value) == message
+    assert getattr(raised.value, "seconds", 5) == 5

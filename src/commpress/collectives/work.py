@@ -256,10 +256,13 @@ def _copy_of(error: BaseException) -> BaseException:
     in a waiter: the future keeps ``error``, which raised itself would gain the waiter's
     frames, among them a caller's that holds the handle, and so the error again (a cycle
     that kept the caller's tensors and group until a gc pass). ``error`` itself where its
-    type cannot be rebuilt from its arguments."""
+    type cannot be rebuilt from its arguments as it was (an ``__init__`` that formats its
+    arguments would format them twice): its message before the cycle's."""
     try:
         fresh = copy.copy(error)
     except Exception:  # noqa: BLE001 - a type whose arguments do not rebuild it
+        return error
+    if fresh.args != error.args or str(fresh) != str(error):
         return error
     fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
     fresh.__suppress_context__ = error.__suppress_context__
