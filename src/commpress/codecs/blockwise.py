@@ -78,8 +78,9 @@ def streams(out: torch.Tensor) -> int:
     block of whole 64-byte lines, ``out`` on a 64-byte line). Into memory not in the caches, they
     decode 1M int8 values in about 0.2 ms against 0.5 through the caches; a reader of the
     output right after finds it in memory, not in a cache: on 4 emulated hosts they made
-    the all-gather at 8-16 MiB 0.5-1.6 ms faster and cost the reduce-scatter CPU
-    (``benchmarks/streaming_2026-12-06/README.md``)."""
+    the int8 ring all-gather at 8-16 MiB 0.8-2.4 ms faster (AVX2 builds 0.8-1.2; int4
+    1.5-3.5 ms) and cost the reduce-scatter CPU (``benchmarks/streaming_2026-12-06/``,
+    ``benchmarks/streaming_avx2_2026-12-06/``)."""
     on = streaming_decodes.on and out.dtype == torch.float32
     return int(on and out.numel() * 4 >= STREAM_MIN_BYTES)
 
