@@ -10,6 +10,7 @@ the owner keeps the decoded copy of its own.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -134,8 +135,10 @@ def compress(
     timeout: timedelta | None = None,
     on_unsupported: str = "raise",
     unshard_async_op: bool = False,
+    keep: Iterable[str] = (),
 ) -> Compression:
-    """Install commpress collectives on every ``FSDPModule`` in ``model``.
+    """Install commpress collectives on every ``FSDPModule`` in ``model`` (but those in
+    ``keep``).
 
     ``all_gather`` / ``reduce_scatter``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``,
     ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), or None to keep FSDP's own;
@@ -153,6 +156,9 @@ def compress(
     ``set_*_for_comm``) in a direction ``compress`` would replace keeps them;
     ``"raise"`` (default) says which, ``"native"`` leaves its collectives as they are
     with a warning and lists it in ``left_native``.
+    ``keep``: the qualified names of FSDP modules (``"<root>"`` for ``model`` itself) that
+    keep FSDP2's own collectives, e.g. an embedding and an output layer to gather at full
+    precision; listed in ``left_native``. Every rank must give the same names.
     ``timeout``: how long each collective (``native`` included), and ``compress``'s own
     exchanges with the other ranks, wait for a peer that stalls or dies (None: the timeout
     of FSDP's process group, which commpress's twin of it is made with).
@@ -198,13 +204,17 @@ def compress(
             f"{type(model).__name__} has no FSDP modules: apply "
             "torch.distributed.fsdp.fully_shard to it (and its blocks) first"
         )
-    problem, unsupported = None, {}
+    problem, unsupported, kept = None, {}, set()
     try:
-        unsupported = _check_modules(modules, gather, scatter, error_feedback, on_unsupported)
+        kept = _kept_names(keep, modules)
+        compressed_modules = [(name, m) for name, m in modules if name not in kept]
+        unsupported = _check_modules(
+            compressed_modules, gather, scatter, error_feedback, on_unsupported
+        )
     except (ValueError, TypeError) as error:
         problem = error
     try:
-        _raise_on_every_rank(problem, timeout)
+        _raise_on_every_rank(problem, timeout, kept)
     finally:
         problem = None  # a refusal's traceback holds this frame
     fsdp_groups = [
@@ -220,6 +230,9 @@ def compress(
         error_feedback=error_feedback,
     )
     for name, module in modules:
+        if name in kept:
+            result.left_native.append(name)
+            continue
         if name in unsupported:
             warnings.warn(f"commpress: module {name!r} {unsupported[name]}", stacklevel=2)
             result.left_native.append(name)
@@ -365,20 +378,44 @@ def _regather_ranks(module) -> tuple[int, ...] | None:
     return None
 
 
-def _raise_on_every_rank(problem: Exception | None, timeout: timedelta | None) -> None:
+def _kept_names(keep: Iterable[str], modules: list[tuple[str, torch.nn.Module]]) -> set[str]:
+    """``keep`` as a set of the FSDP modules' names, each checked to be one."""
+    if isinstance(keep, str) or not isinstance(keep, Iterable):
+        raise TypeError(f"keep must be a list of module names, got {keep!r}")
+    kept = set(keep)
+    names = [name for name, _ in modules]
+    unknown = sorted(str(name) for name in kept - set(names))
+    if unknown:
+        shown = ", ".join(map(repr, names[:8])) + (", ..." if len(names) > 8 else "")
+        what = "an FSDP module" if len(unknown) == 1 else "FSDP modules"
+        raise ValueError(
+            f"keep names {', '.join(map(repr, unknown))}: not {what} of the model (those "
+            f"are {shown})"
+        )
+    return kept
+
+
+def _raise_on_every_rank(
+    problem: Exception | None, timeout: timedelta | None, kept: set[str]
+) -> None:
     """Every rank raises where any rank's checks failed (a collective call, before the
     twins' set-up, which would leave the others waiting for a rank that failed alone: one
-    given tuner settings of its own, say); this rank raises its own error as it is."""
+    given tuner settings of its own, say), or where the ranks keep different modules
+    native (their collectives would run on different groups, until the timeout); this
+    rank raises its own error as it is."""
     mine = None if problem is None else f"{type(problem).__name__}: {problem}"
-    said = exchange_with_every_rank(mine, timeout, "fsdp.compress")
+    said = exchange_with_every_rank((mine, sorted(kept)), timeout, "fsdp.compress")
     if problem is not None:
         try:
             raise problem
         finally:
             problem = None  # its traceback holds this frame
-    failed = by_rank(said)
+    failed = by_rank([error for error, _ in said])
     if failed:
         raise ValueError(f"cp.fsdp.compress failed on another rank, so on every rank ({failed})")
+    if any(names != sorted(kept) for _, names in said):
+        keeps = by_rank([f"keep={names}" for _, names in said])
+        raise ValueError(f"cp.fsdp.compress keeps other modules on other ranks: {keeps}")
 
 
 def check_all_gather_codec(spec: CollectiveSpec, argument: str) -> None:
