@@ -1387,3 +1387,32 @@ def test_keep_names_only_fsdp_modules_and_the_same_on_every_rank():
         assert "keeps other modules on other ranks: rank 0: keep=['0']; rank 1: keep=['4']" in (
             message
         )
+
+
+def _two_compressions(rank, world_size):
+    model = shard(small_model())
+    cp.fsdp.compress(model, "int8", "int8", keep=["0", "4"])
+    cp.fsdp.compress(model, "none", "int4@ring", keep=["<root>", "2"])
+    specs = {
+        name: (
+            _torch_private.replaced_collective(model[int(name)], "all_gather").spec.text,
+            _torch_private.replaced_collective(model[int(name)], "reduce_scatter").spec.text,
+        )
+        for name in ("0", "2", "4")
+    }
+    try:
+        cp.fsdp.compress(model, "int8", "int8", keep=["<root>", "2", "4"])
+    except ValueError as error:
+        twice = str(error)
+    return specs, train(model, rank, steps=1), twice
+
+
+def test_modules_kept_by_one_compress_take_another_codec_from_a_second():
+    specs, losses, twice = run_distributed(_two_compressions, 2, timeout=120)[0]
+    assert specs == {
+        "0": ("none", "int4@ring"),
+        "2": ("int8", "int8"),
+        "4": ("none", "int4@ring"),
+    }
+    assert math.isfinite(losses[0])
+    assert twice.startswith("module '0' is already compressed: a module takes one compress")

@@ -267,7 +267,10 @@ def _check_modules(modules, gather, scatter, error_feedback, on_unsupported) -> 
     unsupported = {}
     for name, module in modules:
         if getattr(module, MARK, False):
-            raise ValueError(f"module {name!r} is already compressed: call compress once per model")
+            raise ValueError(
+                f"module {name!r} is already compressed: a module takes one compress (another "
+                "compress of the model names it in keep=[...])"
+            )
         groups = _torch_private.fsdp_param_groups(module)
         if len(groups) > 1 and on_unsupported == "raise":
             raise ValueError(
