@@ -163,6 +163,33 @@ def test_a_key_in_two_parts_of_one_step_is_refused():
         assert "keys 'c' were already reduced this step (call finish_step" in refused
 
 
+def _parameters_in_place_of_gradients(rank, world_size):
+    """Each start_iter: the parameters themselves given, then their gradients."""
+    outcomes = []
+    for start_iter in (0, 1):
+        reducer = Reducer(PowerSGD(rank=2, start_iter=start_iter))
+        layer = torch.nn.Linear(30, 40)
+        layer.weight.grad = torch.randn(40, 30)
+        try:
+            reducer.reduce([("weight", layer.weight)])
+            outcomes.append("accepted")
+        except TypeError as error:
+            outcomes.append(str(error))
+        reducer.reduce([("weight", layer.weight.grad)])  # refused before planned: goes on
+    return outcomes
+
+
+def test_a_parameter_given_in_place_of_its_gradient_is_refused_before_it_is_planned():
+    """A tensor that requires grad failed only once its all-reduce was done, writing the
+    average back ("mm(): functions with out=... arguments don't support automatic
+    differentiation", in warm-up "a leaf Variable that requires grad is being used in an
+    in-place operation"), and left the reducer failed part-way for good."""
+    for outcomes in run_distributed(_parameters_in_place_of_gradients, 2, timeout=120):
+        for outcome in outcomes:
+            assert outcome.startswith("gradient 'weight' requires grad"), outcome
+            assert ".grad" in outcome
+
+
 def _a_part_fails_part_way(rank, world_size, scheduler):
     """Step 1's compression raises (on every rank) after its first part was planned; what
     step 2 then raises."""

@@ -166,6 +166,11 @@ class Reducer:
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
             if gradient.layout != torch.strided:
                 raise TypeError(not_dense(key, gradient.layout))
+            if gradient.requires_grad:
+                raise TypeError(
+                    f"gradient {key!r} requires grad: the average is written into it in "
+                    f"place; give the parameter's .grad, not the parameter"
+                )
         keys = [key for key, _ in gradients]
         if len(set(keys)) != len(keys):
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
