@@ -833,6 +833,9 @@ def test_a_timeout_ends_bench_with_status_124_as_it_ends_launch(monkeypatch, cap
         ("fsdp", "int4", "int4/int4"),
         ("fsdp", "plain", "int8@native"),  # torch's collective ignores the codec
         ("ddp", "int8@alltoall", "int8:block=256@alltoall"),
+        ("ddp", "powersgd:rank=4", "powersgd:rank=4,start_iter=10"),  # the defaults
+        ("ddp", "acpsgd:rank=2@serial", "acpsgd:rank=2,seed=0@serial"),
+        ("ddp", "torch-powersgd:start_iter=2", "torch-powersgd:rank=4,start_iter=2"),
     ],
 )
 def test_train_refuses_one_configuration_written_two_ways(

@@ -187,7 +187,11 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
     label_of = {}
     for run in config.runs:
         if run.lowrank is not None:
-            get_algorithm(run.lowrank.removeprefix("torch-"))  # same options as ours
+            algorithm = get_algorithm(run.lowrank.removeprefix("torch-"))  # same options
+            torch_hook = run.lowrank.startswith("torch-")
+            options = tuple(sorted(vars(algorithm).items()))
+            meaning = (torch_hook, algorithm.name, options, run.scheduler)
+            _refuse_twice(label_of, meaning, run.label)
             continue
         fsdp = config.strategy == "fsdp"  # cp.fsdp.compress takes auto specs
         gather = None
@@ -205,12 +209,17 @@ def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
             gathers=not fsdp,  # DDP all-reduces: its second half gathers
             tunable=fsdp,
         )
-        first = label_of.setdefault((_meaning(gather), _meaning(scatter)), run.label)
-        if first != run.label:
-            raise ValueError(
-                f"--compare {first!r} and {run.label!r} are the same configuration, "
-                "which would only run twice"
-            )
+        _refuse_twice(label_of, (_meaning(gather), _meaning(scatter)), run.label)
+
+
+def _refuse_twice(label_of: dict, meaning: tuple, label: str) -> None:
+    """ValueError where an earlier run of ``label_of`` (labels by meaning) means the same."""
+    first = label_of.setdefault(meaning, label)
+    if first != label:
+        raise ValueError(
+            f"--compare {first!r} and {label!r} are the same configuration, "
+            "which would only run twice"
+        )
 
 
 def _meaning(spec) -> tuple[str, str] | None:
