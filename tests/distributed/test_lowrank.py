@@ -252,6 +252,50 @@ def test_state_follows_parameters_across_bucketing_and_checkpoints():
     assert "checkpoint is for powersgd rank 2" in mismatch
 
 
+def _reduced_in_one_part_or_two(rank, world_size, spec):
+    """What "a" becomes over 3 steps, reduced with "b" (of its shape) in one part, or from
+    step 1 on, alone in a part of its own; "a" is zero in step 0, so that a warm-started
+    factor of it has zero columns to draw afresh in step 1."""
+    runs = []
+    for split in (False, True):
+        reducer, outputs = Reducer(spec), []
+        for step in range(3):
+            grads = gradients(rank, step)
+            if step == 0:
+                grads["a"].zero_()
+            items = [("b", grads["b"]), ("a", grads["a"])]
+            if split and step > 0:  # a change of DDP's buckets
+                reducer.reduce_part(items[1:])
+                reducer.reduce_part(items[:1])
+                reducer.finish_step()
+            else:
+                reducer.reduce(items)
+            outputs.append(grads["a"])
+        runs.append(outputs)
+    return runs
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "powersgd:rank=2,start_iter=0,warm_start=false",
+        "acpsgd:rank=2,start_iter=0,warm_start=false",
+        "powersgd:rank=2,start_iter=0",
+        "acpsgd:rank=2,start_iter=0",
+    ],
+)
+def test_what_a_matrix_gets_drawn_does_not_depend_on_the_matrices_beside_it(spec):
+    """A fresh factor (every step without warm start; a zero column's with it) was a slice
+    of one draw for the whole batch of a shape: which slice, the matrix's place among the
+    others of its bucket. A change of DDP's buckets (its rebuild after the first step, or
+    the first step of a run resumed from a checkpoint) changed the gradients: a resumed
+    run was not the uninterrupted one."""
+    for together, apart in run_distributed(_reduced_in_one_part_or_two, 2, spec, timeout=120):
+        for step in (1, 2):
+            assert together[step].abs().sum() > 0
+            assert torch.equal(together[step], apart[step]), step
+
+
 def _without_warm_start(rank, world_size):
     results = []
     for global_seed in (rank, 10 + 3 * rank):  # the global RNG differs by rank and by run

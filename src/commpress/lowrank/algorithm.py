@@ -79,6 +79,14 @@ class LowRankAlgorithm(ABC):
         generator = torch.Generator(device=on).manual_seed(seed)
         return torch.randn(shape, generator=generator, dtype=torch.float32, device=on)
 
+    def drawn_factors(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
+        """A batch of ``shape`` ``(b, rows, rank)`` of fresh factors: one :meth:`draw` of
+        ``(rows, rank)``, the same for every matrix of the batch. Slices of one draw of the
+        whole batch made what a matrix got depend on its place in it, among the others of
+        its shape in its DDP bucket: a change of buckets (DDP's rebuild, a resumed run's
+        first step) changed the gradients."""
+        return self.draw(shape[1:], step, purpose, device).expand(shape).contiguous()
+
     def revived(self, factor: torch.Tensor, step: int) -> torch.Tensor:
         """``factor`` (``(b, rows, rank)``, the same on every rank) with each all-zero
         column drawn afresh. A zero column of a warm-started factor stays zero for good
@@ -90,7 +98,7 @@ class LowRankAlgorithm(ABC):
         # about 250K numbers depend on the device's number of multiprocessors)
         if not factor.is_cuda and not bool(dead.any()):
             return factor
-        fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
+        fresh = self.drawn_factors(factor.shape, step, purpose=1, device=factor.device)
         return torch.where(dead, fresh, factor.float())
 
     def compresses(self, n: int, m: int) -> bool:
