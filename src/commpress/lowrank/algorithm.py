@@ -12,6 +12,7 @@ A new algorithm is one file with the five abstract methods below.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -69,6 +70,14 @@ class LowRankAlgorithm(ABC):
         self.min_compression_rate = float(min_compression_rate)
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.orthogonalization, self.seed = orthogonalization, seed
+
+    def generator(self, n: int, m: int) -> torch.Generator:
+        """The generator of an ``n x m`` matrix's initial factors, seeded by the seed and
+        the shape alone: one generator for all, in the order matrices were first seen, gave
+        them to other matrices where DDP's buckets differed (a resumed run's first step has
+        DDP's first buckets, the uninterrupted run its rebuilt ones)."""
+        digest = hashlib.blake2b(f"{self.seed},{n},{m}".encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest) % SEEDS)
 
     def draw(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
         """Gaussian fp32 numbers of ``shape`` for compressed step ``step``, the same on
