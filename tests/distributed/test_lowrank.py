@@ -1139,6 +1139,33 @@ def test_a_hook_checkpoint_without_parameter_names_says_to_pass_the_model():
         assert "model= is not the module DDP wraps" in other
 
 
+def _named_checkpoint_into_a_hook_without_model(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    hooks = []
+    for named in (model, None):
+        ddp = DistributedDataParallel(model)
+        state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", model=named)
+        ddp.register_comm_hook(state, hook)
+        hooks.append((ddp, state))
+    sgd_steps(hooks[0][0], 1, rank, features=32, batch=8, seed_stride=10)
+    try:
+        hooks[1][1].load_state_dict(hooks[0][1].state_dict())
+    except ValueError as error:
+        return str(error)
+    sgd_steps(hooks[1][0], 1, rank, features=32, batch=8, seed_stride=10)
+    return f"loaded; state now held for {sorted(map(repr, hooks[1][1].reducer.states))}"
+
+
+def test_a_named_checkpoint_loaded_into_a_hook_without_model_is_refused():
+    """Without ``model=`` the hook keys each parameter's state by the parameter: a
+    checkpoint's states, keyed by name, loaded and were never used (every parameter started
+    afresh beside them, its error feedback lost), silently."""
+    for message in run_distributed(_named_checkpoint_into_a_hook_without_model, 2, timeout=120):
+        assert "'0.weight', '1.weight'" in message, message
+        assert "ddp_hook(..., model=) was not given" in message, message
+
+
 def _kept_states_of_models_dropped(rank, world_size):
     alive = []
     for scheduler in (True, False):

@@ -106,16 +106,21 @@ class LowRankHookState:
 
     def load_state_dict(self, state: dict) -> None:
         """Refuses a checkpoint with state for parameters the model (given to ``ddp_hook``)
-        does not have: one of another model."""
+        does not have: one of another model, or any where no model was given."""
         check_checkpoint(state)
-        if self.names:
-            unknown = sorted(checkpoint_names(state) - set(self.names.values()))
-            if unknown:
+        unknown = sorted(checkpoint_names(state) - set(self.names.values()))
+        if unknown:
+            listed = f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''}"
+            if not self.names:
                 raise ValueError(
-                    f"checkpoint has low-rank state for parameters this model does not have: "
-                    f"{', '.join(map(repr, unknown[:5]))}{' ...' if len(unknown) > 5 else ''} "
-                    f"(a checkpoint of another model?)"
+                    f"checkpoint has low-rank state for parameters by name ({listed}), and "
+                    f"ddp_hook(..., model=) was not given: the hook would never use it; pass "
+                    f"the module DDP wraps"
                 )
+            raise ValueError(
+                f"checkpoint has low-rank state for parameters this model does not have: "
+                f"{listed} (a checkpoint of another model?)"
+            )
         self.reducer.load_state_dict(state)
 
 
