@@ -190,6 +190,22 @@ def test_a_parameter_given_in_place_of_its_gradient_is_refused_before_it_is_plan
             assert ".grad" in outcome
 
 
+def _a_parameter_without_a_gradient(rank, world_size):
+    layer = torch.nn.Linear(30, 40)  # never used: its .grad is None
+    try:
+        Reducer(PowerSGD(rank=2)).reduce([(n, p.grad) for n, p in layer.named_parameters()])
+    except TypeError as error:
+        return str(error)
+    return "accepted"
+
+
+def test_a_gradient_that_is_none_is_refused_saying_so():
+    """The README's custom loop, ``[(name, p.grad) ...]``, with a parameter that got no
+    gradient this step was refused as "gradient 'weight' must be a floating-point tensor"."""
+    for message in run_distributed(_a_parameter_without_a_gradient, 2, timeout=120):
+        assert message.startswith("gradient 'weight' is None"), message
+
+
 def _a_part_fails_part_way(rank, world_size, scheduler):
     """Step 1's compression raises (on every rank) after its first part was planned; what
     step 2 then raises."""

@@ -161,6 +161,11 @@ class Reducer:
         self._check_not_failed()
         gradients = _pairs(gradients)
         for key, gradient in gradients:
+            if gradient is None:
+                raise TypeError(
+                    f"gradient {key!r} is None (a parameter that got no gradient this step): "
+                    f"give zeros in its place, so that every rank gives the same keys"
+                )
             if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
             if gradient.layout != torch.strided:
