@@ -352,10 +352,8 @@ def test_a_native_call_before_init_process_group_says_so():
         cp.all_reduce(torch.ones(1), algorithm="native")
 
 
-def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc_pass():
-    """The error's traceback holds the frames it was re-raised through: the handle in one
-    of them held the error again, a cycle that kept the collective's tensors and group
-    until a gc pass (past destroy_process_group, and at exit into finalization)."""
+def _a_failing_collective_holding_a_group():
+    """A collective's ``run`` that raises, holding a group; and a weak reference to it."""
 
     class Group:
         pass
@@ -366,7 +364,14 @@ def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc
     def run(group=group):
         raise RuntimeError("a peer stalled")
 
-    del group
+    return run, freed
+
+
+def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc_pass():
+    """The error's traceback holds the frames it was re-raised through: the handle in one
+    of them held the error again, a cycle that kept the collective's tensors and group
+    until a gc pass (past destroy_process_group, and at exit into finalization)."""
+    run, freed = _a_failing_collective_holding_a_group()
     gc.disable()
     try:
         with pytest.raises(RuntimeError, match="a peer stalled"):
@@ -382,15 +387,7 @@ def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass
     which held the handle, which held the error (a cycle that kept the collective's
     tensors and group until a gc pass), and grew with each wait. Each wait raises a copy,
     of the same type and message, with the communication thread's frames."""
-
-    class Group:
-        pass
-
-    group = Group()
-    freed = weakref.ref(group)
-
-    def run(group=group):
-        raise RuntimeError("a peer stalled")
+    run, freed = _a_failing_collective_holding_a_group()
 
     def caller(collective):
         work = launch(collective, async_op=True)
@@ -404,7 +401,6 @@ def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass
             del raised  # its traceback holds this frame
         assert depths[0] == depths[1], depths
 
-    del group
     gc.disable()
     try:
         caller(run)
