@@ -34,7 +34,7 @@ class ACPSGD(LowRankAlgorithm):
         if self.warm_start:
             start = self.revived(factors[kept], step)
         else:
-            start = self.drawn_factors(factors[kept].shape, step).to(factors[kept].device)
+            start = self.draw(factors[kept].shape, step).to(factors[kept].device)
         factors[kept] = orthogonalize(start, self.orthogonalization)
         multiply = times if kept == "q" else transposed_times
         factors["_local"] = multiply(matrices, factors[kept])

@@ -12,7 +12,6 @@ A new algorithm is one file with the five abstract methods below.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -71,14 +70,6 @@ class LowRankAlgorithm(ABC):
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.orthogonalization, self.seed = orthogonalization, seed
 
-    def generator(self, n: int, m: int) -> torch.Generator:
-        """The generator of an ``n x m`` matrix's initial factors, seeded by the seed and
-        the shape alone: one generator for all, in the order matrices were first seen, gave
-        them to other matrices where DDP's buckets differed (a resumed run's first step has
-        DDP's first buckets, the uninterrupted run its rebuilt ones)."""
-        digest = hashlib.blake2b(f"{self.seed},{n},{m}".encode(), digest_size=8).digest()
-        return torch.Generator().manual_seed(int.from_bytes(digest) % SEEDS)
-
     def draw(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
         """Gaussian fp32 numbers of ``shape`` for compressed step ``step``, the same on
         every rank whose ``device`` is of one kind (``purpose`` keeps two draws of one step
@@ -87,14 +78,6 @@ class LowRankAlgorithm(ABC):
         on = torch.device("cpu") if device is None else torch.device(device)
         generator = torch.Generator(device=on).manual_seed(seed)
         return torch.randn(shape, generator=generator, dtype=torch.float32, device=on)
-
-    def drawn_factors(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
-        """A batch of ``shape`` ``(b, rows, rank)`` of fresh factors: one :meth:`draw` of
-        ``(rows, rank)``, the same for every matrix of the batch. Slices of one draw of the
-        whole batch made what a matrix got depend on its place in it, among the others of
-        its shape in its DDP bucket: a change of buckets (DDP's rebuild, a resumed run's
-        first step) changed the gradients."""
-        return self.draw(shape[1:], step, purpose, device).expand(shape).contiguous()
 
     def revived(self, factor: torch.Tensor, step: int) -> torch.Tensor:
         """``factor`` (``(b, rows, rank)``, the same on every rank) with each all-zero
@@ -107,7 +90,7 @@ class LowRankAlgorithm(ABC):
         # about 250K numbers depend on the device's number of multiprocessors)
         if not factor.is_cuda and not bool(dead.any()):
             return factor
-        fresh = self.drawn_factors(factor.shape, step, purpose=1, device=factor.device)
+        fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
         return torch.where(dead, fresh, factor.float())
 
     def compresses(self, n: int, m: int) -> bool:

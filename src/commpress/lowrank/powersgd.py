@@ -26,8 +26,7 @@ class PowerSGD(LowRankAlgorithm):
             if self.warm_start:
                 factors["q"] = self.revived(factors["q"], step)
             else:  # a fresh Q, the same on every rank
-                q = factors["q"]
-                factors["q"] = self.drawn_factors(q.shape, step).to(q.device)
+                factors["q"] = self.draw(factors["q"].shape, step).to(factors["q"].device)
             return times(matrices, factors["q"])
         return transposed_times(matrices, factors["p"])
 

@@ -102,6 +102,7 @@ class Reducer:
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
         self.stats = LowRankStats()
+        self._generator = torch.Generator().manual_seed(algorithm.seed)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
         self._keys_this_step: set = set()
@@ -297,7 +298,7 @@ class Reducer:
 
     def _fresh_state(self, n: int, m: int, device) -> dict[str, torch.Tensor]:
         """Drawn on the CPU (the same numbers on every rank), kept on ``device``."""
-        factors = self.algorithm.initial_factors(n, m, self.algorithm.generator(n, m))
+        factors = self.algorithm.initial_factors(n, m, self._generator)
         state = {name: factor.to(device, FP32) for name, factor in factors.items()}
         if self.algorithm.error_feedback:
             state["error"] = torch.zeros(n, m, device=device, dtype=FP32)
@@ -322,6 +323,7 @@ class Reducer:
             "error_feedback": self.algorithm.error_feedback,
             "world_size": _world_size(self.group),
             "step": self.step,
+            "generator": self._generator.get_state(),
             "states_of_rank": {str(_process_rank() or 0): (_cloned(self.states),)},
         }
 
@@ -334,6 +336,7 @@ class Reducer:
             )
         saved = self._own_states(state)
         self.step = state["step"]
+        self._generator.set_state(_on_the_cpu(state["generator"]))
         self.states = _cloned(saved)
         self._loaded = True
         self._error_stacks.clear()
@@ -407,7 +410,7 @@ class Reducer:
 
 #: What every checkpoint of :meth:`Reducer.state_dict` holds (older ones lack the others,
 #: and hold ``"states"`` for ``"states_of_rank"``).
-CHECKPOINT_KEYS = ("algorithm", "rank", "step", "states_of_rank")
+CHECKPOINT_KEYS = ("algorithm", "rank", "step", "generator", "states_of_rank")
 
 
 def check_checkpoint(state) -> None:
@@ -491,6 +494,14 @@ def checkpoint_names(state: dict) -> set:
     if "states" in state:
         return set(state["states"])
     return {key for (states,) in state["states_of_rank"].values() for key in states}
+
+
+def _on_the_cpu(generator_state):
+    """A generator's saved state as ``set_state`` takes it, on the CPU: a checkpoint loaded
+    with ``map_location="cuda"`` holds it on the GPU ("RNG state must be a torch.ByteTensor")."""
+    if isinstance(generator_state, torch.Tensor):
+        return generator_state.cpu()
+    return generator_state
 
 
 def _moved(state: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:

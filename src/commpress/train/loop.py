@@ -201,19 +201,11 @@ def torch_powersgd_state(spec: str) -> dict:
     return {
         "matrix_approximation_rank": algorithm.rank,
         "start_powerSGD_iter": algorithm.start_iter,
-        "min_compression_rate": torch_compression_rate(algorithm.min_compression_rate),
+        "min_compression_rate": algorithm.min_compression_rate,
         "use_error_feedback": algorithm.error_feedback,
         "warm_start": algorithm.warm_start,
         "random_seed": algorithm.seed,
     }
-
-
-def torch_compression_rate(rate: float) -> float:
-    """The ``min_compression_rate`` for torch's hook that compresses what ours does: torch
-    compresses a matrix whose factors are more than ``rate`` times smaller, ours one they
-    are at least that many times smaller; the float just below ``rate`` takes in the
-    boundary, and nothing else (sizes are integers)."""
-    return math.nextafter(rate, 0)
 
 
 def _torch_powersgd(ddp, spec: str) -> list:
