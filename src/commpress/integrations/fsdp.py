@@ -382,12 +382,14 @@ def _regather_ranks(module) -> tuple[int, ...] | None:
 
 
 def _kept_names(keep: Iterable[str], modules: list[tuple[str, torch.nn.Module]]) -> set[str]:
-    """``keep`` as a set of the FSDP modules' names, each checked to be one."""
+    """``keep`` as a set of the FSDP modules' names, each checked to be one, and not all."""
     if isinstance(keep, str) or not isinstance(keep, Iterable):
         raise TypeError(f"keep must be a list of module names, got {keep!r}")
-    kept = set(keep)
+    given = list(keep)
+    if not all(isinstance(name, str) for name in given):
+        raise TypeError(f"keep must be a list of module names (str), got {given!r}")
     names = [name for name, _ in modules]
-    unknown = sorted(str(name) for name in kept - set(names))
+    unknown = sorted(set(given) - set(names))
     if unknown:
         shown = ", ".join(map(repr, names[:8])) + (", ..." if len(names) > 8 else "")
         what = "an FSDP module" if len(unknown) == 1 else "FSDP modules"
@@ -395,7 +397,9 @@ def _kept_names(keep: Iterable[str], modules: list[tuple[str, torch.nn.Module]])
             f"keep names {', '.join(map(repr, unknown))}: not {what} of the model (those "
             f"are {shown})"
         )
-    return kept
+    if set(given) == set(names):
+        raise ValueError("keep names every FSDP module of the model: nothing to compress")
+    return set(given)
 
 
 def _raise_on_every_rank(

@@ -440,7 +440,8 @@ def frameless(error: BaseException) -> BaseException:
     process ran, with its reducer, its thread, and serially the model."""
     where = "".join(traceback.format_exception(error)).rstrip()
     copied = _copy_without_frames(error, {})
-    copied.add_note(f"where it was raised (the frames are not kept):\n{where}")
+    note = getattr(copied, "add_note", lambda _: None)  # Python 3.11 on
+    note(f"where it was raised (the frames are not kept):\n{where}")
     return copied
 
 
