@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import select
 import signal
 import sys
 from collections.abc import Iterable
+from importlib import metadata
 
 from commpress.cluster.launcher import TIMEOUT_EXIT_CODE
 from commpress.cluster.system import ClusterError, DistributedError, DistributedTimeoutError
@@ -81,6 +83,7 @@ def build_parser(loaded: Iterable[str]) -> argparse.ArgumentParser:
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=_versions())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, module_name, add_arguments, handler) in COMMANDS.items():
         command = commands.add_parser(name, help=help_text)
@@ -90,6 +93,17 @@ def build_parser(loaded: Iterable[str]) -> argparse.ArgumentParser:
             if handler is not None:
                 command.set_defaults(handler=getattr(module, handler))
     return parser
+
+
+def _versions() -> str:
+    """commpress's version and torch's, as installed (read without importing torch)."""
+    installed = []
+    for package in ("commpress", "torch"):
+        try:
+            installed.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            installed.append(f"{package} (not installed)")
+    return f"{', '.join(installed)}, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1284,3 +1284,25 @@ def test_a_low_rank_option_out_of_range_names_its_spec(capsys):
     argv = ["train", "--strategy", "ddp", "--compare", "plain", "powersgd:rank=0"]
     assert main(argv) == 2
     assert "error: low-rank spec 'powersgd:rank=0': rank must be" in capsys.readouterr().err
+
+
+def test_version_says_which_commpress_torch_and_python_run(capsys):
+    """`commpress --version` said 'the following arguments are required: COMMAND'."""
+    import platform
+
+    import torch
+
+    import commpress
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    said = capsys.readouterr().out.strip()
+    assert said == (
+        f"commpress {commpress.__version__}, torch {torch.__version__}, "
+        f"Python {platform.python_version()}"
+    )
+    code = "import sys\nfrom commpress.cli import main\ntry:\n    main(['--version'])\n"
+    code += "except SystemExit:\n    print(*sys.modules)"
+    modules = _run(code).splitlines()[-1].split()
+    assert "commpress.cli" in modules and "torch" not in modules  # read, not imported
