@@ -442,3 +442,19 @@ def test_a_failed_handle_raises_its_error_with_the_message_and_type_it_had(error
             work.wait()
         assert str(raised.value) == message
     assert getattr(raised.value, "seconds", 5) == 5
+
+
+def test_wait_with_a_timeout_of_zero_waits_without_a_bound_as_torchs_work_does():
+    """torch's Work.wait(timedelta(0)) means no timeout; commpress's raised ValueError."""
+    started, release = threading.Event(), threading.Event()
+
+    def run():
+        started.set()
+        release.wait(10)
+
+    work = launch(run, async_op=True)
+    started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert work.wait(timedelta(0)) is True and work.is_completed()
+    with pytest.raises(ValueError, match="timeout"):
+        work.wait(timedelta(seconds=-1))

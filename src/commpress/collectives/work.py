@@ -166,6 +166,10 @@ class CollectiveWork:
         self._process = os.getpid()  # whose communication thread runs it
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Until the collective has finished (bounded by its own timeout), or at most
+        ``timeout``; ``timedelta(0)`` means no bound, as for torch's ``Work.wait``."""
+        if timeout == timedelta(0):
+            timeout = None
         check_timeout(timeout)
         _fail_orphans()
         if os.getpid() != self._process and not self._future.done():
