@@ -268,6 +268,46 @@ def test_state_follows_parameters_across_bucketing_and_checkpoints():
     assert "checkpoint is for powersgd rank 2" in mismatch
 
 
+def _first_seen_in_one_order_or_another(rank, world_size, spec):
+    """ "a" and "b" (of one shape) over a warm-up step and two compressed ones, first
+    compressed in one part, or in two parts in the other order (a change of buckets); and
+    the factors each starts with."""
+    runs = []
+    for split in (False, True):
+        reducer, outputs = Reducer(spec), []
+        for step in range(3):
+            grads = gradients(rank, step)
+            items = [("b", grads["b"]), ("a", grads["a"])]
+            if split and step == 1:
+                reducer.reduce_part(items[1:])
+                reducer.reduce_part(items[:1])
+                reducer.finish_step()
+            else:
+                reducer.reduce(items)
+            outputs.append((grads["a"], grads["b"]))
+        runs.append(outputs)
+    fresh = Reducer(spec)
+    initial = [fresh._fresh_state(key, 40, 30, "cpu") for key in ("a", "b")]
+    return runs, initial
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2,start_iter=1", "acpsgd:rank=2,start_iter=1"])
+def test_initial_factors_do_not_depend_on_the_order_keys_are_first_seen_in(spec):
+    """Initial factors came from one generator in the order keys were first seen: DDP's
+    first buckets (a resumed run's first step) and its rebuilt ones (the uninterrupted run's)
+    gave them to other keys, and a run resumed from a checkpoint saved before the first
+    compressed step was not the uninterrupted run. Each key draws its own, as torch's hook
+    draws each matrix's: two matrices of one shape start apart, alike on every rank."""
+    results = run_distributed(_first_seen_in_one_order_or_another, 2, spec)
+    for (together, apart), _ in results:
+        for step in (1, 2):
+            for one, other in zip(together[step], apart[step], strict=True):
+                assert torch.equal(one, other), step
+    (_, (a, b)), (_, (a_elsewhere, _)) = results
+    assert not any(torch.equal(a[name], b[name]) for name in a if name != "error")
+    assert all(torch.equal(a[name], a_elsewhere[name]) for name in a)
+
+
 def _without_warm_start(rank, world_size):
     results = []
     for global_seed in (rank, 10 + 3 * rank):  # the global RNG differs by rank and by run

@@ -12,13 +12,13 @@ them, so that a run resumed from a checkpoint draws what the uninterrupted run w
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import torch
 import torch.distributed as dist
 
 from commpress.ranks import RANKS_KEY, check_saved_here, keyed_by_rank, own_entry
+from commpress.seeds import seed_of
 
 #: Generators are created at most once per key, even when the communication thread and
 #: the caller encode with the same codec at the same time (drawing is thread safe in torch).
@@ -35,8 +35,7 @@ def process_rank() -> int:
 def stream_seed(seed: int, stream: str, rank: int, device: torch.device) -> int:
     """A 63-bit seed for one (seed, stream, rank, device): a hash, so that no two tuples
     collide the way ``seed + rank`` would (seed 1 on rank 0 against seed 0 on rank 1)."""
-    text = f"commpress-stochastic-rounding/{seed}/{stream}/{rank}/{device}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+    return seed_of("commpress-stochastic-rounding", seed, stream, rank, device)
 
 
 def uniform(

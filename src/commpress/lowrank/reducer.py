@@ -26,6 +26,7 @@ from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
 from commpress.schedules import wire_bytes
+from commpress.seeds import seed_of
 from commpress.transport import collective, owned_groups, p2p
 from commpress.units import counted
 
@@ -102,7 +103,6 @@ class Reducer:
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
         self.stats = LowRankStats()
-        self._generator = torch.Generator().manual_seed(algorithm.seed)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
         self._keys_this_step: set = set()
@@ -237,7 +237,7 @@ class Reducer:
             _write_product(left[position], right[position], gradient)
             if not finite[position]:  # NaN/Inf reached the gradient; start this matrix afresh
                 self.stats.nonfinite_matrices += 1
-                self.states[key] = self._fresh_state(*stacked.shape[1:], stacked.device)
+                self.states[key] = self._fresh_state(key, *stacked.shape[1:], stacked.device)
                 continue
             for name, value in factors.items():
                 if not name.startswith("_"):
@@ -289,16 +289,19 @@ class Reducer:
 
     def _state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
         if key not in self.states:
-            self.states[key] = self._fresh_state(n, m, device)
+            self.states[key] = self._fresh_state(key, n, m, device)
         state = self.states[key]
         _check_state_fits(key, state, n, m, self.algorithm.rank)
         if any(tensor.device != device for tensor in state.values()):
             state = self.states[key] = _moved(state, device)
         return state
 
-    def _fresh_state(self, n: int, m: int, device) -> dict[str, torch.Tensor]:
-        """Drawn on the CPU (the same numbers on every rank), kept on ``device``."""
-        factors = self.algorithm.initial_factors(n, m, self._generator)
+    def _fresh_state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
+        """Drawn on the CPU from a generator of ``key``'s own (the same numbers on every
+        rank, whatever order the keys first come in: DDP's first buckets give them in
+        another than its rebuilt ones), kept on ``device``."""
+        seed = seed_of("commpress-lowrank-initial-factors", self.algorithm.seed, repr(key))
+        factors = self.algorithm.initial_factors(n, m, torch.Generator().manual_seed(seed))
         state = {name: factor.to(device, FP32) for name, factor in factors.items()}
         if self.algorithm.error_feedback:
             state["error"] = torch.zeros(n, m, device=device, dtype=FP32)
@@ -323,7 +326,6 @@ class Reducer:
             "error_feedback": self.algorithm.error_feedback,
             "world_size": _world_size(self.group),
             "step": self.step,
-            "generator": self._generator.get_state(),
             "states_of_rank": {str(_process_rank() or 0): (_cloned(self.states),)},
         }
 
@@ -336,7 +338,6 @@ class Reducer:
             )
         saved = self._own_states(state)
         self.step = state["step"]
-        self._generator.set_state(_on_the_cpu(state["generator"]))
         self.states = _cloned(saved)
         self._loaded = True
         self._error_stacks.clear()
@@ -409,8 +410,9 @@ class Reducer:
 
 
 #: What every checkpoint of :meth:`Reducer.state_dict` holds (older ones lack the others,
-#: and hold ``"states"`` for ``"states_of_rank"``).
-CHECKPOINT_KEYS = ("algorithm", "rank", "step", "generator", "states_of_rank")
+#: and hold ``"states"`` for ``"states_of_rank"``; those before the initial factors were
+#: drawn per key also hold a ``"generator"``, which nothing reads any more).
+CHECKPOINT_KEYS = ("algorithm", "rank", "step", "states_of_rank")
 
 
 def check_checkpoint(state) -> None:
@@ -495,14 +497,6 @@ def checkpoint_names(state: dict) -> set:
     if "states" in state:
         return set(state["states"])
     return {key for (states,) in state["states_of_rank"].values() for key in states}
-
-
-def _on_the_cpu(generator_state):
-    """A generator's saved state as ``set_state`` takes it, on the CPU: a checkpoint loaded
-    with ``map_location="cuda"`` holds it on the GPU ("RNG state must be a torch.ByteTensor")."""
-    if isinstance(generator_state, torch.Tensor):
-        return generator_state.cpu()
-    return generator_state
 
 
 def _moved(state: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
