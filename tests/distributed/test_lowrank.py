@@ -287,7 +287,7 @@ def _first_seen_in_one_order_or_another(rank, world_size, spec):
             outputs.append((grads["a"], grads["b"]))
         runs.append(outputs)
     fresh = Reducer(spec)
-    initial = [fresh._fresh_state(key, 40, 30, "cpu") for key in ("a", "b")]
+    initial = [fresh._fresh_state(key, 40, 30, "cpu") for key in ("a", "b", 0, 1)]
     return runs, initial
 
 
@@ -303,9 +303,11 @@ def test_initial_factors_do_not_depend_on_the_order_keys_are_first_seen_in(spec)
         for step in (1, 2):
             for one, other in zip(together[step], apart[step], strict=True):
                 assert torch.equal(one, other), step
-    (_, (a, b)), (_, (a_elsewhere, _)) = results
-    assert not any(torch.equal(a[name], b[name]) for name in a if name != "error")
-    assert all(torch.equal(a[name], a_elsewhere[name]) for name in a)
+    (_, (a, b, first, second)), (_, elsewhere) = results
+    for one, other in ((a, b), (first, second)):  # names, and keys that are none
+        assert not any(torch.equal(one[name], other[name]) for name in one if name != "error")
+    for here, there in zip((a, b, first, second), elsewhere, strict=True):
+        assert all(torch.equal(here[name], there[name]) for name in here)
 
 
 def _without_warm_start(rank, world_size):

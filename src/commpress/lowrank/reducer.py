@@ -102,6 +102,7 @@ class Reducer:
         self.algorithm, self.group, self.timeout = algorithm, group, timeout
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
+        self._unnamed_drawn = 0  # initial factors drawn for keys that are no names
         self.stats = LowRankStats()
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
@@ -297,10 +298,16 @@ class Reducer:
         return state
 
     def _fresh_state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
-        """Drawn on the CPU from a generator of ``key``'s own (the same numbers on every
-        rank, whatever order the keys first come in: DDP's first buckets give them in
-        another than its rebuilt ones), kept on ``device``."""
-        seed = seed_of("commpress-lowrank-initial-factors", self.algorithm.seed, repr(key))
+        """Drawn on the CPU (the same numbers on every rank), kept on ``device``: for a
+        name, from a generator of its own, whatever order the names first come in (DDP's
+        first buckets give them in another than its rebuilt ones, and a resumed run's
+        first step has the first); for any other key, which may print differently in each
+        process, in the order the keys first come."""
+        if isinstance(key, str):
+            which = ("name", key)
+        else:
+            which, self._unnamed_drawn = ("unnamed", self._unnamed_drawn), self._unnamed_drawn + 1
+        seed = seed_of("commpress-lowrank-initial-factors", self.algorithm.seed, *which)
         factors = self.algorithm.initial_factors(n, m, torch.Generator().manual_seed(seed))
         state = {name: factor.to(device, FP32) for name, factor in factors.items()}
         if self.algorithm.error_feedback:
