@@ -67,8 +67,6 @@ def resolve(
     within ``timeout`` (None: the group's) makes it raise, as the collective would."""
     if not requested(codec, algorithm):
         return algorithm, codec
-    if not tuner.is_auto(codec):  # a codec the caller chose takes the dtype, or says so
-        get_codec(codec).check_dtype(inp.dtype, "inp.dtype")
     reduction = "" if reduce_op is None else reduce_op.name
     call = _Call(op, inp.numel(), str(inp.dtype).removeprefix("torch."), _spec(codec), algorithm,
                  error_feedback, chunk_bytes, inp.device.type, reduction)  # fmt: skip
