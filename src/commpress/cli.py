@@ -108,8 +108,8 @@ def _versions() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # the top-level parser has no option of its own: the first word that is not one names
-    # the command (an unknown word loads nothing, and argparse reports it)
+    # the top-level options take no value (--help, --version): the first word that is not
+    # an option names the command (an unknown word loads nothing, and argparse reports it)
     named = next((word for word in argv if not word.startswith("-")), None)
     try:
         parser = build_parser([named])

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.lowrank import ACPSGD, PowerSGD, Reducer
+from commpress.lowrank.hook import UnnamedParameter
 from commpress.lowrank.reducer import checkpoint_names
 from commpress.testing.stall import report, stall
 from commpress.testing.training import sgd_steps
@@ -287,7 +288,8 @@ def _first_seen_in_one_order_or_another(rank, world_size, spec):
             outputs.append((grads["a"], grads["b"]))
         runs.append(outputs)
     fresh = Reducer(spec)
-    initial = [fresh._fresh_state(key, 40, 30, "cpu") for key in ("a", "b", 0, 1)]
+    unnamed = [UnnamedParameter(torch.empty(40, 30)) for _ in range(2)]  # print alike
+    initial = [fresh._fresh_state(key, 40, 30, "cpu") for key in ("a", "b", *unnamed)]
     return runs, initial
 
 
@@ -693,8 +695,9 @@ def _resumed_on_cuda_from_a_checkpoint(rank, world_size, map_location):
 @pytest.mark.parametrize("map_location", ["cpu", "cuda"])
 def test_a_cuda_run_resumes_from_a_checkpoint_loaded_with_a_map_location(map_location):
     """Loaded on the CPU, the factors stayed there (a device mismatch at the next step);
-    loaded on the GPU, the generator's state was refused ("RNG state must be a
-    torch.ByteTensor")."""
+    loaded on the GPU, the reducer's generator state was refused ("RNG state must be a
+    torch.ByteTensor"; the reducer keeps none since, and a codec's rounding state is
+    handed to set_state on the CPU)."""
     uninterrupted, resumed = run_distributed(
         _resumed_on_cuda_from_a_checkpoint, 1, map_location, backend="nccl", timeout=180
     )[0]
@@ -932,9 +935,12 @@ def test_error_feedback_saved_through_dcp_loads_on_each_rank_its_own(tmp_path, w
 
 
 def _as_before_the_rank_keyed_it(state: dict) -> dict:
+    """``state`` as checkpoints of then held it, with the generator they also held (the
+    initial factors were drawn from one, in the order keys came, until 38e46f8)."""
     ((rank, (states,)),) = state["states_of_rank"].items()
     before = {key: value for key, value in state.items() if key != "states_of_rank"}
-    return {**before, "group_rank": int(rank), "states": states}
+    old = {"group_rank": int(rank), "states": states, "generator": torch.Generator().get_state()}
+    return {**before, **old}
 
 
 def _loaded_as_before_the_rank_keyed_it(rank, world_size, saved):
@@ -993,8 +999,8 @@ def _hooked_run_resumed(rank, world_size, directory):
 
 
 def test_a_hooked_run_resumed_in_new_processes_is_the_uninterrupted_run(tmp_path):
-    """The README's promise: the hook's state_dict (factors, error feedback, step, the
-    generator) is all a resumed run needs, whatever DDP's buckets were in its first step."""
+    """The README's promise: the hook's state_dict (factors, error feedback, step) is all a
+    resumed run needs, whatever DDP's buckets were in its first step."""
     uninterrupted = run_distributed(_hooked_run_saved_midway, 2, str(tmp_path), timeout=120)
     resumed = run_distributed(_hooked_run_resumed, 2, str(tmp_path), timeout=120)
     for ours, theirs in zip(uninterrupted, resumed, strict=True):
