@@ -25,7 +25,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "commpress"
 ROOT = ""  # the layer name of commpress/__init__.py (and of names imported from it)
 LAYERS = (
-    ("codecs", "spec_options", "units", "ranks", "_torch_private"),
+    ("codecs", "spec_options", "units", "ranks", "seeds", "_torch_private"),
     ("schedules",),
     ("transport",),
     ("sim",),
