@@ -64,7 +64,7 @@ def all_reduce(
     check_no_shared_elements(tensor, "tensor")
     check_device(algorithm, "all_reduce", tensor, group, "tensor")
     if algorithm == "native":
-        reduced, copy_back = staged(tensor)
+        reduced, copy_back = staged(tensor, read=True)
         start = lambda: collective.all_reduce(reduced, op, group)  # noqa: E731
         tensors = (tensor, reduced)
         return run_native("all_reduce", start, group, async_op, timeout, tensors, copy_back)

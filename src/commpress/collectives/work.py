@@ -415,12 +415,16 @@ def run_native(
     return work if async_op else waited(work)
 
 
-def staged(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """``(tensor, None)``, or for a strided ``tensor`` a contiguous copy and what copies the
-    result back into ``tensor`` (``copy_back`` of :func:`run_native`)."""
+def staged(
+    tensor: torch.Tensor, read: bool = False
+) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """``(tensor, None)``, or for a strided ``tensor`` a contiguous one of its own and what
+    copies the result back into ``tensor`` (``copy_back`` of :func:`run_native`): holding
+    ``tensor``'s values where the collective ``read``s them (an all-reduce), else fresh
+    (:func:`writable`: an output the collective only writes)."""
     if tensor.is_contiguous():
         return tensor, None
-    copy = tensor.contiguous()
+    copy = tensor.contiguous() if read else writable(tensor)
     return copy, lambda: write_into(tensor, copy)
 
 
