@@ -99,9 +99,15 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
             f"again, as after any failed torch.distributed collective. The backend said: {error}"
         )
         if type(error) is not RuntimeError:
-            getattr(error, "add_note", lambda _: None)(message)  # Python 3.11 on
+            add_note(error, message)
             raise
         raise CollectiveTimeoutError(message) from error
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` where Python has it (3.11 on; pyproject takes 3.10, where the
+    note is left out)."""
+    getattr(error, "add_note", lambda _: None)(note)
 
 
 def _timed_out(error: RuntimeError) -> bool:

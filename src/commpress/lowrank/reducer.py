@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives.checks import check_group, check_timeout
+from commpress.collectives.failures import add_note
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
@@ -449,8 +450,7 @@ def frameless(error: BaseException) -> BaseException:
     process ran, with its reducer, its thread, and serially the model."""
     where = "".join(traceback.format_exception(error)).rstrip()
     copied = _copy_without_frames(error, {})
-    note = getattr(copied, "add_note", lambda _: None)  # Python 3.11 on
-    note(f"where it was raised (the frames are not kept):\n{where}")
+    add_note(copied, f"where it was raised (the frames are not kept):\n{where}")
     return copied
 
 
