@@ -293,13 +293,23 @@ def _first_seen_in_one_order_or_another(rank, world_size, spec):
     return runs, initial
 
 
-@pytest.mark.parametrize("spec", ["powersgd:rank=2,start_iter=1", "acpsgd:rank=2,start_iter=1"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "powersgd:rank=2,start_iter=1",
+        "acpsgd:rank=2,start_iter=1",
+        "powersgd:rank=2,start_iter=1,warm_start=false",
+        "acpsgd:rank=2,start_iter=1,warm_start=false",
+    ],
+)
 def test_initial_factors_do_not_depend_on_the_order_keys_are_first_seen_in(spec):
     """Initial factors came from one generator in the order keys were first seen: DDP's
     first buckets (a resumed run's first step) and its rebuilt ones (the uninterrupted run's)
     gave them to other keys, and a run resumed from a checkpoint saved before the first
     compressed step was not the uninterrupted run. Each key draws its own, as torch's hook
-    draws each matrix's: two matrices of one shape start apart, alike on every rank."""
+    draws each matrix's: two matrices of one shape start apart, alike on every rank. So do
+    the factors drawn afresh every step without warm start: they were drawn for a batch at
+    once, each matrix's by its place in it."""
     results = run_distributed(_first_seen_in_one_order_or_another, 2, spec)
     for (together, apart), _ in results:
         for step in (1, 2):

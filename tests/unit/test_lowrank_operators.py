@@ -216,13 +216,32 @@ def test_a_zero_column_of_a_kept_factor_is_drawn_afresh_the_same_way_every_time(
     alg = algorithm(rank=3)
     factor = batch_of(2, 10, 3)
     factor[1, :, 2] = 0
-    revived = alg.revived(factor, step=5)
+    identities = [("name", "a"), ("name", "b")]
+    revived = alg.revived(factor, identities, step=5)
     assert torch.equal(revived[0], factor[0]) and torch.equal(revived[1, :, :2], factor[1, :, :2])
     assert revived[1, :, 2].abs().min() > 0
-    assert torch.equal(revived, alg.revived(factor, step=5))
-    assert not torch.equal(revived, alg.revived(factor, step=6))
+    assert torch.equal(revived, alg.revived(factor, identities, step=5))
+    assert not torch.equal(revived, alg.revived(factor, identities, step=6))
     clean = batch_of(2, 10, 3)
-    assert alg.revived(clean, step=5) is clean
+    assert alg.revived(clean, identities, step=5) is clean
+
+
+@pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
+def test_each_matrix_draws_by_its_identity_whatever_batch_it_is_in(algorithm):
+    """Fresh draws came for a batch at once, seeded by the step alone: a matrix drew other
+    numbers at another place in its batch (DDP's first buckets against its rebuilt ones: a
+    resumed run's first step), and two batches of one shape drew the same numbers."""
+    alg = algorithm(rank=3, seed=7)
+    a, b, c = ("name", "a"), ("name", "b"), ("unnamed", 0)
+    together = alg.draw([a, b, c], (10, 3), step=4)
+    for position, identity in enumerate((a, b, c)):
+        alone = alg.draw([identity], (10, 3), step=4)
+        assert torch.equal(alone[0], together[position])
+    assert torch.equal(alg.draw([c, a], (10, 3), step=4), together[[2, 0]])
+    assert not torch.equal(together[0], together[1])
+    for other in (alg.draw([a], (10, 3), step=5), alg.draw([a], (10, 3), step=4, purpose=1)):
+        assert not torch.equal(other[0], together[0])
+    assert not torch.equal(algorithm(rank=3, seed=8).draw([a], (10, 3), step=4)[0], together[0])
 
 
 @pytest.mark.parametrize(
@@ -247,7 +266,7 @@ def test_bad_options_are_refused_naming_them(algorithm, options, error, message)
 def test_a_seed_near_the_largest_draws_without_overflow():
     """``seed * 1_000_003 + step`` overflowed the generator's seed from 2**44 on."""
     alg = PowerSGD(seed=(1 << 63) - 1, warm_start=False)
-    assert alg.draw((4, 2), step=7).shape == (4, 2)
+    assert alg.draw([("name", "w")], (4, 2), step=7).shape == (1, 4, 2)
 
 
 def test_a_reducer_refuses_a_group_that_is_not_one():

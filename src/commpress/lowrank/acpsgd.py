@@ -26,16 +26,15 @@ class ACPSGD(LowRankAlgorithm):
             "q": torch.randn(m, self.rank, generator=generator, dtype=torch.float32),
         }
 
+    def starting_factor(self, step: int) -> str:
+        return "q" if step % 2 == 0 else "p"  # the kept one
+
     def rounds(self, step: int) -> int:
         return 1
 
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
-        kept = "q" if step % 2 == 0 else "p"
-        if self.warm_start:
-            start = self.revived(factors[kept], step)
-        else:
-            start = self.draw(factors[kept].shape, step).to(factors[kept].device)
-        factors[kept] = orthogonalize(start, self.orthogonalization)
+        kept = self.starting_factor(step)
+        factors[kept] = orthogonalize(factors[kept], self.orthogonalization)
         multiply = times if kept == "q" else transposed_times
         factors["_local"] = multiply(matrices, factors[kept])
         return factors["_local"]

@@ -7,23 +7,28 @@ compressed gradients), what to do with the sum, and how to reconstruct the
 averaged gradient. Everything else (grouping by shape, fusing every batch's
 factor and the uncompressed tensors into one all-reduce per round, error
 feedback, warm-up, statistics, checkpoints) is :class:`commpress.lowrank.Reducer`'s.
-A new algorithm is one file with the five abstract methods below.
+A new algorithm is one file with the six abstract methods below; what a step starts from
+(warm-started, or drawn afresh per matrix) is the reducer's too (:meth:`LowRankAlgorithm.start`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
 from commpress.collectives.checks import check_flag
 from commpress.lowrank.operators import ORTHOGONALIZATIONS
+from commpress.seeds import seed_of
 
 #: A batch's algorithm state: named factor tensors, each ``(b, rows, rank)``.
 Factors = dict[str, torch.Tensor]
+#: How a matrix is known to its random draws: ``("name", its key)`` for a key that is a name,
+#: else ``("unnamed", the order its key first came in)``; one per matrix of a batch.
+Identity = tuple[str, object]
 #: Seeds are at most this (``torch.Generator.manual_seed`` takes a signed 64-bit one).
 SEEDS = 1 << 63
-_STEP_SEEDS = 1_000_003  # draw ``p`` of step ``s`` of seed ``k``: k * this + 2 * s + p
 
 
 class LowRankAlgorithm(ABC):
@@ -70,16 +75,30 @@ class LowRankAlgorithm(ABC):
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.orthogonalization, self.seed = orthogonalization, seed
 
-    def draw(self, shape, step: int, purpose: int = 0, device=None) -> torch.Tensor:
-        """Gaussian fp32 numbers of ``shape`` for compressed step ``step``, the same on
-        every rank whose ``device`` is of one kind (``purpose`` keeps two draws of one step
-        apart); on the CPU unless ``device`` is a GPU."""
-        seed = (self.seed * _STEP_SEEDS + 2 * step + purpose) % SEEDS
+    def draw(
+        self,
+        identities: Sequence[Identity],
+        shape: tuple[int, ...],
+        step: int,
+        purpose: int = 0,
+        device=None,
+    ) -> torch.Tensor:
+        """Gaussian fp32 numbers, ``(len(identities), *shape)``, for compressed step ``step``:
+        each matrix's from a stream of its own, seeded by the algorithm's seed, the matrix's
+        identity, ``step`` and ``purpose`` (which keeps two draws of one step apart). So
+        they are the same on every rank whose ``device`` is of one kind, whatever matrices
+        share the batch (DDP's first buckets and its rebuilt ones batch them otherwise);
+        on the CPU unless ``device`` is a GPU."""
         on = torch.device("cpu") if device is None else torch.device(device)
-        generator = torch.Generator(device=on).manual_seed(seed)
-        return torch.randn(shape, generator=generator, dtype=torch.float32, device=on)
+        drawn = torch.empty((len(identities), *shape), dtype=torch.float32, device=on)
+        for row, identity in zip(drawn, identities, strict=True):
+            seed = seed_of("commpress-lowrank-draw", self.seed, *identity, step, purpose)
+            torch.randn(shape, generator=torch.Generator(device=on).manual_seed(seed), out=row)
+        return drawn
 
-    def revived(self, factor: torch.Tensor, step: int) -> torch.Tensor:
+    def revived(
+        self, factor: torch.Tensor, identities: Sequence[Identity], step: int
+    ) -> torch.Tensor:
         """``factor`` (``(b, rows, rank)``, the same on every rank) with each all-zero
         column drawn afresh. A zero column of a warm-started factor stays zero for good
         (``M @ 0 = 0``): a step whose gradient is zero, or of lower rank, would otherwise
@@ -90,8 +109,18 @@ class LowRankAlgorithm(ABC):
         # about 250K numbers depend on the device's number of multiprocessors)
         if not factor.is_cuda and not bool(dead.any()):
             return factor
-        fresh = self.draw(factor.shape, step, purpose=1, device=factor.device)
+        fresh = self.draw(identities, factor.shape[1:], step, purpose=1, device=factor.device)
         return torch.where(dead, fresh, factor.float())
+
+    def start(
+        self, factor: torch.Tensor, identities: Sequence[Identity], step: int
+    ) -> torch.Tensor:
+        """What this step's power iteration starts from, given the last step's ``factor``
+        (the one :meth:`starting_factor` names): with warm start, ``factor`` revived
+        (:meth:`revived`); without, one drawn afresh (on the CPU), the same on every rank."""
+        if self.warm_start:
+            return self.revived(factor, identities, step)
+        return self.draw(identities, factor.shape[1:], step).to(factor.device)
 
     def compresses(self, n: int, m: int) -> bool:
         """Whether an ``n x m`` matrix is worth compressing at this rank."""
@@ -103,6 +132,12 @@ class LowRankAlgorithm(ABC):
     def initial_factors(self, n: int, m: int, generator: torch.Generator) -> Factors:
         """Factors of one ``n x m`` matrix before its first compressed step (identical on
         every rank: ``generator`` is seeded the same everywhere)."""
+
+    @abstractmethod
+    def starting_factor(self, step: int) -> str:
+        """The factor this step's first round starts from: the reducer replaces it by
+        :meth:`start`'s (warm-started or drawn afresh, each matrix by its own identity)
+        before it calls :meth:`factor` for round 0."""
 
     @abstractmethod
     def rounds(self, step: int) -> int:

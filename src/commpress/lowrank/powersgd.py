@@ -18,15 +18,14 @@ class PowerSGD(LowRankAlgorithm):
     def initial_factors(self, n, m, generator) -> Factors:
         return {"q": torch.randn(m, self.rank, generator=generator, dtype=torch.float32)}
 
+    def starting_factor(self, step: int) -> str:
+        return "q"
+
     def rounds(self, step: int) -> int:
         return 2
 
     def factor(self, round_, step, matrices, factors) -> torch.Tensor:
         if round_ == 0:
-            if self.warm_start:
-                factors["q"] = self.revived(factors["q"], step)
-            else:  # a fresh Q, the same on every rank
-                factors["q"] = self.draw(factors["q"].shape, step).to(factors["q"].device)
             return times(matrices, factors["q"])
         return transposed_times(matrices, factors["p"])
 

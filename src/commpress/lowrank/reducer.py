@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.failures import add_note
-from commpress.lowrank.algorithm import LowRankAlgorithm
+from commpress.lowrank.algorithm import Identity, LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
 from commpress.schedules import wire_bytes
@@ -103,7 +103,7 @@ class Reducer:
         self.algorithm, self.group, self.timeout = algorithm, group, timeout
         self.step = 0
         self.states: dict[Hashable, dict[str, torch.Tensor]] = {}
-        self._unnamed_drawn = 0  # initial factors drawn for keys that are no names
+        self._unnamed: dict[Hashable, int] = {}  # keys that are no names, in the order first seen
         self.stats = LowRankStats()
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
@@ -304,16 +304,22 @@ class Reducer:
         first buckets give them in another than its rebuilt ones, and a resumed run's
         first step has the first); for any other key, which may print differently in each
         process, in the order the keys first come."""
-        if isinstance(key, str):
-            which = ("name", key)
-        else:
-            which, self._unnamed_drawn = ("unnamed", self._unnamed_drawn), self._unnamed_drawn + 1
-        seed = seed_of("commpress-lowrank-initial-factors", self.algorithm.seed, *which)
+        seed = seed_of(
+            "commpress-lowrank-initial-factors", self.algorithm.seed, *self._identity(key)
+        )
         factors = self.algorithm.initial_factors(n, m, torch.Generator().manual_seed(seed))
         state = {name: factor.to(device, FP32) for name, factor in factors.items()}
         if self.algorithm.error_feedback:
             state["error"] = torch.zeros(n, m, device=device, dtype=FP32)
         return state
+
+    def _identity(self, key) -> Identity:
+        """How ``key``'s matrix is known to its random draws: by its name, or, for a key that
+        is none (it may print differently in each process), by the order keys first came
+        in."""
+        if isinstance(key, str):
+            return ("name", key)
+        return ("unnamed", self._unnamed.setdefault(key, len(self._unnamed)))
 
     def _lap(self, stage: str, since: float) -> None:
         self.stats.seconds[stage] += time.perf_counter() - since
@@ -656,6 +662,8 @@ class CompressedPart(Part):
 
     def payload(self, round_):
         clock, algorithm = time.perf_counter(), self.reducer.algorithm
+        if round_ == 0:
+            self._start()
         self.parts = [algorithm.factor(round_, self.step, m, f) for _, _, m, f in self.batches]
         self.extra = [self.plain_flat] if round_ == 0 and self.plain_flat is not None else []
         if not self.parts and not self.extra:
@@ -664,6 +672,15 @@ class CompressedPart(Part):
         self.reducer.stats.count_sent(fused.numel(), self.world_size)
         self.reducer._lap("compress", clock)
         return fused
+
+    def _start(self) -> None:
+        """Each batch's starting factor warm-started or drawn afresh, each matrix by its own
+        identity, whatever batch it is in."""
+        algorithm, identity = self.reducer.algorithm, self.reducer._identity
+        name = algorithm.starting_factor(self.step)
+        for _, keys, _, factors in self.batches:
+            identities = [identity(key) for key in keys]
+            factors[name] = algorithm.start(factors[name], identities, self.step)
 
     def take(self, round_, total):
         clock, algorithm = time.perf_counter(), self.reducer.algorithm
