@@ -118,6 +118,36 @@ def test_async_handles_give_the_same_results_as_synchronous_calls():
         assert flags == [True, True, True]
 
 
+def _workspace_released_while_a_call_runs(rank, world_size):
+    """Rank 1 joins late, so rank 0's int8 all-gather is still on its communication thread
+    (its encode in workspace buffers) when rank 0 asks to free them."""
+    inp = torch.full((100_000,), float(rank + 1))
+    out = torch.empty(100_000 * world_size)
+    if rank == 1:
+        time.sleep(1.0)
+    work = cp.all_gather_into_tensor(out, inp, codec="int8", async_op=True)
+    refused = None
+    if rank == 0:
+        try:
+            cp.release_workspace()
+        except RuntimeError as error:
+            refused = str(error)
+    work.wait()
+    freed = cp.release_workspace()
+    return refused, freed, out[::100_000].tolist()
+
+
+def test_the_workspace_is_not_freed_under_a_running_collective():
+    """``release_workspace()`` freed the buffers of a collective still running (its
+    docstring alone said not to); now it refuses, and frees once the call has finished."""
+    (refused, freed, gathered), (_, other_freed, other) = run_distributed(
+        _workspace_released_while_a_call_runs, 2
+    )
+    assert refused is not None and "1 commpress collective queued or running" in refused
+    assert freed > 0 and other_freed > 0
+    assert gathered == other == [1.0, 2.0]
+
+
 def _queued_across_a_new_world(rank, world_size, store_path):
     from commpress.collectives.work import launch
 

@@ -11,7 +11,8 @@ import torch
 
 from commpress.codecs import get_codec
 from commpress.collectives.payloads import slots
-from commpress.collectives.workspace import release_workspace, workspace
+from commpress.collectives.work import release_workspace
+from commpress.collectives.workspace import workspace
 from commpress.schedules import plan
 
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ bounds the wait for a dead or stalled peer. Every algorithm runs through one exe
 from commpress.collectives.all_gather import ALL_GATHER_ALGORITHMS, all_gather_into_tensor
 from commpress.collectives.all_reduce import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS, reduce_scatter_tensor
-from commpress.collectives.workspace import release_workspace
+from commpress.collectives.work import release_workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES
 
 # torch 2.13 names these all_gather_single / reduce_scatter_single: offer both.

@@ -28,8 +28,10 @@ import torch
 
 from commpress.collectives.checks import check_timeout
 from commpress.collectives.failures import named_failures
+from commpress.collectives.workspace import workspace
 from commpress.transport import backends
 from commpress.transport.p2p import wait as wait_work
+from commpress.units import counted
 
 #: ``active`` on the communication thread: whatever runs there (a collective, or a
 #: callback its completion runs) is on it.
@@ -104,6 +106,26 @@ def _submit(run: Callable[[], None]) -> concurrent.futures.Future:
     _pending.add(future)
     future.add_done_callback(_pending.discard)
     return future
+
+
+def release_workspace() -> int:
+    """Free the memory commpress keeps between collectives (:mod:`~commpress.collectives.
+    workspace`); the number of bytes freed. Refused while a commpress collective is queued
+    or running: its buffers are that memory. The release itself runs on the communication
+    thread, so that a collective launched meanwhile from another thread runs after it."""
+    unfinished = sum(not future.done() for future in list(_pending))
+    if unfinished:
+        raise RuntimeError(
+            f"release_workspace: {counted(unfinished, 'commpress collective')} queued or "
+            "running (their scratch buffers are what it frees): wait for them first"
+        )
+
+    def release() -> int:
+        held = workspace.held_bytes()
+        workspace.release()
+        return held
+
+    return _executor.submit(release).result()
 
 
 #: The last asynchronous compressed collective given to each group, until it has finished

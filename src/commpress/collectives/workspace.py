@@ -65,13 +65,3 @@ class Workspace:
 
 #: The communication thread's workspace.
 workspace = Workspace()
-
-
-def release_workspace() -> int:
-    """Free the memory commpress keeps between collectives; the number of bytes freed.
-
-    Call it only while no commpress collective is running (it runs on its own thread).
-    """
-    held = workspace.held_bytes()
-    workspace.release()
-    return held
