@@ -77,7 +77,7 @@ def test_auto_runs_the_tuners_choice_and_every_rank_agrees_and_places_subgroups(
 def _outcome(call):
     try:
         call()
-    except (ValueError, CollectiveMismatchError) as error:
+    except (ValueError, TypeError, CollectiveMismatchError) as error:
         return f"{type(error).__name__}: {error}"
     return "ran"
 
@@ -298,3 +298,55 @@ def test_a_group_keeps_a_bounded_number_of_agreed_choices_and_every_rank_drops_t
     for exchanged, kept in run_distributed(_many_call_shapes, 2, timeout=60):
         assert exchanged == [True, True, False, True, False, True]
         assert kept == [1, 2]
+
+
+def _fixed_codecs_on_dtypes_they_cannot_take(rank, world_size, peer_dtype):
+    """A tuned all-gather of float64 with codec none and with int8, a reduction of float64 with int8
+    (which only native may run), and an all-gather whose dtype differs by rank."""
+    from datetime import timedelta
+
+    tuner.configure(link="1gbit")
+    shard, whole = torch.full((4,), float(rank), dtype=torch.float64), torch.ones(4 * world_size)
+    gathered, reduced = torch.empty(4 * world_size, dtype=torch.float64), torch.empty(4)
+    gather = _outcome(
+        lambda: cp.all_gather_into_tensor(gathered, shard, codec="none", algorithm="auto")
+    )
+    refused = _outcome(
+        lambda: cp.all_gather_into_tensor(gathered, shard, codec="int8", algorithm="auto")
+    )
+    summed = _outcome(
+        lambda: cp.reduce_scatter_tensor(
+            reduced.double(), whole.double(), codec="int8", algorithm="auto"
+        )
+    )
+    mine = torch.float64 if rank == 0 else peer_dtype
+    apart = _outcome(
+        lambda: cp.all_gather_into_tensor(
+            torch.empty(8 * world_size, dtype=mine), torch.ones(8, dtype=mine), codec="int8",
+            algorithm="auto", timeout=timedelta(seconds=5),
+        )
+    )  # fmt: skip
+    return gather, refused, summed, apart
+
+
+def test_a_fixed_codec_that_cannot_take_the_dtype_is_refused_alike_on_every_rank_and_alone():
+    """An all-gather of float64 given codec int8 raised the tuner's 'cannot take
+    dtype=torch.float64' (no argument named) on 2 ranks, before the exchange: a peer whose
+    dtype int8 takes waited there until the timeout; alone it ran native, the codec
+    ignored. Now the error of an explicit algorithm's, agreed on. A reduction of float64,
+    which only native may run, takes the codec as torch does: not at all."""
+    refusal = (
+        "TypeError: codec 'int8' cannot take inp.dtype=torch.float64; it handles float32, "
+        "bfloat16, float16"
+    )
+    for world_size in (1, 2):
+        for gather, refused, summed, apart in run_distributed(
+            _fixed_codecs_on_dtypes_they_cannot_take, world_size, torch.float32, timeout=60
+        ):
+            assert gather == "ran", gather
+            assert refused.startswith(refusal), refused
+            assert summed == "ran", summed
+            if world_size == 1:
+                assert apart.startswith(refusal), apart
+            else:
+                assert apart.startswith("CollectiveMismatchError: ranks called a tuned"), apart

@@ -1,7 +1,9 @@
 """``algorithm="auto"`` and ``codec="auto:..."`` resolved for one call by the tuner
 (:mod:`commpress.sim.tuner`), after the checks that need no algorithm (the tensors, a
-residual, the device) and before those of the one chosen (a codec's dtype among them: the
-tuner may give the call to torch, which takes dtypes no lossy codec does).
+residual, the device) and before those of the one chosen. A codec given with
+``algorithm="auto"`` must take the input's dtype, as the tuner says in the exchange below,
+unless only torch's collective, which ignores it, may run the call (a reduction of float64
+or integers); an auto codec's candidates are those that take it.
 
 On a group's first call of each shape every rank's choice is exchanged over the group, in
 the order of the communication thread's queue (behind the compressed collectives given
@@ -44,6 +46,9 @@ _agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KEPT_CHOICES = 1024
 #: The collective a tuned call's errors name.
 PUBLIC_NAMES = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+#: What the tuner raises for a call it refuses (a codec refuses a dtype with TypeError), on
+#: every rank alike once they have exchanged it.
+REFUSALS = (ValueError, TypeError)
 #: Per thread: the list :func:`recording` appends each tuned call's choice to.
 _recording = threading.local()
 
@@ -58,13 +63,15 @@ def resolve(
     chunk_bytes: int | None = None,
     reduce_op: dist.ReduceOp.RedOpType | None = None,
     timeout: timedelta | None = None,
+    argument: str = "inp.dtype",
 ) -> tuple[str, object]:
     """``(algorithm, codec)`` to run: as given, or the tuner's choice where either is auto
     (for a reduce-scatter cut in pieces of ``chunk_bytes``), the same on every rank of
     ``group``, the group the call runs on (a multicast's options are its own). A
     reduction's ``reduce_op`` (checked) is exchanged with the call: torch's collective,
     if chosen, would not compare it. A peer that does not join the first call's exchange
-    within ``timeout`` (None: the group's) makes it raise, as the collective would."""
+    within ``timeout`` (None: the group's) makes it raise, as the collective would.
+    ``argument``: what a codec's refusal of the input's dtype calls it."""
     if not requested(codec, algorithm):
         return algorithm, codec
     reduction = "" if reduce_op is None else reduce_op.name
@@ -74,8 +81,8 @@ def resolve(
     choice = _recalled(agreed, call)
     if choice is None:
         try:
-            planned = _choose(call, codec, inp.dtype, group)
-        except ValueError as error:  # every rank must hear of it, not wait
+            planned = _choose(call, codec, inp.dtype, group, argument)
+        except REFUSALS as error:  # every rank must hear of it, not wait
             planned = error
         try:
             choice = _agree(group, inp.device, call, planned, _settings(group, call), timeout)
@@ -148,7 +155,7 @@ def _agreed_on(group) -> collections.OrderedDict:
     return found[1]
 
 
-def _choose(call: _Call, codec, dtype: torch.dtype, group) -> tuner.Choice:
+def _choose(call: _Call, codec, dtype: torch.dtype, group, argument: str) -> tuner.Choice:
     """This rank's choice for ``call``."""
     return tuner.choose(
         call.op,
@@ -163,6 +170,7 @@ def _choose(call: _Call, codec, dtype: torch.dtype, group) -> tuner.Choice:
         chunk_bytes=call.chunk_bytes,
         placement=placement(group),
         multicast=multicast_options(group, call.algorithm),
+        argument=argument,
     )
 
 
@@ -254,8 +262,9 @@ def _agree(
     group, device: torch.device, call: _Call, planned, settings, timeout: timedelta | None
 ) -> tuner.Choice:
     """The choice every rank of ``group`` runs: this rank's, once every rank has said it
-    chose the same; else every rank raises ``ValueError`` saying why."""
-    failed = isinstance(planned, ValueError)
+    chose the same; else every rank raises: the refusal every rank's tuner made, or
+    ``ValueError`` saying why they differ."""
+    failed = isinstance(planned, REFUSALS)
     mine = _Planned(call, None if failed else planned, str(planned) if failed else None, settings)
     everyone: list = []
 

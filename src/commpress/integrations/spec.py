@@ -28,7 +28,7 @@ class CollectiveSpec:
         reduction's ``reduce_op`` is agreed on with the choice, within ``timeout``."""
         algorithm, codec = auto.resolve(
             op, tensor, group, self.codec, self.algorithm, error_feedback,
-            reduce_op=reduce_op, timeout=timeout,
+            reduce_op=reduce_op, timeout=timeout, argument="dtype",
         )  # fmt: skip
         return algorithm, get_codec(codec)
 

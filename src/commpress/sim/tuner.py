@@ -154,6 +154,22 @@ def _check_request(op: str, codec, algorithm: str) -> None:
         get_algorithm(algorithm, op)
 
 
+def _check_codec_takes(op, dtype, codec, algorithm, setting, argument: str) -> None:
+    """A codec the caller fixed is what every compressed algorithm the call may be given
+    encodes with, so it must take ``dtype``, on a world of one too: torch's own collective,
+    which ignores it, is no way around that, save for a reduction that only torch may run."""
+    if not is_auto(codec) and _may_compress(op, dtype, algorithm, setting):
+        get_codec(codec).check_dtype(dtype, argument)
+
+
+def _may_compress(op: str, dtype: torch.dtype, algorithm: str, setting: Network) -> bool:
+    if algorithm != AUTO:
+        return algorithm != NATIVE
+    if op == "reduce_scatter" and dtype not in REDUCTION_DTYPES:
+        return False
+    return any(name != NATIVE and name in algorithms(op) for name in setting.algorithms)
+
+
 def _warn_once_of_another_backend(setting: Network, backend: str, on_cpu: bool) -> None:
     """A fit is made from ``commpress bench`` rows, which run on gloo: its efficiencies
     (the two-rank exchanges' above all) describe gloo, not another backend. A group of
@@ -204,6 +220,7 @@ def choose(
     chunk_bytes: int | None = None,
     placement: Placement | None = None,
     multicast: Options | None = None,
+    argument: str = "dtype",
 ) -> Choice:
     """The fastest (algorithm, codec) for one call; ``numel`` is the rank's input (an
     all-gather's shard, a reduce-scatter's whole tensor). ``codec`` and ``algorithm`` may
@@ -214,7 +231,7 @@ def choose(
     ranks 0 to ``world_size - 1`` of a network of ``world_size`` hosts). ``multicast``: the
     options the group's multicast transport paces with
     (:func:`commpress.transport.multicast.options_of`; default: paced for the tuner's
-    network)."""
+    network). ``argument``: what a refusal of the dtype calls it."""
     if op not in ("all_gather", "reduce_scatter"):
         raise ValueError(f"algorithm/codec 'auto' is for all_gather and reduce_scatter, not {op}")
     _check_request(op, codec, algorithm)
@@ -227,6 +244,7 @@ def choose(
     found = _recalled(key)
     if found is not None:
         return found
+    _check_codec_takes(op, dtype, codec, algorithm, setting, argument)
     alone = world_size == 1  # nothing moves: torch's own collective copies, exactly
     if alone and torch_moves(dtype, backend, on_cpu):
         return Choice(NATIVE, "none", 0.0)
