@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 
+from commpress.cluster.local import run_distributed
 from commpress.codecs import get_codec
 from commpress.collectives import auto
 from commpress.integrations.spec import CollectiveSpec
@@ -105,6 +106,49 @@ def test_a_dtype_gloo_cannot_move_is_not_given_to_torch_on_gloo(tmp_path, dtype)
     for world_size in (1, 4):
         with pytest.raises(ValueError, match=f"gloo moves no {dtype}"):
             tuner.choose("reduce_scatter", 4 << 20, dtype, world_size, "none")
+
+
+#: GLOO_DTYPES, complex dtypes (moved as their real view) and dtypes gloo refuses in torch
+#: 2.13: what the probe below asks gloo itself.
+PROBED_DTYPES = sorted(
+    tuner.GLOO_DTYPES
+    | {torch.complex64, torch.complex128, torch.int16, torch.uint16, torch.uint32}
+    | {torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2},
+    key=str,
+)
+
+
+def _gloo_takes(rank, world_size):
+    """Per probed dtype, whether gloo runs the all-gather and the sum's reduce-scatter that
+    ``native`` runs (the same calls), the all-gather with every rank's values."""
+    from torch.distributed import ReduceOp
+
+    from commpress.transport import collective
+
+    taken = {}
+    for dtype in PROBED_DTYPES:
+        shard = torch.full((2,), rank, dtype=torch.uint8).to(dtype)
+        gathered, reduced = torch.empty(2 * world_size, dtype=dtype), torch.empty(2, dtype=dtype)
+        try:
+            collective.all_gather(gathered, shard, None).wait()
+            collective.reduce_scatter(reduced, gathered, ReduceOp.SUM, None).wait()
+        except RuntimeError as error:
+            if "Invalid scalar type" not in str(error):
+                raise
+            taken[str(dtype)] = False
+            continue
+        expected = torch.arange(world_size, dtype=torch.uint8).repeat_interleave(2).to(dtype)
+        taken[str(dtype)] = torch.equal(gathered.view(torch.uint8), expected.view(torch.uint8))
+    return taken
+
+
+def test_the_dtypes_the_tuner_gives_torch_on_gloo_are_those_gloo_takes():
+    """GLOO_DTYPES copies the type switch of torch's ProcessGroupGloo, which torch does
+    not expose: a torch whose gloo takes another set must fail here, not route a dtype to
+    'native' that gloo then refuses on every rank ("Invalid scalar type")."""
+    believed = {str(dtype): tuner.torch_moves(dtype, "gloo", True) for dtype in PROBED_DTYPES}
+    for taken in run_distributed(_gloo_takes, 2, timeout=60):
+        assert taken == believed
 
 
 def test_ties_go_to_the_exact_choice():

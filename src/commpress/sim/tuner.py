@@ -494,8 +494,9 @@ def _candidates(
 
 
 #: The dtypes torch's gloo collectives take (ProcessGroupGloo's GENERATE_ALL_TYPES in
-#: torch 2.13; a complex tensor travels as its real view): any other, such as int16,
-#: uint32 or float8, is "Invalid scalar type", which the compressed algorithms move.
+#: torch 2.13, a C++ switch torch does not expose; tests/unit/test_tuner.py asks gloo
+#: itself; a complex tensor travels as its real view): any other, such as int16, uint32 or
+#: float8, is "Invalid scalar type", which the compressed algorithms move.
 GLOO_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
      torch.bool, torch.int32, torch.int64}
