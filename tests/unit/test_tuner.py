@@ -108,6 +108,25 @@ def test_a_dtype_gloo_cannot_move_is_not_given_to_torch_on_gloo(tmp_path, dtype)
             tuner.choose("reduce_scatter", 4 << 20, dtype, world_size, "none")
 
 
+@pytest.mark.parametrize("codec", ["int8", "auto:codecs=int8+int4"])
+def test_a_codec_that_cannot_take_the_dtype_is_refused_at_every_size_unless_only_native_runs(
+    codec,
+):
+    """An all-gather of float64 with codecs that encode no float64 ran torch's collective
+    alone (the one-rank shortcut asked nothing), where on 4 ranks the fixed codec raised
+    from the model's timing and the auto one was refused; a reduction of float64, which
+    only torch's collective may run, was refused for an auto codec on 4 ranks alone."""
+    refusal = "cannot take inp.dtype=" if codec == "int8" else r"none of \['int8', 'int4'\] encodes"
+    for world_size in (1, 4):
+        with pytest.raises((TypeError, ValueError), match=refusal):
+            tuner.choose("all_gather", 64, torch.float64, world_size, codec, argument="inp.dtype")
+        summed = tuner.choose("reduce_scatter", 64, torch.float64, world_size, codec)
+        assert summed.algorithm == "native"
+        tuner.check("reduce_scatter", torch.float64, world_size, codec)
+    tuner.configure(link="1gbit", algorithms=("native",))  # nothing that encodes: as asked
+    assert tuner.choose("all_gather", 64, torch.float64, 4, codec).algorithm == "native"
+
+
 #: GLOO_DTYPES, complex dtypes (moved as their real view) and dtypes gloo refuses in torch
 #: 2.13: what the probe below asks gloo itself.
 PROBED_DTYPES = sorted(

@@ -1,9 +1,9 @@
 """``algorithm="auto"`` and ``codec="auto:..."`` resolved for one call by the tuner
 (:mod:`commpress.sim.tuner`), after the checks that need no algorithm (the tensors, a
 residual, the device) and before those of the one chosen. A codec given with
-``algorithm="auto"`` must take the input's dtype, as the tuner says in the exchange below,
-unless only torch's collective, which ignores it, may run the call (a reduction of float64
-or integers); an auto codec's candidates are those that take it.
+``algorithm="auto"``, and one of an auto codec's candidates at least, must take the input's
+dtype, as the tuner says in the exchange below, unless only torch's collective, which
+ignores the codec, may run the call (a reduction of float64 or integers).
 
 On a group's first call of each shape every rank's choice is exchanged over the group, in
 the order of the communication thread's queue (behind the compressed collectives given

@@ -155,11 +155,18 @@ def _check_request(op: str, codec, algorithm: str) -> None:
 
 
 def _check_codec_takes(op, dtype, codec, algorithm, setting, argument: str) -> None:
-    """A codec the caller fixed is what every compressed algorithm the call may be given
-    encodes with, so it must take ``dtype``, on a world of one too: torch's own collective,
-    which ignores it, is no way around that, save for a reduction that only torch may run."""
-    if not is_auto(codec) and _may_compress(op, dtype, algorithm, setting):
+    """A codec the caller fixed (or one of an auto codec's candidates) is what every
+    compressed algorithm the call may be given encodes with, so it must take ``dtype``, on
+    a world of one too: torch's own collective, which ignores it, is no way around that,
+    save for a reduction that only torch may run."""
+    if not _may_compress(op, dtype, algorithm, setting):
+        return
+    if not is_auto(codec):
         get_codec(codec).check_dtype(dtype, argument)
+    elif not any(_usable(spec, dtype) for spec in budget(codec)[1]):
+        raise ValueError(
+            f"codec {codec!r}: none of {list(budget(codec)[1])} encodes {argument}={dtype}"
+        )
 
 
 def _may_compress(op: str, dtype: torch.dtype, algorithm: str, setting: Network) -> bool:
@@ -320,8 +327,10 @@ def check(
     """Raise the ``ValueError`` :func:`choose` would raise for the calls of ``op`` on
     ``dtype`` on this group at any size (no codec within the budget, no candidate), timing
     nothing: for a wrapper that knows its calls' dtype and group before the first one."""
+    setting = network()
+    if is_auto(codec):  # a codec given is the caller's to check, naming what it is given
+        _check_codec_takes(op, dtype, codec, algorithm, setting, "dtype")
     if world_size > 1:
-        setting = network()
         _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend,
                   error_feedback)  # fmt: skip
         _topology(setting, world_size, placement)
@@ -453,10 +462,8 @@ def _candidates(
     else:
         names = [algorithm]
     limit, specs = budget(codec) if is_auto(codec) else (None, (str(get_codec(codec)),))
-    if limit is not None:
+    if limit is not None:  # none left only where no compressed algorithm may run the call
         specs = tuple(s for s in specs if _usable(s, dtype))
-        if not specs:
-            raise ValueError(f"codec {codec!r}: none of {list(budget(codec)[1])} encodes {dtype}")
     pairs, too_inexact = [], []
     for name in names:
         if name == NATIVE and not torch_moves(dtype, backend, on_cpu):
