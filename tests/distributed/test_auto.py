@@ -350,3 +350,20 @@ def test_a_fixed_codec_that_cannot_take_the_dtype_is_refused_alike_on_every_rank
                 assert apart.startswith(refusal), apart
             else:
                 assert apart.startswith("CollectiveMismatchError: ranks called a tuned"), apart
+
+
+def _fed_back_alone(rank, world_size):
+    inp = torch.linspace(-1, 1, 64)
+    results = []
+    for algorithm in ("auto", "alltoall"):
+        out, residual = torch.empty(64), torch.zeros(64)
+        cp.reduce_scatter_tensor(out, inp, algorithm=algorithm, residual=residual)
+        results.append((out, residual))
+    return results
+
+
+def test_a_tuned_reduction_with_error_feedback_runs_alone():
+    """Alone the tuner gave it to native, which raised that a residual needs 'alltoall'
+    or 'backend' (an algorithm the caller had not given); on 2 ranks it ran."""
+    ((tuned, fixed),) = run_distributed(_fed_back_alone, 1, timeout=60)
+    assert torch.equal(tuned[0], fixed[0]) and torch.equal(tuned[1], fixed[1])

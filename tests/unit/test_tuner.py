@@ -316,6 +316,19 @@ def test_error_feedback_and_cpu_tensors_on_nccl_narrow_the_candidates():
                          backend="nccl")  # fmt: skip
 
 
+def test_error_feedback_alone_is_given_an_algorithm_that_takes_it():
+    """A world of one gave every call to torch's collective, error feedback too, which
+    then raised that a residual needs 'alltoall' or 'backend', 'native' given; a larger
+    world chose one of those, or raised naming the candidates."""
+    alone = tuner.choose("reduce_scatter", 64, torch.float32, 1, "int8", error_feedback=True)
+    assert alone.algorithm in ERROR_FEEDBACK_ALGORITHMS and alone.codec == "int8"
+    tuner.configure(link="1gbit", algorithms=("ring", "native"))
+    for world_size in (1, 4):
+        with pytest.raises(ValueError, match=r"which are \['ring', 'native'\]$"):
+            tuner.choose("reduce_scatter", 64, torch.float32, world_size, "int8",
+                         error_feedback=True)  # fmt: skip
+
+
 def test_each_choice_is_logged_once(caplog):
     with caplog.at_level(logging.INFO, logger="commpress.tuner"):
         for _ in range(3):

@@ -253,13 +253,13 @@ def choose(
         return found
     _check_codec_takes(op, dtype, codec, algorithm, setting, argument)
     alone = world_size == 1  # nothing moves: torch's own collective copies, exactly
-    if alone and torch_moves(dtype, backend, on_cpu):
+    if alone and not error_feedback and torch_moves(dtype, backend, on_cpu):
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
-    if alone:  # of a dtype torch does not take: the most accurate of the others
+    if alone:  # of a dtype torch does not take, or fed back: the most accurate of the others
         name, spec = min(pairs, key=lambda pair: expected_rel_err(pair[1], op, pair[0], 1, dtype))
         return Choice(name, spec, 0.0)
     # an empty call is planned as the smallest one (one element per rank: a schedule of no
