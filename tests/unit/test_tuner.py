@@ -329,6 +329,17 @@ def test_error_feedback_alone_is_given_an_algorithm_that_takes_it():
                          error_feedback=True)  # fmt: skip
 
 
+def test_an_algorithm_given_with_an_auto_codec_runs_alone_too():
+    """A world of one gave torch's collective every call whose dtype it takes, an algorithm
+    the caller named too: a float64 sum given 'ring' ran alone and was refused on two ranks
+    (compressed reductions accumulate in float32)."""
+    for op, dtype, algorithm in (("reduce_scatter", torch.float64, "ring"),
+                                 ("all_gather", torch.float32, "ring-hop")):  # fmt: skip
+        for world_size in (1, 4):
+            chosen = tuner.choose(op, 64, dtype, world_size, "auto", algorithm)
+            assert chosen.algorithm == algorithm, (op, world_size, chosen)
+
+
 def test_each_choice_is_logged_once(caplog):
     with caplog.at_level(logging.INFO, logger="commpress.tuner"):
         for _ in range(3):

@@ -252,14 +252,14 @@ def choose(
     if found is not None:
         return found
     _check_codec_takes(op, dtype, codec, algorithm, setting, argument)
-    alone = world_size == 1  # nothing moves: torch's own collective copies, exactly
-    if alone and not error_feedback and torch_moves(dtype, backend, on_cpu):
+    alone = world_size == 1
+    if alone and _left_to_torch_alone(algorithm, error_feedback, dtype, backend, on_cpu):
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
     pairs = _eligible(
         op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
     )
-    if alone:  # of a dtype torch does not take, or fed back: the most accurate of the others
+    if alone:  # the most accurate pair that may run it
         name, spec = min(pairs, key=lambda pair: expected_rel_err(pair[1], op, pair[0], 1, dtype))
         return Choice(name, spec, 0.0)
     # an empty call is planned as the smallest one (one element per rank: a schedule of no
@@ -295,6 +295,14 @@ def choose(
         setting.link, choice, time_us,
     )  # fmt: skip
     return choice
+
+
+def _left_to_torch_alone(algorithm, error_feedback, dtype, backend, on_cpu) -> bool:
+    """Whether a world of one runs torch's own collective, which copies exactly (nothing
+    moves): where the call leaves the algorithm to the tuner, asks for no error feedback
+    (which torch's does not do) and is of a dtype torch takes."""
+    chosen_here = algorithm in (AUTO, NATIVE)
+    return chosen_here and not error_feedback and torch_moves(dtype, backend, on_cpu)
 
 
 def _recalled(key) -> Choice | None:
