@@ -192,14 +192,19 @@ def test_a_world_of_one_needs_no_model():
         ("reduce_scatter", "auto:codecs=int8+int3", "auto", "unknown codec 'int3'"),
         ("reduce_scatter", "auto", "tree", "unknown algorithm 'tree'"),
         ("reduce_scatter", "auto", "multicast", "unknown algorithm 'multicast' for reduce_scatter"),
+        ("all_gather", "auto:max_rel_err=0,codecs=int8", "auto", "no codec of \\['int8'\\] is"),
     ],
 )
 def test_a_world_of_one_refuses_what_a_larger_one_refuses(op, codec, algorithm, refusal):
     """A world of one ran torch's collective for any request: a program tried on one rank
-    passed, and failed at scale."""
+    passed, and failed at scale (an all-gather's error budget no candidate meets too: alone
+    native is exact, but the program is refused on two ranks, and a decoded shard errs alone
+    too). tuner.check refuses them alike."""
     for world_size in (1, 4):
         with pytest.raises(ValueError, match=refusal):
             tuner.choose(op, 1024, torch.float32, world_size, codec, algorithm)
+        with pytest.raises(ValueError, match=refusal):
+            tuner.check(op, torch.float32, world_size, codec, algorithm)
 
 
 def test_the_error_budget_admits_only_codecs_that_measure_within_it():

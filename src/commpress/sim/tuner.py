@@ -252,13 +252,15 @@ def choose(
     if found is not None:
         return found
     _check_codec_takes(op, dtype, codec, algorithm, setting, argument)
+    # refused alone as on more ranks, where torch's collective would do: a program tried
+    # on one rank must not fail at scale
+    pairs = _eligible(
+        op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
+    )
     alone = world_size == 1
     if alone and _left_to_torch_alone(algorithm, error_feedback, dtype, backend, on_cpu):
         return Choice(NATIVE, "none", 0.0)
     _warn_once_of_another_backend(setting, backend, on_cpu)
-    pairs = _eligible(
-        op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback
-    )
     if alone:  # the most accurate pair that may run it
         name, spec = min(pairs, key=lambda pair: expected_rel_err(pair[1], op, pair[0], 1, dtype))
         return Choice(name, spec, 0.0)
@@ -335,12 +337,12 @@ def check(
     """Raise the ``ValueError`` :func:`choose` would raise for the calls of ``op`` on
     ``dtype`` on this group at any size (no codec within the budget, no candidate), timing
     nothing: for a wrapper that knows its calls' dtype and group before the first one."""
+    _check_request(op, codec, algorithm)
     setting = network()
     if is_auto(codec):  # a codec given is the caller's to check, naming what it is given
         _check_codec_takes(op, dtype, codec, algorithm, setting, "dtype")
+    _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend, error_feedback)
     if world_size > 1:
-        _eligible(op, dtype, world_size, codec, algorithm, setting, on_cpu, backend,
-                  error_feedback)  # fmt: skip
         _topology(setting, world_size, placement)
 
 
