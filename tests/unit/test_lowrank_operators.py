@@ -174,6 +174,24 @@ def test_what_is_worth_compressing():
     assert not algorithm.compresses(12, 12)  # factors 96 values vs 144: rate 1.5 < 2
 
 
+def test_what_is_worth_compressing_is_what_torchs_powersgd_hook_compresses():
+    """``torch-powersgd`` is compared with ``powersgd`` of the same options: a matrix at
+    the rate exactly (8 x 8 at rank 2, rate 2) was compressed by ours and not by torch's,
+    whose comparison is strict, and so is its arithmetic's rounding (11 x 44, rank 4, 2.2)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    differ = []
+    for rate in (1.0, 1.5, 2.0, 2.2, 2.5, 3.0, 10 / 3, 7.1):
+        for rank in (1, 2, 3, 4, 8):
+            algorithm = PowerSGD(rank=rank, min_compression_rate=rate)
+            for n, m in [(n, m) for n in range(1, 48) for m in range(1, 48)] + [(11, 44)]:
+                torchs, _, _ = _should_compress(n, m, min(n, m, rank), rate)
+                if algorithm.compresses(n, m) != torchs:
+                    differ.append((n, m, rank, rate, torchs))
+    assert not differ
+    assert not PowerSGD(rank=2).compresses(8, 8)
+
+
 def test_batched_products_match_float64():
     from commpress.lowrank.operators import times, transposed_times
 

@@ -46,10 +46,10 @@ class LowRankAlgorithm(ABC):
         seed: int = 0,
     ) -> None:
         """``rank``: columns of each factor. ``start_iter``: steps all-reduced uncompressed
-        first. ``min_compression_rate``: a matrix is compressed only if its factors are at
-        least this many times smaller (else it joins the uncompressed tensors; so does
-        any matrix whose smaller side is not above ``rank``). ``orthogonalization``:
-        ``gram-schmidt``, ``householder`` or ``cholesky``."""
+        first. ``min_compression_rate``: a matrix is compressed only if its factors are more
+        than this many times smaller, as torch's PowerSGD hook decides (else it joins the
+        uncompressed tensors; so does any matrix whose smaller side is not above ``rank``).
+        ``orthogonalization``: ``gram-schmidt``, ``householder`` or ``cholesky``."""
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an int of at least 1, got {rank!r}")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
@@ -123,10 +123,11 @@ class LowRankAlgorithm(ABC):
         return self.draw(identities, factor.shape[1:], step).to(factor.device)
 
     def compresses(self, n: int, m: int) -> bool:
-        """Whether an ``n x m`` matrix is worth compressing at this rank."""
+        """Whether an ``n x m`` matrix is worth compressing at this rank: torch's
+        ``_should_compress``, in its arithmetic (a matrix at the rate exactly stays whole)."""
         if min(n, m) <= self.rank:
             return False
-        return n * m >= self.min_compression_rate * self.rank * (n + m)
+        return (n + m) * self.rank * self.min_compression_rate < n * m
 
     @abstractmethod
     def initial_factors(self, n: int, m: int, generator: torch.Generator) -> Factors:
