@@ -164,6 +164,51 @@ def test_a_key_in_two_parts_of_one_step_is_refused():
         assert "keys 'c' were already reduced this step (call finish_step" in refused
 
 
+def _keys_of_other_ranks(rank, world_size):
+    """For each way of giving keys otherwise, rank 1 does; then every rank the same, twice,
+    counting the all-reduces of the second step."""
+    from commpress.lowrank import reducer as module
+
+    a, b = torch.full((40, 30), 1.0 + rank), torch.full((40, 30), 10.0 + rank)
+    outcomes = {}
+    for which, given in [("order", [("b", b), ("a", a)]), ("missing", [("a", a)]),
+                         ("shape", [("a", a), ("b", b.view(30, 40))])]:  # fmt: skip
+        reducer = Reducer(PowerSGD(rank=2, start_iter=0))
+        try:
+            reducer.reduce(given if rank == 1 else [("a", a), ("b", b)])
+            outcomes[which] = "accepted"
+        except ValueError as error:
+            outcomes[which] = str(error)
+        reducer.reduce([("a", a), ("b", b)])
+        counted, all_reduce = [], module.collective.all_reduce
+        module.collective.all_reduce = lambda *a, c=counted, f=all_reduce: c.append(1) or f(*a)
+        try:
+            reducer.reduce([("a", a), ("b", b)])
+        finally:
+            module.collective.all_reduce = all_reduce
+        outcomes[which] = (outcomes[which], len(counted))
+    return outcomes
+
+
+def test_ranks_that_give_other_keys_all_raise_naming_them():
+    """Keys in another order on one rank summed one key's gradient with another's,
+    silently; a key missing on one rank, or of another shape, made all-reduces of different
+    sizes (gloo aborted the process). A list of keys agreed once costs no all-reduce again."""
+    named = {
+        "order": ["gives them in another order: 'b', 'a' (this rank: 'a', 'b')",
+                  "gives them in another order: 'a', 'b' (this rank: 'b', 'a')"],
+        "missing": ["rank 1 lacks 'b', which this rank gives",
+                    "rank 0 gives 'b', which this rank does not"],
+        "shape": ["rank 1 gives 'b' of shape (30, 40), this rank of (40, 30)",
+                  "rank 0 gives 'b' of shape (40, 30), this rank of (30, 40)"],
+    }  # fmt: skip
+    for rank, outcomes in enumerate(run_distributed(_keys_of_other_ranks, 2, timeout=120)):
+        for which, (refused, all_reduces) in outcomes.items():
+            assert refused.startswith("gradients: ranks give different keys"), refused
+            assert named[which][rank] in refused, refused
+            assert all_reduces == 2  # PowerSGD's P and Q, no check
+
+
 def _parameters_in_place_of_gradients(rank, world_size):
     """Each start_iter: the parameters themselves given, then their gradients."""
     outcomes = []
@@ -1346,10 +1391,10 @@ def test_the_group_a_low_rank_hook_made_is_taken_over_once_its_reducer_is_gone()
 
 
 class _Bucket:
-    """A DDP bucket of one parameter, not the step's last."""
+    """A DDP bucket of one parameter, by default not the step's last."""
 
-    def __init__(self, parameter):
-        self.parameter = parameter
+    def __init__(self, parameter, last=False):
+        self.parameter, self.last = parameter, last
 
     def buffer(self):
         return self.parameter.grad.view(-1)
@@ -1361,7 +1406,7 @@ class _Bucket:
         return [self.parameter.grad]
 
     def is_last(self):
-        return False
+        return self.last
 
 
 def _owner_gone_with_an_all_reduce_in_flight(rank, world_size, timeout):
@@ -1370,9 +1415,10 @@ def _owner_gone_with_an_all_reduce_in_flight(rank, world_size, timeout):
     spec = "powersgd:rank=1,start_iter=5"
     state, hook = cp.lowrank.ddp_hook(spec, timeout=timeout)
     old = state.reducer.group
+    parameter = torch.nn.Parameter(torch.zeros(3))
+    parameter.grad = torch.full((3,), 200.0)
+    hook(state, _Bucket(parameter, last=True)).wait()  # a step of every rank: keys agreed
     if rank == 0:  # a step abandoned on rank 0 alone after its first bucket: never waited for
-        parameter = torch.nn.Parameter(torch.zeros(3))
-        parameter.grad = torch.full((3,), 200.0)
         hook(state, _Bucket(parameter))
         state.worker.submit(lambda: None).result()  # the bucket's all-reduce issued
     del state, hook

@@ -72,7 +72,7 @@ def test_cuda_tensors_go_where_the_group_moves_them(made, reported, staged, alon
     assert p2p.must_stage(None, on_cpu=False) is staged
     assert p2p.sends_may_go_alone(None) is alone
     device = torch.device("cuda", 0)
-    assert fingerprint._fingerprint_device(None, device).type == digest_on
+    assert fingerprint.fingerprint_device(None, device).type == digest_on
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,7 @@ class Agreement:
         if self._world_size == 1:
             return
         self._row = mine.to_bytes(self.sequence)
-        self._device = _fingerprint_device(group, device)
+        self._device = fingerprint_device(group, device)
         self._digests = _digests(self._row, self._device)
         self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
 
@@ -251,7 +251,7 @@ def agree(
     Agreement(group, mine, timeout, device).check()
 
 
-def _fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
+def fingerprint_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
     """On the CPU where the group moves CPU tensors; else (NCCL alone) on the device."""
     return torch.device("cpu") if backends.moves(group, "cpu") else device
 

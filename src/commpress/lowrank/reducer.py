@@ -23,16 +23,21 @@ import torch.distributed as dist
 
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.failures import add_note
+from commpress.collectives.fingerprint import digest, digest_pair, fingerprint_device, pair_agrees
 from commpress.lowrank.algorithm import Identity, LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
+from commpress.ranks import name_ranks, this_rank
 from commpress.schedules import wire_bytes
 from commpress.seeds import seed_of
 from commpress.transport import collective, owned_groups, p2p
+from commpress.transport.objects import all_gather_objects
 from commpress.units import counted
 
 STAGES = ("compress", "communicate", "reconstruct")
 FP32 = torch.float32
+#: Lists of keys and shapes every rank was found to give alike, remembered (the latest).
+AGREED_KEY_LISTS = 64
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Reducer:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
         self._keys_this_step: set = set()
+        self._agreed: dict[tuple, None] = {}  # key lists every rank gives, oldest first
         #: The step a planned part failed in, and why (:meth:`failing_for_good`).
         self._failure: tuple[int, BaseException] | None = None
         self._loaded = False  # states cloned by load_state_dict, not yet used (_adopt_loaded)
@@ -183,6 +189,7 @@ class Reducer:
             repeated = sorted({repr(key) for key in keys if keys.count(key) > 1})
             raise ValueError(f"gradients: keys {', '.join(repeated)} given twice (one state each)")
         self._check_keys_are_new(keys)
+        self._check_ranks_give_the_same_keys(gradients)
         self._adopt_loaded()
         world_size = dist.get_world_size(self.group)
         if self.step < self.algorithm.start_iter:
@@ -223,6 +230,45 @@ class Reducer:
                 f"gradients: keys {', '.join(sorted(map(repr, again)))} were already reduced "
                 f"this step (call finish_step after a step's last part)"
             )
+
+    def _check_ranks_give_the_same_keys(self, gradients: list) -> None:
+        """Ranks that gave keys in other orders summed one key's gradient with another's,
+        silently; a key missing on one rank left the all-reduces of different sizes. The
+        first time this reducer plans a list of keys and shapes, the ranks compare digests
+        of it (one all-reduce, as the collectives' argument check does), and on a mismatch
+        exchange the lists, so that every rank raises naming the keys that differ; a list
+        agreed before costs no collective. A rank that changes its list after it was agreed
+        while the others keep theirs is not caught."""
+        listed = tuple((_label(key), tuple(gradient.shape)) for key, gradient in gradients)
+        if listed in self._agreed:
+            self._agreed[listed] = self._agreed.pop(listed)
+            return
+        if dist.get_world_size(self.group) > 1:
+            device = gradients[0][1].device if gradients else torch.device("cpu")
+            pair = digest_pair(
+                digest(repr(listed).encode()), fingerprint_device(self.group, device)
+            )
+            self.wait(collective.all_reduce(pair, dist.ReduceOp.MAX, self.group))
+            if not pair_agrees(pair):
+                every = all_gather_objects(listed, self.group, self.timeout)
+                raise ValueError(self._keys_differ(every))
+        self._agreed[listed] = None
+        if len(self._agreed) > AGREED_KEY_LISTS:
+            del self._agreed[next(iter(self._agreed))]
+
+    def _keys_differ(self, every: list[tuple]) -> str:
+        rank = dist.get_rank(self.group)
+        global_ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
+        differences = [
+            f"{name_ranks([other], global_ranks)} {_list_difference(listed, every[rank])}"
+            for other, listed in enumerate(every)
+            if listed != every[rank]
+        ]
+        return (
+            f"gradients: ranks give different keys to reduce together (this is "
+            f"{this_rank(rank, global_ranks)}): {'; '.join(differences)}; every rank must "
+            f"give the same keys, of the same shapes, in the same order"
+        )
 
     def _write_back(self, keys, gradients, stacked, factors, average, local) -> None:
         """Each gradient gets ``average`` (``(left, right)``: ``left @ right^T``) written
@@ -555,6 +601,33 @@ def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
                 f"item of type {type(pair).__name__}"
             )
     return [tuple(pair) for pair in pairs]
+
+
+def _label(key) -> str:
+    """How ``key`` is named to the other ranks: its repr, where that does not differ between
+    processes (an object's default repr holds its address)."""
+    if type(key).__repr__ is object.__repr__:
+        return f"<{type(key).__name__}>"
+    return repr(key)
+
+
+def _list_difference(theirs: tuple, mine: tuple) -> str:
+    """How another rank's list of ``(key, shape)`` differs from this rank's, in words."""
+    their_shapes, my_shapes = dict(theirs), dict(mine)
+    said = []
+    if extra := [key for key in their_shapes if key not in my_shapes]:
+        said.append(f"gives {', '.join(extra)}, which this rank does not")
+    if lacking := [key for key in my_shapes if key not in their_shapes]:
+        said.append(f"lacks {', '.join(lacking)}, which this rank gives")
+    for key, shape in their_shapes.items():
+        if key in my_shapes and my_shapes[key] != shape:
+            said.append(f"gives {key} of shape {shape}, this rank of {my_shapes[key]}")
+    if not said:
+        said.append(
+            f"gives them in another order: {', '.join(their_shapes)} (this rank: "
+            f"{', '.join(my_shapes)})"
+        )
+    return "; ".join(said)
 
 
 def _check_state_fits(key, state: dict[str, torch.Tensor], n: int, m: int, rank: int) -> None:
