@@ -236,6 +236,35 @@ def test_a_parameter_given_in_place_of_its_gradient_is_refused_before_it_is_plan
             assert ".grad" in outcome
 
 
+def _gradients_without_memory_of_their_own(rank, world_size):
+    """A step, then each gradient that is no place to write the average, then a step."""
+    reducer = Reducer(PowerSGD(rank=2, start_iter=1))
+    reducer.reduce([("w", torch.randn(40, 30)), ("b", torch.randn(30))])
+    refused = []
+    for bad in [("w", torch.randn(30).expand(40, 30)), ("b", torch.randn(1).expand(30)),
+                ("w", torch.empty(40, 30, device="meta"))]:  # fmt: skip
+        given = dict([("w", torch.randn(40, 30)), ("b", torch.randn(30)), bad])
+        try:
+            reducer.reduce(list(given.items()))
+            refused.append("accepted")
+        except (TypeError, ValueError) as error:
+            refused.append(f"{type(error).__name__}: {error}")
+    reducer.reduce([("w", torch.randn(40, 30)), ("b", torch.randn(30))])  # goes on
+    return refused
+
+
+def test_a_gradient_with_stride_zero_or_on_the_meta_device_is_refused_naming_it():
+    """An expanded gradient failed once its all-reduce was done ("more than one element of
+    the written-to tensor refers to a single memory location"), a meta one with "Tensor.item()
+    cannot be called on meta tensors", naming no gradient, and left the reducer failed for
+    good. DDP refuses both too (the in-place accumulation, the meta parameters)."""
+    for refused in run_distributed(_gradients_without_memory_of_their_own, 2, timeout=120):
+        expanded, expanded_bias, meta = refused
+        assert expanded.startswith("ValueError: gradient 'w' has stride 0 (strides (0, 1)")
+        assert expanded_bias.startswith("ValueError: gradient 'b' has stride 0 (strides (0,)")
+        assert meta.startswith("TypeError: gradient 'w' is on the meta device"), meta
+
+
 def _a_parameter_without_a_gradient(rank, world_size):
     layer = torch.nn.Linear(30, 40)  # never used: its .grad is None
     try:
@@ -708,12 +737,15 @@ def test_reducer_and_hook_on_cuda_with_nccl():
 
 def _loaded_on_the_cpu_then_planned_on(rank, world_size, device):
     """The devices of a state loaded from a CPU checkpoint (``torch.load(...,
-    map_location="cpu")``) once a part of gradients on ``device`` is planned."""
+    map_location="cpu")``) once a part of gradients on ``device`` is planned (the part
+    made as ``plan`` makes it, whose checks refuse meta gradients)."""
+    from commpress.lowrank.reducer import CompressedPart
+
     reducer = Reducer(PowerSGD(rank=2, start_iter=0))
     reducer.reduce([("a", gradients(rank, 0)["a"])])
     fresh = Reducer(PowerSGD(rank=2, start_iter=0))
     fresh.load_state_dict(reducer.state_dict())
-    fresh.plan([("a", gradients(rank, 1)["a"].to(device))])
+    CompressedPart(fresh, [("a", gradients(rank, 1)["a"].to(device))], [], world_size, 0)
     return {name: str(tensor.device) for name, tensor in fresh.states["a"].items()}
 
 

@@ -179,6 +179,18 @@ class Reducer:
                 raise TypeError(f"gradient {key!r} must be a floating-point tensor")
             if gradient.layout != torch.strided:
                 raise TypeError(not_dense(key, gradient.layout))
+            if gradient.is_meta:
+                raise TypeError(
+                    f"gradient {key!r} is on the meta device: it holds no values to average "
+                    f"(materialize the model, with to_empty() and its initialization, first)"
+                )
+            if _shares_elements(gradient):
+                raise ValueError(
+                    f"gradient {key!r} has stride 0 (strides {gradient.stride()}, shape "
+                    f"{tuple(gradient.shape)}: an expanded tensor), so its elements share "
+                    f"memory and cannot hold the average, which is written into it in place; "
+                    f"give a gradient of its own (.contiguous())"
+                )
             if gradient.requires_grad:
                 raise TypeError(
                     f"gradient {key!r} requires grad: the average is written into it in "
@@ -601,6 +613,13 @@ def _pairs(gradients) -> list[tuple[Hashable, torch.Tensor]]:
                 f"item of type {type(pair).__name__}"
             )
     return [tuple(pair) for pair in pairs]
+
+
+def _shares_elements(tensor: torch.Tensor) -> bool:
+    """Whether elements of ``tensor`` are one place in memory, which torch refuses to write
+    in place (a stride 0 along a dimension of more than one element)."""
+    shape, strides = tensor.shape, tensor.stride()
+    return any(size > 1 and stride == 0 for size, stride in zip(shape, strides, strict=True))
 
 
 def _label(key) -> str:
