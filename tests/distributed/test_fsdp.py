@@ -1371,6 +1371,41 @@ def test_modules_kept_keep_fsdps_own_collectives_and_the_others_are_compressed()
         assert all(math.isfinite(loss) for loss in losses)
 
 
+def _feedback_kept(keep):
+    model = shard(small_model())
+    compression = cp.fsdp.compress(model, "int8", FEEDBACK, error_feedback=True, keep=keep)
+    return model, compression
+
+
+def _residuals_loaded_with_another_keep(rank, world_size):
+    model, compression = _feedback_kept(["0"])
+    x, y = data(rank, 0)
+    F.cross_entropy(model(x), y).backward()
+    state = compression.state_dict()
+    refused = {}
+    for keep in (["2"], ["0", "2"]):
+        try:
+            _feedback_kept(keep)[1].load_state_dict(state)
+        except ValueError as error:
+            refused[str(keep)] = str(error)
+    return refused
+
+
+def test_residuals_loaded_into_a_compression_with_another_keep_say_that_keep_differs():
+    """Residuals saved with keep=['0'], loaded with another keep, were refused as "a state of
+    another model", of the same model."""
+    refused = run_distributed(_residuals_loaded_with_another_keep, 2, timeout=120)[0]
+    assert refused["['2']"].startswith(
+        "state has no residual of modules ['0'], which the compression that saved it left "
+        "native: keep differs (saved with modules ['0'] left native, this compression "
+        "modules ['2'] left native"
+    ), refused
+    assert refused["['0', '2']"].startswith(
+        "state has residuals of modules ['2'], which this compression leaves native: keep "
+        "differs (saved with modules ['0'] left native, this compression modules ['0', '2']"
+    ), refused
+
+
 def test_keep_names_only_fsdp_modules_and_the_same_on_every_rank():
     unknown = run_distributed(_with_modules_kept, 2, ["0", "1", "nope"], timeout=60)[0]
     assert unknown.startswith("ValueError: keep names '1', 'nope': not FSDP modules of the model")

@@ -87,6 +87,7 @@ class Compression:
             "world_size": dist.get_world_size(),
             "error_feedback": self.error_feedback,
             "residuals": {name: rs.residual_state() for name, rs in self.feedback.items()},
+            "left_native": list(self.left_native),
         }
         return keyed_by_rank(own, rank)
 
@@ -95,7 +96,7 @@ class Compression:
         model (module names) and ``error_feedback``; between steps (no backward running).
         Nothing is loaded where anything of it is refused."""
         state = own_state(state)
-        check_state(state, self.error_feedback, list(self.feedback))
+        check_state(state, self.error_feedback, list(self.feedback), self.left_native)
         loaded = {
             name: scatter.checked_residual_state(
                 state["residuals"][name], f"state['residuals'][{name!r}]"
@@ -331,10 +332,13 @@ def own_state(state: object) -> dict:
     return own_entry(state, dist.get_rank(), "Compression.state_dict()")
 
 
-def check_state(state: object, error_feedback: bool, modules: list[str]) -> None:
+def check_state(
+    state: object, error_feedback: bool, modules: list[str], left_native: list[str] = ()
+) -> None:
     """``state`` must be a :meth:`Compression.state_dict` of this rank and world, saved with
     ``error_feedback`` as given, holding a residual of each of ``modules`` and of no other
-    (this rank's entry of it, a dict: :func:`own_state`)."""
+    (this rank's entry of it, a dict: :func:`own_state`); a module of the one side's
+    ``left_native`` (``keep``) that the other compresses is named as such."""
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"state is not a Compression.state_dict(): it lacks {missing}")
@@ -360,16 +364,36 @@ def check_state(state: object, error_feedback: bool, modules: list[str]) -> None
             f"state['residuals'] must be a dict of module names, got {type(residuals).__name__}"
         )
     lacking = [name for name in modules if name not in residuals]
+    saved_native = state.get("left_native")  # None in a state from before it was saved
+    if lacking and saved_native is not None and set(lacking) <= set(saved_native):
+        said = f"state has no residual of modules {lacking}, which the compression that saved"
+        raise ValueError(_keep_differs(f"{said} it left native", saved_native, left_native))
     if lacking:
         raise ValueError(
             f"state has no residual of modules {lacking} of this model: a state of another model"
         )
     extra = [name for name in residuals if name not in modules]
+    if extra and set(extra) <= set(left_native):
+        said = f"state has residuals of modules {extra}, which this compression leaves native"
+        raise ValueError(_keep_differs(said, saved_native, left_native))
     if extra:
         raise ValueError(
             f"state has residuals of modules {extra} that this model does not compress: a "
             "state of another model"
         )
+
+
+def _keep_differs(said: str, saved_native: list | None, left_native: list[str]) -> str:
+    saved = "" if saved_native is None else f"saved with {_kept(saved_native)}, "
+    return (
+        f"{said}: keep differs ({saved}this compression {_kept(left_native)}; keep=, or "
+        f"on_unsupported='native', leaves a module native)"
+    )
+
+
+def _kept(left_native) -> str:
+    """'modules ['0', '4'] left native', or 'no module left native'."""
+    return f"modules {sorted(left_native)} left native" if left_native else "no module left native"
 
 
 def _regather_ranks(module) -> tuple[int, ...] | None:
