@@ -84,6 +84,17 @@ def probability(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """A finite number above 0 (``--lr``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidValue(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:  # NaN too
+        raise InvalidValue(f"{text!r}: must be above 0 and finite")
+    return value
+
+
 def size_factor(text: str) -> int:
     value = whole_number(text)
     if value < 2:

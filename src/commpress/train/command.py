@@ -25,10 +25,12 @@ from pathlib import Path
 from commpress.bench import report
 from commpress.bench.arguments import (
     MAX_LOCAL_PROCESSES,
+    bounded_int,
     local_processes,
     output_folder,
     output_path,
     positive_int,
+    positive_number,
     seconds,
 )
 from commpress.cluster.commands import (
@@ -45,6 +47,7 @@ from commpress.train.loop import (
     COSINE_FLOOR,
     OPTIMIZERS,
     SCHEDULES,
+    SEED_LIMIT,
     Run,
     TrainConfig,
     train_worker,
@@ -301,6 +304,11 @@ def plot(path: Path, title: str, results: list[dict]) -> bool:
     return True
 
 
+def seed(text: str) -> int:
+    """``--seed``: within ``±SEED_LIMIT``, as :class:`TrainConfig` takes it."""
+    return bounded_int(text, -SEED_LIMIT, SEED_LIMIT - 1)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--strategy",
@@ -336,7 +344,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--lr",
-        type=float,
+        type=positive_number,
         help="learning rate (" + ", ".join(f"{k} {v:g}" for k, v in OPTIMIZERS.items()) + ")",
     )
     parser.add_argument(
@@ -346,7 +354,7 @@ def add_arguments(parser) -> None:
         help=f"learning rate: constant, or cosine decay to {COSINE_FLOOR:g} of it (constant)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of every configuration, within ±2**43 (0)"
+        "--seed", type=seed, default=0, help="seed of every configuration, within ±2**43 (0)"
     )
     parser.add_argument("--bf16", action="store_true", help="FSDP: bf16 parameters, fp32 reduction")
     parser.add_argument(
