@@ -112,11 +112,13 @@ def test_sizes_take_binary_units_spelled_either_way(text, size):
 @pytest.mark.parametrize("text", ["0.1K", "1.0000001M", "0.3k"])
 def test_sizes_refuse_a_fraction_of_a_byte(text, capsys):
     """From a bug hunt: ``-b 0.1K`` was taken for 102 bytes (102.4 cut), ``1.0000001M``
-    for 1M, without a word; a plain ``1.5`` is refused as not a size."""
+    for 1M, without a word; a plain ``1.5`` is refused as not a size. sim's ``--size
+    0.1K`` was refused as 'sizes are bytes such as 1048576, 64K, 1M', which it is."""
     with pytest.raises(SystemExit) as exit_info:
         main(["sim", "--size", f"1M,{text}"])
     assert exit_info.value.code == 2
-    assert "argument --size" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"argument --size: '{text}' is " in err and "not a whole number of bytes" in err
     with pytest.raises(SystemExit):
         main(["bench", "-b", text])
     err = capsys.readouterr().err
@@ -679,7 +681,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
     [
         (["bench", "-b", "infK"], "'infK': must be a finite number of bytes"),
         (["bench", "-b", "1e400K"], "'1e400K': must be a finite number of bytes"),
-        (["sim", "--size", "infK"], "sizes are bytes"),
+        (["sim", "--size", "infK"], "--size: 'infK': must be a finite number of bytes"),
         (["sim", "--nodes", "8,8"], "'8,8' names 8 twice"),
         (["sim", "--codec", "int8,none,int8"], "names int8 twice"),
         (["bench", "--algorithm", "ring,ring"], "names ring twice"),

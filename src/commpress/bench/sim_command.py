@@ -314,13 +314,9 @@ def _int_list(text: str) -> list[int]:
 
 
 def _size_list(text: str) -> list[int]:
-    try:
-        items = comma_list(text)
-        values = [byte_size(item) for item in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: sizes are bytes such as 1048576, 64K, 1M"
-        ) from None
+    """Comma-separated :func:`byte_size` values, whose reasons argparse shows."""
+    items = comma_list(text)
+    values = [byte_size(item) for item in items]
     _refuse_same_twice(text, items, byte_size)
     return values
 
