@@ -751,3 +751,21 @@ def test_calibrate_refuses_one_file_given_twice(tmp_path, capsys):
     again = f"{tmp_path}/./bench.json"
     assert main(["sim", "--calibrate", str(bench), again]) == 2
     assert "are the same file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_a_step_that_runs_again_is_weighed_over_the_links_once(op, monkeypatch):
+    """From a bug hunt: every step of a ring added its loads over every link again, n - 1
+    passes over n links: `commpress sim --nodes 65536` took about a minute. The loads of a
+    step that runs again are counted, and summed over the links once."""
+    weighed = []
+    link_s = model._Timing._link_s
+
+    def counted(self, name, bytes_, exchange):
+        weighed.append(name)
+        return link_s(self, name, bytes_, exchange)
+
+    monkeypatch.setattr(model._Timing, "_link_s", counted)
+    row = simulate(op, "ring", "none", 1 << 20, Switch(1024, GBIT), NO_OVERHEAD)
+    assert row.fabric_bytes == 2 * 1024 * row.tx_bytes_per_host
+    assert len(weighed) <= 4 * len(Switch(1024, GBIT).levels())

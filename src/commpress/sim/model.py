@@ -240,11 +240,10 @@ class _Timing:
         self.topology, self.params, self.codec = topology, params, codec
         self.multicast: Options | None = multicast
         self.levels = {level.name: level for level in topology.levels()}
-        self.totals: dict[str, np.ndarray] = {}  # bytes per link of each level
-        #: seconds each link of a level is busy, each step's bytes at the efficiency of
-        #: that step (a single-peer exchange or not)
-        self.busy_s: dict[str, np.ndarray] = {}
         self._patterns: dict[tuple, tuple[float, dict, bool]] = {}
+        #: each distinct step's loads, whether it was a single-peer exchange, and how many
+        #: times it ran: summed once at the end, not a pass over every link at every step
+        self._added: dict[tuple, list] = {}
 
     def run(self, schedule: Schedule) -> float:
         if schedule.transport is Transport.P2P:
@@ -292,7 +291,7 @@ class _Timing:
         n, p = schedule.world_size, self.params
         wire = next(s.wire_bytes for step in schedule.steps for s in step.sends)
         loads = self.topology.broadcast_bytes(wire)
-        self._add(loads)
+        self._add(("broadcast",), loads)
         options = self._multicast_options()
         order = [_root_of(step, schedule.rank) for step in schedule.steps]
         overhead = p.message_s + p.latency_s * self.topology.longest_path()
@@ -336,15 +335,35 @@ class _Timing:
             seconds = self.params.message_s + self.params.latency_s * path + busiest
             found = self._patterns[sends] = (seconds, loads, exchange)
         seconds, loads, exchange = found
-        self._add(loads, exchange)
+        self._add(sends, loads, exchange)
         return seconds
+
+    @property
+    def totals(self) -> dict[str, np.ndarray]:
+        """The bytes each link of each level carried over the call."""
+        totals = {}
+        for loads, _, times in self._added.values():
+            for name, bytes_ in loads.items():
+                totals[name] = totals.get(name, 0.0) + times * np.asarray(bytes_, dtype=float)
+        return totals
+
+    @property
+    def busy_s(self) -> dict[str, np.ndarray]:
+        """The seconds each link of each level was busy, each step's bytes at the efficiency
+        of that step (a single-peer exchange or not)."""
+        busy = {}
+        for loads, exchange, times in self._added.values():
+            for name, bytes_ in loads.items():
+                busy[name] = busy.get(name, 0.0) + times * self._link_s(name, bytes_, exchange)
+        return busy
 
     def bottleneck(self) -> tuple[str, float]:
         """The level whose links were busiest in time over the whole call, and the bytes
         its busiest link carried ("" and 0 when nothing was sent)."""
-        if not self.busy_s:
+        busy = self.busy_s
+        if not busy:
             return "", 0.0
-        name = max(self.busy_s, key=lambda level: float(self.busy_s[level].max(initial=0.0)))
+        name = max(busy, key=lambda level: float(busy[level].max(initial=0.0)))
         return name, float(self.totals[name].max(initial=0.0)) / self.levels[name].width
 
     def _link_s(self, name: str, bytes_: np.ndarray, exchange: bool) -> np.ndarray:
@@ -362,15 +381,9 @@ class _Timing:
         decodes, encodes = _PASSES[receive.then]
         return self.params.codec_s(self.codec, receive.numel, encodes, decodes)
 
-    def _add(self, loads: dict, exchange: bool = False) -> None:
-        for name, bytes_ in loads.items():
-            seconds = self._link_s(name, bytes_, exchange)
-            if name in self.totals:
-                self.totals[name] = self.totals[name] + bytes_
-                self.busy_s[name] = self.busy_s[name] + seconds
-            else:
-                self.totals[name] = np.asarray(bytes_, dtype=float).copy()
-                self.busy_s[name] = seconds
+    def _add(self, step: tuple, loads: dict, exchange: bool = False) -> None:
+        """One more run of ``step``, whose links carry ``loads``."""
+        self._added.setdefault(step, [loads, exchange, 0])[2] += 1
 
 
 def _root_of(step, rank: int) -> int:
