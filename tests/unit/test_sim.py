@@ -769,3 +769,18 @@ def test_a_step_that_runs_again_is_weighed_over_the_links_once(op, monkeypatch):
     row = simulate(op, "ring", "none", 1 << 20, Switch(1024, GBIT), NO_OVERHEAD)
     assert row.fabric_bytes == 2 * 1024 * row.tx_bytes_per_host
     assert len(weighed) <= 4 * len(Switch(1024, GBIT).levels())
+
+
+@pytest.mark.parametrize("algorithm", ["alltoall", "backend"])
+def test_sim_refuses_an_all_to_all_on_more_nodes_than_it_can_follow(algorithm, capsys):
+    """From a bug hunt: an all-to-all on n nodes is n x (n - 1) flows, each followed by
+    the model: `--nodes 65536` asked for some 200 GB of arrays (after the rows of fewer
+    nodes). It is refused before the sweep, naming the option and the limit."""
+    from commpress.bench.sim_command import MAX_ALL_TO_ALL_NODES
+
+    nodes = MAX_ALL_TO_ALL_NODES + 1
+    argv = ["sim", "--nodes", f"8,{nodes}", "--op", "reduce_scatter", "--algorithm", algorithm]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--nodes {nodes}: {algorithm}'s reduce_scatter sends from every node" in err
+    assert f"at most {MAX_ALL_TO_ALL_NODES} nodes" in err

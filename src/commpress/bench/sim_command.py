@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from commpress.bench import report
 from commpress.bench.arguments import (
     byte_size,
@@ -38,14 +40,19 @@ from commpress.schedules.registry import (
     OPS,
     every_algorithm,
     get_algorithm,
+    plan,
     result_gather,
     same_result_on_every_rank,
 )
+from commpress.schedules.steps import Transport
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Topology, check_topology, parse_topology
 from commpress.units import parse_rate_bits
 
+#: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
+#: and about a gigabyte; the time and memory grow with the square of the nodes.
+MAX_ALL_TO_ALL_NODES = 4096
 COLUMNS = (
     ("nodes", "nodes", "d"),
     ("op", "op", "s"),
@@ -68,7 +75,13 @@ def add_arguments(parser) -> None:
         help="switch, racks:count=2,uplink=500mbit (count dividing every --nodes, as in "
         "`commpress cluster`), fattree:radix=32 (switch)",
     )
-    parser.add_argument("--nodes", type=_int_list, default=[8], help="comma list (8)")
+    parser.add_argument(
+        "--nodes",
+        type=_int_list,
+        default=[8],
+        help=f"comma list; at most {MAX_ALL_TO_ALL_NODES} for a reduce-scatter's all-to-all "
+        "(alltoall, backend) (8)",
+    )
     parser.add_argument(
         "--op",
         type=comma_list,
@@ -166,6 +179,7 @@ def main(args) -> int:
         repeated = same_twice(getattr(args, option[2:]), meaning)
         if repeated:
             raise ValueError(f"{option}: {repeated} are the same, which would repeat rows")
+    _check_all_to_all_nodes(args)
     params = _params(args)
     rows, skipped = [], set()
     for nodes, link, op, algorithm, codec, size in itertools.product(
@@ -191,6 +205,23 @@ def main(args) -> int:
         print(f"skipped: {reason}", file=sys.stderr)
     report.publish(rows, COLUMNS, f"commpress sim, {args.topology}", args, plot)
     return 0
+
+
+def _check_all_to_all_nodes(args) -> None:
+    """ValueError where an all-to-all exchange would be modelled on more than
+    :data:`MAX_ALL_TO_ALL_NODES`: the model follows its n x (n - 1) flows one by one."""
+    nodes = max(args.nodes)
+    if nodes <= MAX_ALL_TO_ALL_NODES:
+        return
+    for op, algorithm in itertools.product(args.op, args.algorithm):
+        if algorithm != NATIVE and get_algorithm_or_none(algorithm, op):
+            (schedule,) = plan(op, algorithm, 0, 2, 2, torch.float32, "none")
+            if schedule.transport is Transport.ALL_TO_ALL:
+                raise ValueError(
+                    f"--nodes {nodes}: {algorithm}'s {op} sends from every node to every other "
+                    f"in one step, {nodes} x {nodes - 1} flows that the model follows one by "
+                    f"one: at most {MAX_ALL_TO_ALL_NODES} nodes"
+                )
 
 
 def _check_racks_hold_as_many(topology: Topology, text: str) -> None:
