@@ -547,6 +547,7 @@ def test_schedule_rejects_bad_input_in_one_line(argv, message, capsys):
     "argv, message",
     [
         (["--world", "0"], "argument --world: '0': must be at least 1"),
+        (["--world", "100000"], "argument --world: '100000': at most 65536 ranks"),
         (["--dtype", "double"], "argument --dtype: invalid choice: 'double'"),
         (["--chunk-bytes", "3"], "argument --chunk-bytes: '3': a collective's chunk_bytes is"),
         (["--numel", "-1"], "argument --numel: '-1': must be at least 0"),
@@ -558,6 +559,20 @@ def test_schedule_argument_errors_are_usage_errors(argv, message, capsys):
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]  # after argparse's usage
     assert last.startswith(f"commpress schedule: error: {message}")
+
+
+def test_schedule_of_every_rank_is_refused_past_a_few_hundred_ranks(capsys):
+    """From a bug hunt: ``--world 100000`` set out to print every rank's 99999 steps,
+    10**10 lines, all made before the first was printed (``--world 1024``: 2 million
+    lines, 1.4 GB). One rank's schedule is still printed at that world."""
+    argv = ["schedule", "--op", "all_gather", "--algorithm", "ring", "--numel", "1"]
+    assert main([*argv, "--world", "257"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--world 257 without --rank prints every rank's schedule" in captured.err
+    assert "at most 256 ranks; give --rank" in captured.err
+    assert main([*argv, "--world", "257", "--rank", "3"]) == 0
+    assert "rank 3 of 257" in capsys.readouterr().out
 
 
 def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):

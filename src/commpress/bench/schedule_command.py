@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 
-from commpress.bench.arguments import non_negative_int, positive_int, whole_number
+from commpress.bench.arguments import InvalidValue, non_negative_int, positive_int, whole_number
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan, result_gather
 from commpress.schedules.wire import wire_bytes
 from commpress.units import DTYPES, torch_dtype
+
+#: The most ranks a schedule is printed for: one rank's steps grow with them.
+MAX_WORLD = 1 << 16
+#: The most ranks whose schedules are all printed (no ``--rank``): some world x world steps.
+MAX_WORLD_EVERY_RANK = 256
 
 
 def add_arguments(parser) -> None:
@@ -25,7 +30,12 @@ def add_arguments(parser) -> None:
         required=True,
         help="ring, ring-hop, backend; multicast (all-gather); alltoall (reductions)",
     )
-    parser.add_argument("--world", type=positive_int, required=True, help="world size")
+    parser.add_argument(
+        "--world",
+        type=world_size,
+        required=True,
+        help=f"world size, at most {MAX_WORLD}; {MAX_WORLD_EVERY_RANK} without --rank",
+    )
     parser.add_argument("--rank", type=int, help="print this rank's schedules only (every rank)")
     parser.add_argument(
         "--numel",
@@ -46,6 +56,14 @@ def add_arguments(parser) -> None:
         default=DEFAULT_CHUNK_BYTES,
         help=f"piece size of the ring reduce-scatter's pipeline ({DEFAULT_CHUNK_BYTES})",
     )
+
+
+def world_size(text: str) -> int:
+    """``--world``: 1 to :data:`MAX_WORLD`."""
+    value = positive_int(text)
+    if value > MAX_WORLD:
+        raise InvalidValue(f"{text!r}: at most {MAX_WORLD} ranks")
+    return value
 
 
 def chunk_bytes(text: str) -> int:
@@ -75,6 +93,12 @@ def run(args) -> int:
         )
     if args.rank is not None and not 0 <= args.rank < args.world:
         raise ValueError(f"--rank must be in [0, {args.world}), got {args.rank}")
+    if args.rank is None and args.world > MAX_WORLD_EVERY_RANK:
+        raise ValueError(
+            f"--world {args.world} without --rank prints every rank's schedule, some "
+            f"{args.world} x {args.world} steps: at most {MAX_WORLD_EVERY_RANK} ranks; give "
+            "--rank for one rank's"
+        )
     gathers = result_gather(args.op, args.algorithm)
     if gathers is not None:  # as the collective refuses it
         check_same_result_on_every_rank(get_codec(args.codec), gathers)
