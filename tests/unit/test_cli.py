@@ -1130,6 +1130,18 @@ def test_nprocs_is_refused_past_the_most_local_processes(command, monkeypatch, c
     assert "argument --nprocs: 255 local processes: at most 254" in capsys.readouterr().err
 
 
+def test_launch_refuses_more_ranks_per_host_than_local_processes(monkeypatch, capsys):
+    """``launch --nproc-per-host 100000000`` was taken: the launcher would start a rank
+    after another on this machine's cores, every host's, until something gave out."""
+    from commpress.cluster import commands
+
+    monkeypatch.setattr(commands, "cluster_from", lambda args: pytest.fail("cluster used"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", "--hosts", "2", "--link", "1gbit", "--nproc-per-host", "255", "--", "true"])
+    assert exit_info.value.code == 2
+    assert "argument --nproc-per-host: '255': must be in [1, 254]" in capsys.readouterr().err
+
+
 def _options_of(parser, path: str):
     """Every (command path, option) of ``parser`` and its subcommands, depth first."""
     import argparse

@@ -8,7 +8,13 @@ import os
 import sys
 from collections.abc import Iterator
 
-from commpress.bench.arguments import bounded_int, port, positive_int, seconds
+from commpress.bench.arguments import (
+    MAX_LOCAL_PROCESSES,
+    bounded_int,
+    port,
+    positive_int,
+    seconds,
+)
 from commpress.cluster.emulated import Emulated, cluster_for, not_up, present, remove
 from commpress.cluster.launcher import DEFAULT_PORT
 from commpress.cluster.layout import DEFAULT_PREFIX, MAX_HOSTS, Layout
@@ -59,6 +65,11 @@ def add_link_arguments(parser, *, required: bool) -> None:
 
 def host_count(text: str) -> int:
     return bounded_int(text, 1, MAX_HOSTS)
+
+
+def ranks_per_host(text: str) -> int:
+    """``--nproc-per-host``: every host's ranks run on this machine, as local processes do."""
+    return bounded_int(text, 1, MAX_LOCAL_PROCESSES)
 
 
 def mtu(text: str) -> int:
@@ -216,7 +227,12 @@ def add_launch_arguments(parser) -> None:
         "cluster is up)."
     )
     add_link_arguments(parser, required=False)
-    parser.add_argument("--nproc-per-host", type=positive_int, default=1, help="ranks per host (1)")
+    parser.add_argument(
+        "--nproc-per-host",
+        type=ranks_per_host,
+        default=1,
+        help=f"ranks per host, at most {MAX_LOCAL_PROCESSES} (1)",
+    )
     parser.add_argument(
         "--port",
         type=port,
