@@ -161,6 +161,18 @@ def test_a_bad_launch_timeout_names_itself_before_anything_starts(timeout, error
         launch(no_cluster, ["true"], timeout=timeout)
 
 
+def test_the_launchers_word_goes_to_standard_error_not_the_jobs_output(capsys):
+    """``commpress launch -- nosuchcmd > out.txt`` wrote 'command not found' into out.txt,
+    beside the job's lines, and nothing to the terminal; so did a failed rank's or a
+    timeout's note."""
+    output = io.StringIO()
+    no_cluster = object()  # a command that cannot run is refused before the cluster is used
+    assert launch(no_cluster, ["commpress-no-such-command"], output=output) == 127
+    assert output.getvalue() == ""
+    err = capsys.readouterr().err
+    assert err == "commpress launch: commpress-no-such-command: command not found\n"
+
+
 def test_the_longest_timeout_taken_is_one_every_wait_holds():
     """It was ``timedelta.max``'s, which ``timedelta(seconds=...)`` itself overflows on."""
     from datetime import timedelta

@@ -106,9 +106,10 @@ def launch(
     ``timeout`` (seconds) stops every rank and returns 124. A command that cannot be found
     returns 127 and one that cannot be run 126, as a shell does, before any rank starts.
     ``env`` adds variables.
+    The ranks' lines go to ``output`` (standard output); the launcher's own word on the
+    job (a rank that failed, a timeout, a command that cannot run) to standard error.
     Where ``output``'s reader went away, a job that succeeded raises BrokenPipeError once
-    it has ended; one that failed returns its status (the launcher's word on it then goes
-    to standard error).
+    it has ended; one that failed returns its status.
     """
     command = list(command)
     if not command or not all(isinstance(part, str) for part in command):
@@ -199,11 +200,11 @@ class _Lines:
                 self.reader_gone = True
 
     def note(self, text: str) -> None:
-        """The launcher's own word: to ``output``, or to standard error once its reader has
-        gone (a failure must still be told)."""
-        self.write(text)
-        if self.reader_gone:
+        """The launcher's own word, not the job's output: to standard error, as a shell's
+        (``commpress launch ... > out.txt`` keeps the job's lines only)."""
+        with self.lock:
             sys.stderr.write(text)
+            sys.stderr.flush()
 
 
 def _start(cluster, command, host, local_rank, nproc_per_host, port, env, job) -> Rank:
