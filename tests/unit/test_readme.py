@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commpress.cli import main
+from commpress.cli import COMMANDS, build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^ *```(\w+)\n(.*?)^ *```", re.S | re.M)
@@ -68,3 +68,26 @@ def test_console_block_prints_what_the_readme_shows(block, capsys):
     assert command.startswith("$ commpress ")
     assert main(shlex.split(command)[2:]) in (0, None)
     assert capsys.readouterr().out.splitlines() == shown
+
+
+def readme_command_lines() -> list[str]:
+    """Every ``commpress ...`` command of the README's bash blocks (continuation lines
+    joined, the comment and anything before ``commpress`` on its line dropped)."""
+    lines = []
+    for block in blocks("bash"):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            code = line.partition(" #")[0]
+            if "commpress " in code:
+                lines.append(code[code.index("commpress ") :].strip())
+    return lines
+
+
+def test_the_readme_has_command_lines_to_parse():
+    assert len(readme_command_lines()) >= 10
+
+
+@pytest.mark.parametrize("line", readme_command_lines())
+def test_every_command_line_of_the_readme_is_one_the_parser_takes(line):
+    """Parsed only (nothing runs): an option renamed or dropped fails here."""
+    parser = build_parser(COMMANDS)
+    parser.parse_args(shlex.split(line)[1:])
