@@ -1497,3 +1497,42 @@ def test_ranks_that_ask_for_other_groups_all_raise_saying_so():
     group over (a hang until the store's timeout)."""
     for message in run_distributed(_hooked_with_timeouts, 2, timeout=60):
         assert message is not None and "asked for other process groups" in message, message
+
+
+class _NotContiguous(torch.nn.Module):
+    """A channels_last conv and a linear weight stored transposed: DDP lays each gradient
+    out in its bucket as the parameter is laid out."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(4, 8, 3).to(memory_format=torch.channels_last)
+        self.weight = torch.nn.Parameter(torch.randn(24, 16).t())  # 16 x 24, transposed
+
+    def forward(self, x, z):
+        return self.conv(x).square().mean() + (z @ self.weight.t()).square().mean()
+
+
+def _hooked_and_reduced(rank, world_size, bucket_view):
+    reference = _NotContiguous()
+    model = _NotContiguous()
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
+    spec = "powersgd:rank=2,start_iter=0"
+    ddp.register_comm_hook(*cp.lowrank.ddp_hook(spec, model=model))
+    generator = torch.Generator().manual_seed(rank)
+    x, z = torch.randn(8, 4, 6, 6, generator=generator), torch.randn(8, 24, generator=generator)
+    ddp(x, z).backward()
+    reference(x, z).backward()
+    named = list(reference.named_parameters())
+    Reducer(spec).reduce([(name, p.grad) for name, p in named])
+    return [(name, p.grad, model.get_parameter(name).grad) for name, p in named]
+
+
+@pytest.mark.parametrize("bucket_view", [False, True], ids=["copied", "bucket-view"])
+def test_a_parameter_not_laid_out_contiguously_is_compressed_as_its_matrix(bucket_view):
+    """bucket.gradients() views each gradient in a DDP bucket as contiguous; the bucket holds
+    a channels_last conv's gradient with its columns permuted, and a transposed weight's by
+    columns: the hook compressed those other matrices, not what the Reducer compresses."""
+    for averaged in run_distributed(_hooked_and_reduced, 2, bucket_view, timeout=120):
+        for name, reduced, hooked in averaged:
+            assert torch.equal(hooked, reduced), name

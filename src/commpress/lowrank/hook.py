@@ -178,7 +178,7 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
             raise TypeError(not_real(key, parameter.dtype))
     pairs = [
         (state.key(parameter), gradient)
-        for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True)
+        for parameter, gradient in zip(bucket.parameters(), laid_out(bucket), strict=True)
     ]
     buffer, last = bucket.buffer(), bucket.is_last()
 
@@ -205,6 +205,28 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
     if last and state.shared_group:
         handing_over.result()
     return for_ddp(future)
+
+
+def laid_out(bucket) -> list[torch.Tensor]:
+    """Each parameter's gradient in ``bucket``, with the parameter's strides: DDP lays a dense
+    parameter's gradient out in the bucket as the parameter is (channels_last, a transposed
+    weight), and ``bucket.gradients()`` views every one as contiguous, which makes of such a
+    gradient another matrix (its columns permuted, or the transposed memory read by rows)."""
+    buffer = bucket.buffer()
+    return [
+        buffer.as_strided(parameter.shape, parameter.stride(), gradient.storage_offset())
+        if _dense_but_not_contiguous(parameter)
+        else gradient
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients(), strict=True)
+    ]
+
+
+def _dense_but_not_contiguous(parameter: torch.Tensor) -> bool:
+    """What DDP's ``is_non_overlapping_and_dense`` tells, for a non-contiguous parameter:
+    ``empty_like`` keeps the strides of exactly those."""
+    if parameter.is_contiguous():
+        return False
+    return torch.empty_like(parameter, device="meta").stride() == parameter.stride()
 
 
 @dataclass
