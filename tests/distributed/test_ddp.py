@@ -504,3 +504,41 @@ def test_without_a_timeout_the_hook_waits_as_long_as_the_world(lowrank, tmp_path
     kind, message, elapsed = results[0]
     assert "timed out" in message or "timeout" in message, message
     assert 1.5 < elapsed < 8, (elapsed, message)
+
+
+def _on_the_group_ddp_uses(rank, world_size, group):
+    """DDP with find_unused_parameters all-reduces its map of used parameters on its own
+    group right after the last bucket's hook; a layer unused on rank 0 in odd steps."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+
+    class Skipping(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers, self.step = layers, 0
+
+        def forward(self, x):
+            for index, layer in enumerate(self.layers):
+                if not (index == 1 and rank == 0 and self.step % 2):
+                    x = torch.relu(layer(x))
+            self.step += 1
+            return x[:, :10]
+
+    model = Skipping()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+    state, hook = cp.ddp.hook("int8@alltoall", group=dist.group.WORLD if group else None)
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 4, rank, features=32, batch=8, seed_stride=10)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_hook_shares_the_group_ddp_uses():
+    """With the group DDP runs on, DDP's all-reduce of used parameters began while the last
+    bucket's compressed all-reduce still ran on commpress's thread: with @alltoall, gloo
+    hung on every rank."""
+    on_its_own = run_distributed(_on_the_group_ddp_uses, 2, False, timeout=60)
+    shared = run_distributed(_on_the_group_ddp_uses, 2, True, timeout=30)
+    for ours, theirs in zip(shared, on_its_own, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

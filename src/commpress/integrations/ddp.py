@@ -6,6 +6,7 @@ issued in the same order on every rank.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
+import contextlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -33,6 +34,8 @@ class HookState:
     group: dist.ProcessGroup
     timeout: timedelta | None
     stats: CommStats = field(default_factory=CommStats)
+    #: The caller's group, which may be the one DDP itself uses (see ``hook``).
+    shared_group: bool = False
 
 
 def hook(
@@ -50,7 +53,11 @@ def hook(
     with DDP's own nor with another hook's; once ``state`` is garbage-collected, a later
     hook takes it over (:mod:`commpress.transport.owned_groups`). For a
     DDP on a subgroup (``process_group=pg``), pass a group of ``pg``'s ranks made for the
-    hook (not ``pg`` itself): the hook cannot read DDP's group. ``timeout``: a peer that
+    hook, or ``pg`` itself: the hook cannot read DDP's group. A ``group`` given may be the
+    one DDP runs its own collectives on (with ``find_unused_parameters=True``, one right
+    after the last bucket's hook): with any ``group`` given, the hook waits for the last
+    bucket's compressed all-reduce before it returns, so that every rank issues DDP's
+    collective after it. ``timeout``: a peer that
     dies or stalls makes the step raise after at most this long (default: the group's; for the
     group the hook makes, the world's);
     torch's all-reduce (``@native``) takes the group's own, so there it needs the group
@@ -65,7 +72,7 @@ def hook(
             "group made with new_group(timeout=...) and no timeout="
         )
     check_group(group, member=True)
-    state = HookState(spec, group, timeout)
+    state = HookState(spec, group, timeout, shared_group=group is not None)
     if group is None:
         # torch's own all-reduce (@native) waits for this timeout too
         request = ("ddp hook", None, None, standing_in_for(None, timeout))
@@ -119,7 +126,19 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
         async_op=True,
         timeout=state.timeout,
     )
-    return for_ddp(work.torch_future(tensor, before=watch.stop))
+    future = for_ddp(work.torch_future(tensor, before=watch.stop))
+    if state.shared_group and bucket.is_last():
+        _finished(work)
+    return future
+
+
+def _finished(work) -> None:
+    """Until ``work`` has finished, its failure left to its future: DDP's own collective,
+    which may follow the last bucket's hook on the group given (a ring or an all-to-all of
+    commpress's ran on when DDP's all-reduce began, in another order on each rank: gloo
+    hung), waits for it."""
+    with contextlib.suppress(Exception):  # the future the hook returns fails with it
+        work.wait()
 
 
 def _not_dense(bucket, spec: CollectiveSpec) -> str:
