@@ -209,6 +209,46 @@ def test_ranks_that_give_other_keys_all_raise_naming_them():
             assert all_reduces == 2  # PowerSGD's P and Q, no check
 
 
+def _keys_that_print_otherwise_by_rank(rank, world_size):
+    """A custom loop keyed by the parameters themselves (whose repr holds their values,
+    which differ here by rank, and on a GPU their device), and one of 70 parts a step (more
+    buckets than the agreed lists once kept): the all-reduces of the third step."""
+    from commpress.lowrank import reducer as module
+
+    layers = [torch.nn.Linear(30, 40) for _ in range(2)]
+    for layer in layers:
+        layer.weight.data.fill_(rank)  # the keys print otherwise on each rank
+        layer.weight.grad = torch.full((40, 30), 1.0 + rank)
+    keyed = Reducer(PowerSGD(rank=2, start_iter=0))
+    parted = Reducer(PowerSGD(rank=2, start_iter=0))
+    parts = [[(f"w{i}", torch.full((40, 30), 1.0 + rank))] for i in range(70)]
+    counts = []
+    for reducer, step in ((keyed, None), (parted, parts)):
+        for _ in range(3):
+            counted, all_reduce = [], module.collective.all_reduce
+            module.collective.all_reduce = lambda *a, c=counted, f=all_reduce: c.append(1) or f(*a)
+            try:
+                if step is None:
+                    reducer.reduce([(layer.weight, layer.weight.grad) for layer in layers])
+                else:
+                    for part in step:
+                        reducer.reduce_part(part)
+                    reducer.finish_step()
+            finally:
+                module.collective.all_reduce = all_reduce
+        counts.append(len(counted))
+    return counts
+
+
+def test_keys_that_print_otherwise_by_rank_and_many_parts_are_agreed_once():
+    """The key check named a parameter key by its repr, which holds its values (and on a
+    GPU its device): ranks were refused, and each step's new values paid the check again;
+    and it remembered 64 lists, so 70 parts a step paid it every step. PowerSGD's two
+    all-reduces a part, and nothing more, from the second step."""
+    for counts in run_distributed(_keys_that_print_otherwise_by_rank, 2, timeout=120):
+        assert counts == [2, 140], counts
+
+
 def _parameters_in_place_of_gradients(rank, world_size):
     """Each start_iter: the parameters themselves given, then their gradients."""
     outcomes = []

@@ -36,8 +36,9 @@ from commpress.units import counted
 
 STAGES = ("compress", "communicate", "reconstruct")
 FP32 = torch.float32
-#: Lists of keys and shapes every rank was found to give alike, remembered (the latest).
-AGREED_KEY_LISTS = 64
+#: Lists of keys and shapes every rank was found to give alike, remembered (the latest):
+#: more than the buckets of any model DDP cuts (which it visits in a cycle, each step).
+AGREED_KEY_LISTS = 4096
 
 
 @dataclass
@@ -113,7 +114,7 @@ class Reducer:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._error_stacks: dict[tuple, torch.Tensor] = {}
         self._keys_this_step: set = set()
-        self._agreed: dict[tuple, None] = {}  # key lists every rank gives, oldest first
+        self._agreed: dict[int, None] = {}  # digests of key lists every rank gives, oldest first
         #: The step a planned part failed in, and why (:meth:`failing_for_good`).
         self._failure: tuple[int, BaseException] | None = None
         self._loaded = False  # states cloned by load_state_dict, not yet used (_adopt_loaded)
@@ -252,19 +253,18 @@ class Reducer:
         agreed before costs no collective. A rank that changes its list after it was agreed
         while the others keep theirs is not caught."""
         listed = tuple((_label(key), tuple(gradient.shape)) for key, gradient in gradients)
-        if listed in self._agreed:
-            self._agreed[listed] = self._agreed.pop(listed)
+        seen = digest(repr(listed).encode())
+        if seen in self._agreed:
+            self._agreed[seen] = self._agreed.pop(seen)
             return
         if dist.get_world_size(self.group) > 1:
             device = gradients[0][1].device if gradients else torch.device("cpu")
-            pair = digest_pair(
-                digest(repr(listed).encode()), fingerprint_device(self.group, device)
-            )
+            pair = digest_pair(seen, fingerprint_device(self.group, device))
             self.wait(collective.all_reduce(pair, dist.ReduceOp.MAX, self.group))
             if not pair_agrees(pair):
                 every = all_gather_objects(listed, self.group, self.timeout)
                 raise ValueError(self._keys_differ(every))
-        self._agreed[listed] = None
+        self._agreed[seen] = None
         if len(self._agreed) > AGREED_KEY_LISTS:
             del self._agreed[next(iter(self._agreed))]
 
@@ -623,11 +623,18 @@ def _shares_elements(tensor: torch.Tensor) -> bool:
 
 
 def _label(key) -> str:
-    """How ``key`` is named to the other ranks: its repr, where that does not differ between
-    processes (an object's default repr holds its address)."""
-    if type(key).__repr__ is object.__repr__:
-        return f"<{type(key).__name__}>"
-    return repr(key)
+    """How ``key`` is named to the other ranks: its repr where that is plain data, the same
+    in every process (names, numbers, tuples of them); else its type's name alone (an
+    object's repr may hold its address, a parameter's its values and its device)."""
+    if _plain(key):
+        return repr(key)
+    return f"<{type(key).__name__}>"
+
+
+def _plain(key) -> bool:
+    if isinstance(key, tuple):
+        return all(_plain(part) for part in key)
+    return key is None or type(key) in (str, int, float, bool)
 
 
 def _list_difference(theirs: tuple, mine: tuple) -> str:
