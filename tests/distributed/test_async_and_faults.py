@@ -134,18 +134,29 @@ def _workspace_released_while_a_call_runs(rank, world_size):
             refused = str(error)
     work.wait()
     freed = cp.release_workspace()
-    return refused, freed, out[::100_000].tolist()
+    in_callback = cp.all_gather_into_tensor(out, inp, codec="int8", async_op=True).get_future()
+    from_callback = in_callback.then(_release_in_a_callback).wait()
+    return refused, freed, out[::100_000].tolist(), from_callback
+
+
+def _release_in_a_callback(future) -> str:
+    try:
+        return f"freed {cp.release_workspace()}"
+    except RuntimeError as error:
+        return str(error)
 
 
 def test_the_workspace_is_not_freed_under_a_running_collective():
     """``release_workspace()`` freed the buffers of a collective still running (its
-    docstring alone said not to); now it refuses, and frees once the call has finished."""
-    (refused, freed, gathered), (_, other_freed, other) = run_distributed(
-        _workspace_released_while_a_call_runs, 2
-    )
+    docstring alone said not to); now it refuses, and frees once the call has finished; in
+    a callback of a commpress future, on the communication thread, it is refused too."""
+    outcomes = run_distributed(_workspace_released_while_a_call_runs, 2, timeout=60)
+    (refused, freed, gathered, _), (_, other_freed, other, _) = outcomes
     assert refused is not None and "1 commpress collective queued or running" in refused
     assert freed > 0 and other_freed > 0
     assert gathered == other == [1.0, 2.0]
+    for *_, from_callback in outcomes:  # it waited on itself there, for good
+        assert "cannot be called on commpress's communication thread" in from_callback
 
 
 def _queued_across_a_new_world(rank, world_size, store_path):

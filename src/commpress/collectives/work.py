@@ -112,7 +112,14 @@ def release_workspace() -> int:
     """Free the memory commpress keeps between collectives (:mod:`~commpress.collectives.
     workspace`); the number of bytes freed. Refused while a commpress collective is queued
     or running: its buffers are that memory. The release itself runs on the communication
-    thread, so that a collective launched meanwhile from another thread runs after it."""
+    thread, so that a collective launched meanwhile from another thread runs after it; so
+    it is refused on that thread too (in a callback of a commpress future), which would
+    wait on itself."""
+    if getattr(_on_comm_thread, "active", False):
+        raise RuntimeError(
+            "release_workspace cannot be called on commpress's communication thread (in a "
+            "callback of a commpress future): call it from the thread that waits"
+        )
     unfinished = sum(not future.done() for future in list(_pending))
     if unfinished:
         raise RuntimeError(
