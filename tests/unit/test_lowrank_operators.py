@@ -245,6 +245,21 @@ def test_a_zero_column_of_a_kept_factor_is_drawn_afresh_the_same_way_every_time(
 
 
 @pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
+def test_a_zero_column_is_revived_by_its_matrix_identity_whatever_its_place(algorithm):
+    """Revived columns were drawn for the batch at once, each by its place in it."""
+    alg = algorithm(rank=3)
+    factor = batch_of(2, 10, 3)
+    factor[:, :, 1] = 0
+    a, b = ("name", "a"), ("name", "b")
+    in_order = alg.revived(factor, [a, b], step=5)
+    swapped = alg.revived(factor[[1, 0]], [b, a], step=5)
+    assert torch.equal(in_order, swapped[[1, 0]])
+    assert not torch.equal(in_order[0, :, 1], in_order[1, :, 1])
+    alone = alg.revived(factor[1:], [b], step=5)
+    assert torch.equal(alone[0], in_order[1])
+
+
+@pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
 def test_each_matrix_draws_by_its_identity_whatever_batch_it_is_in(algorithm):
     """Fresh draws came for a batch at once, seeded by the step alone: a matrix drew other
     numbers at another place in its batch (DDP's first buckets against its rebuilt ones: a
