@@ -1142,6 +1142,31 @@ def test_launch_refuses_more_ranks_per_host_than_local_processes(monkeypatch, ca
     assert "argument --nproc-per-host: '255': must be in [1, 254]" in capsys.readouterr().err
 
 
+def test_launch_refuses_more_ranks_in_all_than_local_processes(monkeypatch, capsys):
+    """Each host's count was bounded, not their product: 254 hosts of 254 ranks were taken,
+    64516 processes on this machine. Refused before a cluster is built for the job, and for
+    a cluster that is up."""
+    from commpress.cluster import commands
+
+    monkeypatch.setattr(commands, "cluster_from", lambda args: pytest.fail("cluster used"))
+    argv = ["launch", "--hosts", "254", "--link", "1gbit", "--nproc-per-host", "2", "--", "true"]
+    assert main(argv) == 2
+    assert "--nproc-per-host 2 on 254 hosts is 508 ranks" in capsys.readouterr().err
+
+    class Up:  # a cluster of 128 hosts that is up
+        hosts = 128
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(commands, "cluster_from", lambda args: Up())
+    assert main(["launch", "--nproc-per-host", "2", "--", "true"]) == 2
+    assert "256 ranks, all on this machine: at most 254" in capsys.readouterr().err
+
+
 def _options_of(parser, path: str):
     """Every (command path, option) of ``parser`` and its subcommands, depth first."""
     import argparse

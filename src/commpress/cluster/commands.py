@@ -254,10 +254,22 @@ def launch(args) -> int:
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         raise ValueError("give the command to run after --, e.g. -- python train.py")
+    if args.hosts is not None:  # before a cluster is built for the job
+        _check_ranks_in_all(args.hosts, args.nproc_per_host)
     with cluster_from(args) as cluster:
+        _check_ranks_in_all(cluster.hosts, args.nproc_per_host)
         print(f"commpress launch: {cluster.describe()}", file=sys.stderr, flush=True)
         return cluster.launch(
             command, nproc_per_host=args.nproc_per_host, port=args.port, timeout=args.timeout
+        )
+
+
+def _check_ranks_in_all(hosts: int, nproc_per_host: int) -> None:
+    """Every host's ranks run on this machine: at most as many as local processes."""
+    if hosts * nproc_per_host > MAX_LOCAL_PROCESSES:
+        raise ValueError(
+            f"--nproc-per-host {nproc_per_host} on {hosts} hosts is {hosts * nproc_per_host} "
+            f"ranks, all on this machine: at most {MAX_LOCAL_PROCESSES} in all"
         )
 
 
