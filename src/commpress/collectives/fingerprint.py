@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.ranks import name_ranks, this_rank
+from commpress.seeds import digest
 from commpress.transport import backends, collective
 from commpress.transport.p2p import Pending, wait
 from commpress.units import counted
@@ -196,11 +197,6 @@ def next_sequence(group: dist.ProcessGroup) -> int:
     sequence = _sequences.get(group, 0)
     _sequences[group] = sequence + 1
     return sequence
-
-
-def digest(row: bytes) -> int:
-    """A 63-bit digest of a fingerprint ``row``."""
-    return int.from_bytes(hashlib.blake2b(row, digest_size=8).digest(), "little") >> 1
 
 
 def digest_pair(value: int, device: torch.device | None = None) -> torch.Tensor:

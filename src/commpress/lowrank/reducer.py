@@ -23,13 +23,13 @@ import torch.distributed as dist
 
 from commpress.collectives.checks import check_group, check_timeout
 from commpress.collectives.failures import add_note
-from commpress.collectives.fingerprint import digest, digest_pair, fingerprint_device, pair_agrees
+from commpress.collectives.fingerprint import digest_pair, fingerprint_device, pair_agrees
 from commpress.lowrank.algorithm import Identity, LowRankAlgorithm
 from commpress.lowrank.operators import as_matrix, group_by_shape
 from commpress.lowrank.registry import get_algorithm
 from commpress.ranks import name_ranks, this_rank
 from commpress.schedules import wire_bytes
-from commpress.seeds import seed_of
+from commpress.seeds import digest, seed_of
 from commpress.transport import collective, owned_groups, p2p
 from commpress.transport.objects import all_gather_objects
 from commpress.units import counted
