@@ -712,6 +712,29 @@ def test_a_codecs_file_with_bad_speeds_is_named(tmp_path, row, message):
         calibrate.codec_speeds(path)
 
 
+@pytest.mark.parametrize("spec, canonical", [("int8:block=256", "int8"), ("zfp:rate=16", "zfp")])
+def test_codec_speeds_measured_under_another_spelling_time_the_codec(spec, canonical):
+    """`commpress codecs` keys a row by the spec as given: the 2026-11-22 file measured the
+    default zfp as zfp:rate=16, and a call of zfp was timed as if its codec cost nothing."""
+    n, size, rate = 2, 8 << 20, GBIT
+    params = Params(latency_s=0.0, message_s=0.0, codec_bytes_per_s={spec: (4e9, 2e9)})
+    row = simulate("all_gather", "ring", canonical, size, Switch(n, rate), params)
+    shard = size // n  # bytes of fp32: encoded once, sent once, decoded once
+    expected = shard / 4e9 + row.tx_bytes_per_host * 8 / rate + shard / 2e9
+    assert row.time_us == pytest.approx(expected * 1e6)
+    with pytest.raises(ValueError, match="two speeds"):
+        Params(codec_bytes_per_s={spec: (4e9, 2e9), canonical: (1e9, 1e9)})
+    later = Params(codec_bytes_per_s={"mine:bits=3": (1e9, 1e9)})  # registered later, maybe
+    assert later.codec_bytes_per_s == {"mine:bits=3": (1e9, 1e9)}
+
+
+def test_a_codecs_file_of_an_unknown_codec_is_named(tmp_path):
+    path = tmp_path / "codecs.json"
+    path.write_text(json.dumps({"rows": [{"codec": "int9", "encode_gbps": 1, "decode_gbps": 1}]}))
+    with pytest.raises(ValueError, match="codecs.json: row 0: unknown codec 'int9'"):
+        calibrate.codec_speeds(path)
+
+
 def test_a_placed_topology_carries_its_ranks_flows_on_their_hosts_links():
     """Two ranks on hosts 0 and 4 of two racks of four: an all-gather's every byte crosses
     the uplinks, and a multicast's each root leaves its rack once; on hosts 0 and 1 none

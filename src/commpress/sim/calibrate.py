@@ -169,6 +169,10 @@ def codec_speeds(path) -> dict:
             raise ValueError(f"{path}: row {index}: encode_gbps and decode_gbps must be positive")
         if not isinstance(row["codec"], str):
             raise ValueError(f"{path}: row {index}: codec must be a spec string")
+        try:
+            get_codec(row["codec"])
+        except ValueError as error:
+            raise ValueError(f"{path}: row {index}: {error}") from None
         speeds[row["codec"]] = (both[0] * 1e9, both[1] * 1e9)
     return speeds
 

@@ -121,6 +121,7 @@ class Params:
                     f"codec_bytes_per_s[{codec!r}] must be (encode, decode) bytes per second, "
                     f"both positive and finite, got {speeds!r}"
                 )
+        object.__setattr__(self, "codec_bytes_per_s", _by_canonical_spec(self.codec_bytes_per_s))
 
     def for_call(self, op: str, algorithm: str, nodes: int) -> Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing
@@ -384,6 +385,29 @@ class _Timing:
     def _add(self, step: tuple, loads: dict, exchange: bool = False) -> None:
         """One more run of ``step``, whose links carry ``loads``."""
         self._added.setdefault(step, [loads, exchange, 0])[2] += 1
+
+
+def _by_canonical_spec(speeds: dict) -> dict:
+    """``speeds`` keyed by each codec's canonical spec, which is what a call is timed with:
+    ``commpress codecs`` keys a row by the spec as given (``zfp:rate=16``, ``int8:block=256``
+    for ``zfp`` and ``int8``). A spec no registered codec reads (one a program registers
+    later) is kept as given."""
+    canonical = {}
+    for spec, rates in speeds.items():
+        name = _canonical_spec(spec)
+        if canonical.setdefault(name, tuple(rates)) != tuple(rates):
+            raise ValueError(
+                f"codec_bytes_per_s gives {name} two speeds, {canonical[name]} and "
+                f"{tuple(rates)} (under {spec!r})"
+            )
+    return canonical
+
+
+def _canonical_spec(spec: str) -> str:
+    try:
+        return str(get_codec(spec))
+    except (TypeError, ValueError):
+        return spec
 
 
 def _root_of(step, rank: int) -> int:
