@@ -389,6 +389,8 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         ("nprocs", 4.7, "nprocs must be a whole number, got 4.7"),
         ("size_bytes", 1048576.5, "size_bytes must be a whole number"),
         ("racks", 1.5, "racks must be a whole number"),
+        ("racks", 0, "racks must be at least 1, got 0"),  # was fitted as one switch
+        ("racks", 3, "racks must divide hosts"),  # was fitted as racks of 2, 1 and 1 hosts
         ("size_bytes", 12, "size_bytes 12 holds no float32 element per rank"),
     ):
         bad = {**row, "time_us": 5, key: value}

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commpress.cluster.layout import check_racks
 from commpress.codecs import get_codec
 from commpress.schedules import input_numel
 from commpress.schedules.registry import NATIVE, get_algorithm
@@ -95,7 +96,7 @@ class Measured:
         if not 0 < time_us < math.inf:
             raise ValueError(f"time_us must be positive and finite, got {time_us!r}")
         link_bits = parse_rate_bits(str(row["link"]).split(",")[0], "link")
-        racks = _whole(row, "racks") if row.get("racks") is not None else 1
+        racks = check_racks(_whole(row, "racks"), nodes) if row.get("racks") is not None else 1
         if racks > 1:
             uplink = row.get("uplink")
             uplink_bits = link_bits if uplink is None else parse_rate_bits(uplink, "uplink")
