@@ -430,6 +430,17 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         "message_s": {"ring": "fast"}, "efficiency": {}, "codec_bytes_per_s": {}}))  # fmt: skip
     with pytest.raises(ValueError, match="a malformed fit"):
         calibrate.load(tmp_path / "i.json")
+    good = {"format": "commpress-sim-fit", "version": 2, "message_s": {"ring": 1e-5},
+            "efficiency": {"ring": 0.9}, "codec_bytes_per_s": {"int8": [1e9, 1e9]}}  # fmt: skip
+    for field, value in (
+        ("message_s", {"ring": "fast"}),
+        ("uplink_efficiency", 0.5),
+        ("codec_bytes_per_s", {"int8": 5}),
+        ("latency_s", "short"),
+    ):
+        (tmp_path / "j.json").write_text(json.dumps({**good, field: value}))
+        with pytest.raises(ValueError, match=f"j.json: a malformed fit: {field}"):
+            calibrate.load(tmp_path / "j.json")
     fitted = Params(message_s={"ring": 1e-5}, efficiency={"ring": 0.9})
     with pytest.raises(ValueError, match="no message_s for all_gather 'multicast'"):
         simulate("all_gather", "multicast", "none", 1 << 20, Switch(4, GBIT), fitted)

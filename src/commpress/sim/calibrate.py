@@ -398,24 +398,37 @@ def load(path) -> dict:
     missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
     if missing:
         raise ValueError(f"{path}: the fit lacks {missing}")
+    per_key = ("message_s", "efficiency", *OPTIONAL_EFFICIENCIES)
+    fields = {field: _read_field(path, data, field, float) for field in per_key}
     try:
-        fields = {
-            "message_s": {k: float(v) for k, v in data["message_s"].items()},
-            "efficiency": {k: float(v) for k, v in data["efficiency"].items()},
-            **{
-                field: {k: float(v) for k, v in data.get(field, {}).items()}
-                for field in OPTIONAL_EFFICIENCIES
-            },
-            "latency_s": float(data.get("latency_s", 0.0)),
-            "codec_bytes_per_s": {
-                k: (float(encode), float(decode))
-                for k, (encode, decode) in data["codec_bytes_per_s"].items()
-            },
-        }
+        fields["latency_s"] = float(data.get("latency_s", 0.0))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{path}: a malformed fit: latency_s must be a number, got {data['latency_s']!r}"
+        ) from None
+    fields["codec_bytes_per_s"] = _read_field(path, data, "codec_bytes_per_s", _two_floats)
+    try:
         Params(**fields)  # ranges
-    except (AttributeError, TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: a malformed fit ({error})") from None
     return fields
+
+
+def _read_field(path, data: dict, field: str, convert) -> dict:
+    """``data[field]`` (an object; none: empty), each value converted, or a ValueError naming
+    the field of the fit at ``path``."""
+    values = data.get(field, {})
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: a malformed fit: {field} must be an object, got {values!r}")
+    try:
+        return {key: convert(value) for key, value in values.items()}
+    except (AttributeError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: a malformed fit: {field} ({error})") from None
+
+
+def _two_floats(speeds) -> tuple[float, float]:
+    encode, decode = speeds
+    return float(encode), float(decode)
 
 
 def describe(fields: dict) -> str:
