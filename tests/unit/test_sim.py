@@ -372,8 +372,11 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
              "time_us": 5, "nprocs": 4}  # fmt: skip
     with pytest.raises(ValueError, match="row 0: a `commpress bench` row of local processes"):
         calibrate.fit([_bench_file(tmp_path / "b2.json", [local])])
-    with pytest.raises(ValueError, match="no all_gather or reduce_scatter rows"):
+    with pytest.raises(ValueError, match="no all_gather or reduce_scatter rows in"):
         calibrate.fit([_bench_file(tmp_path / "c.json", [{"op": "all_reduce"}])])
+    tuned = [{"op": "all_gather", "algorithm": "auto"}, {"op": "all_gather", "codec": "auto"}]
+    with pytest.raises(ValueError, match="codec .only 2 rows of the tuner's"):
+        calibrate.fit([_bench_file(tmp_path / "c2.json", tuned)])
     with pytest.raises(ValueError, match="is not JSON"):
         (tmp_path / "d.json").write_text("{")
         calibrate.fit([str(tmp_path / "d.json")])

@@ -124,7 +124,7 @@ def _whole(row: dict, key: str) -> int:
 
 def read_bench(paths) -> list[Measured]:
     """Every all-gather and reduce-scatter row of the given ``commpress bench`` JSON files."""
-    rows = []
+    rows, tuned_rows = [], 0
     for path in paths:
         data = _json(path)
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
@@ -142,6 +142,7 @@ def read_bench(paths) -> list[Measured]:
                 continue
             tuned = row.get("algorithm") == "auto" or str(row.get("codec")).startswith("auto")
             if tuned:  # the tuner's pick: measured in its own row
+                tuned_rows += 1
                 continue
             try:
                 measured = Measured.of(row, str(path), roots, cores, machine)
@@ -149,7 +150,15 @@ def read_bench(paths) -> list[Measured]:
                 raise ValueError(f"{path}: row {index}: {error}") from None
             rows.append(measured)
     if not rows:
-        raise ValueError(f"no all_gather or reduce_scatter rows in {', '.join(map(str, paths))}")
+        tuned = (
+            f" of a fixed algorithm and codec (only {counted(tuned_rows, 'row')} of the "
+            "tuner's, algorithm or codec auto, which a fit cannot read)"
+            if tuned_rows
+            else ""
+        )
+        raise ValueError(
+            f"no all_gather or reduce_scatter rows{tuned} in {', '.join(map(str, paths))}"
+        )
     return rows
 
 
