@@ -297,6 +297,9 @@ def test_bad_requests_are_named():
     with pytest.raises(ValueError, match="unknown topology"):
         tuner.configure(topology="torus")
     tuner.configure(topology="racks:count=4,uplink=1gbit")  # valid for 4 ranks or more
+    for count in (1, 0, -3):  # valid for no group: refused here, not in the first collective
+        with pytest.raises(ValueError, match=f"'racks:count={count}': count must be at least 2"):
+            tuner.configure(topology=f"racks:count={count}")
     with pytest.raises(ValueError, match="shared_cores must be a positive int"):
         tuner.configure(shared_cores=0)
     with pytest.raises(ValueError, match="unknown \\['mesh'\\]"):

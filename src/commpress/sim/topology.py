@@ -222,6 +222,8 @@ def check_topology(text: str) -> tuple[str, dict]:
     options = parse_options(rest, known[kind], text, f"topology {kind!r}")
     if kind == "racks":
         options.setdefault("count", 2)
+        if options["count"] < 2:
+            raise ValueError(f"{text!r}: count must be at least 2 (one rack is 'switch')")
         if "uplink" in options:
             parse_rate_bits(options["uplink"], "racks uplink")
     elif kind == "fattree":
