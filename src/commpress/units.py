@@ -68,3 +68,17 @@ def torch_dtype(name: str):
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {name!r}")
     return getattr(torch, DTYPES[name])
+
+
+def check_racks(racks, hosts: int) -> int:
+    """``racks`` is an int of at least 1 that divides ``hosts`` (every rack holds as many)."""
+    if isinstance(racks, bool) or not isinstance(racks, int):
+        raise TypeError(f"racks must be an int, got {type(racks).__name__}")
+    if racks < 1:
+        raise ValueError(f"racks must be at least 1, got {racks}")
+    if hosts % racks:
+        raise ValueError(
+            f"racks must divide hosts (every rack holds as many hosts): "
+            f"racks={racks}, hosts={hosts}"
+        )
+    return racks

@@ -33,7 +33,6 @@ from commpress.bench.arguments import (
     same_twice,
     spec_list,
 )
-from commpress.cluster.layout import check_racks
 from commpress.codecs import get_codec
 from commpress.schedules.registry import (
     NATIVE,
@@ -48,7 +47,7 @@ from commpress.schedules.steps import Transport
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Topology, check_topology, parse_topology
-from commpress.units import parse_rate_bits
+from commpress.units import check_racks, parse_rate_bits
 
 #: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
 #: and about a gigabyte; the time and memory grow with the square of the nodes.

@@ -33,11 +33,10 @@ from commpress.cluster.layout import (
     MULTICAST_ROUTE,
     Layout,
     check_hosts,
-    check_racks,
 )
 from commpress.cluster.link import DEFAULT_MTU, Link, format_rate, parse_delay
 from commpress.cluster.system import NETNS_ETC, ClusterError
-from commpress.units import counted
+from commpress.units import check_racks, counted
 
 NETEM_MISSING = (
     "delay needs the kernel's sch_netem qdisc, which this kernel does not provide "

@@ -97,17 +97,3 @@ def check_hosts(hosts) -> int:
     if not 1 <= hosts <= MAX_HOSTS:
         raise ValueError(f"hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     return hosts
-
-
-def check_racks(racks, hosts: int) -> int:
-    """``racks`` is an int of at least 1 that divides ``hosts`` (every rack holds as many)."""
-    if isinstance(racks, bool) or not isinstance(racks, int):
-        raise TypeError(f"racks must be an int, got {type(racks).__name__}")
-    if racks < 1:
-        raise ValueError(f"racks must be at least 1, got {racks}")
-    if hosts % racks:
-        raise ValueError(
-            f"racks must divide hosts (every rack holds as many hosts): "
-            f"racks={racks}, hosts={hosts}"
-        )
-    return racks

@@ -38,14 +38,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commpress.cluster.layout import check_racks
 from commpress.codecs import get_codec
 from commpress.schedules import input_numel
 from commpress.schedules.registry import NATIVE, get_algorithm
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
-from commpress.units import counted, parse_rate_bits, torch_dtype
+from commpress.units import check_racks, counted, parse_rate_bits, torch_dtype
 
 FORMAT, VERSION = "commpress-sim-fit", 2
 #: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
