@@ -1160,14 +1160,19 @@ def test_a_failure_of_several_ranks_is_named_once_with_their_global_ranks():
     [
         ("239.255.3.3:70000", r"PORT in \[1, 65535\]"),
         ("239.255.3.3:0", r"PORT in \[1, 65535\]"),
-        ("239.255.3.3:x", "must be a multicast ADDRESS:PORT"),
-        ("10.0.0.1:45000", "must be a multicast ADDRESS:PORT"),
-        ("nonsense:45000", "must be a multicast ADDRESS:PORT"),
+        ("239.255.3.3:x", "must be an IPv4 multicast ADDRESS:PORT"),
+        ("10.0.0.1:45000", "must be an IPv4 multicast ADDRESS:PORT"),
+        ("nonsense:45000", "must be an IPv4 multicast ADDRESS:PORT"),
+        ("ff05::1234:45000", "must be an IPv4 multicast ADDRESS:PORT"),
+        ("239.255.3.3:\u00b2", r"PORT in \[1, 65535\]"),
     ],
 )
 def test_a_bad_fixed_multicast_group_is_named(monkeypatch, group, message):
     """Port 70000 raised a bare OverflowError from bind on every rank; port 0 failed some
-    ranks' sends and left the others waiting for broadcasts that never came."""
+    ranks' sends and left the others waiting for broadcasts that never came. An IPv6
+    multicast group passed, and every rank failed to bind it ("Address family for hostname
+    not supported"); a port of digits that are not ASCII ("²") raised int()'s own
+    ValueError, naming neither the variable nor what it takes."""
     from commpress.transport.multicast import _draw_group
 
     monkeypatch.setenv("COMMPRESS_MULTICAST_GROUP", group)

@@ -389,12 +389,12 @@ def _draw_group() -> tuple[tuple[str, int], int, bool]:
     if chosen:
         address, _, port = chosen.rpartition(":")
         try:
-            multicast = ipaddress.ip_address(address).is_multicast
+            multicast = ipaddress.IPv4Address(address).is_multicast
         except ValueError:
             multicast = False
-        if not multicast or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+        if not multicast or not _is_port(port):
             raise ValueError(
-                f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be a multicast ADDRESS:PORT, "
+                f"COMMPRESS_MULTICAST_GROUP={chosen!r} must be an IPv4 multicast ADDRESS:PORT, "
                 f"PORT in [1, {MAX_PORT}], e.g. 239.255.12.34:45000"
             )
         return (address, int(port)), channel, True
@@ -403,6 +403,10 @@ def _draw_group() -> tuple[tuple[str, int], int, bool]:
         channel,
         False,
     )
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_PORT
 
 
 def _placed(drawn: tuple[tuple[str, int], int, bool], index: int) -> tuple[tuple[str, int], int]:
