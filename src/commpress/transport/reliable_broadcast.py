@@ -15,7 +15,7 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
 * a receiver with every chunk sends the root an ACK; the root repeats its END every
   ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
   timeout, never a hang; an END of an operation this rank has finished is ACKed again,
-  also after the engine is closed, until :data:`LINGER_RETRIES` retries have passed since
+  also after the engine is closed, until :func:`linger_retries` retries have passed since
   its last ACK (:meth:`Engine.close`), and never one of an operation the caller gave up on
   (this rank lacks its data);
 * at most ``concurrent_roots`` roots send at once, in rounds of K (:meth:`Options.rounds`):
@@ -92,11 +92,25 @@ CLOSE_S = 5.0
 #: from this rank was lost would otherwise wait for it in vain once this process has moved
 #: on or exited: TCP's TIME-WAIT, for the same reason): at least this long after the close,
 LINGER_S = 0.2
-#: and until this many of a root's END retries have passed since this rank's last ACK,
+#: and until this many of a root's END retries have passed since this rank's last ACK
+#: (more where ``loss`` drops ENDs and ACKs on purpose: :func:`linger_retries`),
 LINGER_RETRIES = 10
+#: At an injected ``loss``, the chance that every END retry of the linger, or its ACK, is
+#: dropped stays below this.
+LINGER_MISS = 1e-6
 #: but never longer than this after the close: with ``retry_s`` above a tenth of it, fewer
 #: retries are covered, so that a close's blocking stays bounded.
 MAX_LINGER_S = 5.0
+
+
+def linger_retries(loss: float) -> int:
+    """The END retries a closing engine answers: :data:`LINGER_RETRIES`, or enough that
+    at ``loss`` (each END and each ACK dropped at that rate) all of them fail with a chance
+    below :data:`LINGER_MISS`."""
+    answered = (1 - loss) ** 2
+    if answered >= 1:
+        return LINGER_RETRIES
+    return max(LINGER_RETRIES, math.ceil(math.log(LINGER_MISS) / math.log1p(-answered)))
 
 
 def newer(a: int, b: int) -> bool:
@@ -415,7 +429,7 @@ class Engine:
         """Stop the thread (operations still running or waiting fail) and the network.
 
         Blocks while the thread lingers (:meth:`_linger_until_after`): :data:`LINGER_S`
-        where this rank sent its last ACK long enough ago, up to :data:`LINGER_RETRIES`
+        where this rank sent its last ACK long enough ago, up to :func:`linger_retries`
         retries (at most :data:`MAX_LINGER_S`) where it has just sent one."""
         if self._thread.is_alive():
             self._request(("close", None), wait=True)
@@ -424,10 +438,11 @@ class Engine:
 
     def _linger_until_after(self, closed_at: float) -> float:
         """When the thread, closed at ``closed_at``, stops answering ENDs: once a root that
-        missed this rank's last ACK has had :data:`LINGER_RETRIES` retries to ask again (and
+        missed this rank's last ACK has had :func:`linger_retries` retries to ask again (and
         :data:`LINGER_S` at least, for a root thread descheduled a while), within
         :data:`MAX_LINGER_S`."""
-        retries_covered = self._acked_at + LINGER_RETRIES * self.options.retry_s
+        retries = linger_retries(self.options.loss)
+        retries_covered = self._acked_at + retries * self.options.retry_s
         return min(max(closed_at + LINGER_S, retries_covered), closed_at + MAX_LINGER_S)
 
     def _request(self, request, wait: bool = False) -> None:
