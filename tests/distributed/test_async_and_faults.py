@@ -530,3 +530,30 @@ def test_a_native_collective_that_times_out_names_itself(op, tmp_path):
         "timed out after 2."
     ), message
     assert 1.5 < elapsed < 8, (elapsed, message)
+
+
+def _a_peer_late_within_the_call_timeout_but_past_the_groups(rank, world_size, algorithm, path):
+    """The group's timeout is 1 s, the call's 8 s; global rank 1 stays away up to 8 s."""
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+    if rank == 1:
+        stall(path, (0,), STALL_SECONDS)
+        return None
+    call = lambda: cp.all_reduce(  # noqa: E731
+        torch.ones(8), group=group, algorithm=algorithm, timeout=timedelta(seconds=8)
+    )
+    return timed_outcome(call, path, rank)
+
+
+@pytest.mark.parametrize("algorithm", ["native", "alltoall"])
+def test_a_timeout_longer_than_the_groups_names_the_groups_when_that_ran_out(algorithm, tmp_path):
+    """gloo's collectives end at their group's timeout whatever ``timeout=`` is: the call
+    gave up after 1 s and said "timed out after 1.0 s (timeout=0:00:08)"."""
+    kind, message, elapsed = run_distributed(
+        _a_peer_late_within_the_call_timeout_but_past_the_groups, 2, algorithm, str(tmp_path)
+    )[0]
+    assert kind == "CollectiveTimeoutError" and elapsed < 6, (elapsed, message)
+    assert "(timeout=0:00:08)" not in message, message
+    assert (
+        "the process group's own timeout, 0:00:01, which timeout=0:00:08 cannot lengthen for "
+        "the backend's collectives: make the group with a longer one"
+    ) in message, message

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from commpress._torch_private import group_timeout
 from commpress.ranks import this_rank
 from commpress.transport import backends, owned_groups
 from commpress.transport.backends import registered
@@ -87,7 +88,7 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
             raise
         if not timed_out:
             raise RuntimeError(f"commpress {call} failed after {seconds:.1f} s: {error}") from error
-        limit = "the process group's timeout" if timeout is None else f"timeout={timeout}"
+        limit = _what_ran_out(timeout, group, seconds)
         what = f"timed out after {seconds:.1f} s ({limit})"
         if _CLOSED_BY_A_TIMEOUT in str(error).lower():  # maybe an earlier call's, at once
             what = (
@@ -102,6 +103,22 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
             add_note(error, message)
             raise
         raise CollectiveTimeoutError(message) from error
+
+
+def _what_ran_out(timeout: timedelta | None, group, seconds: float) -> str:
+    """``timeout``, or the group's own where that is shorter and the call gave up before
+    ``timeout``: the backend's collectives (gloo's) end at their group's timeout, whatever
+    ``wait(timeout)`` is given."""
+    if timeout is None:
+        return "the process group's timeout"
+    group = dist.group.WORLD if group is None else group
+    own = group_timeout(group) if group is not None and registered(group) else None
+    if own is not None and own < timeout and seconds < timeout.total_seconds():
+        return (
+            f"the process group's own timeout, {own}, which timeout={timeout} cannot "
+            "lengthen for the backend's collectives: make the group with a longer one"
+        )
+    return f"timeout={timeout}"
 
 
 def add_note(error: BaseException, note: str) -> None:
