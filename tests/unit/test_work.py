@@ -300,10 +300,14 @@ def test_a_collective_that_raises_a_timeout_error_of_its_own_raises_it_from_wait
 
 
 def test_a_wait_that_times_out_says_so_and_the_collective_goes_on():
+    """Its error is also a ``RuntimeError``, as torch's ``Work.wait(timeout)`` raises (and
+    the handle of a ``native`` call, torch's own or commpress's by whether a compressed call
+    was still queued): it was the builtin ``TimeoutError`` alone."""
     release = threading.Event()
     work = launch(release.wait, async_op=True)
-    with pytest.raises(TimeoutError, match="did not complete within 0:00:00.050000"):
+    with pytest.raises(TimeoutError, match="did not complete within 0:00:00.050000") as caught:
         work.wait(timeout=timedelta(milliseconds=50))
+    assert isinstance(caught.value, RuntimeError)
     release.set()
     assert work.wait() is True
 

@@ -180,6 +180,11 @@ class StreamOrder:
         torch.cuda.current_stream(self.device).wait_event(self.done)
 
 
+class WaitTimeoutError(TimeoutError, RuntimeError):
+    """``wait(timeout)`` ran out before its collective finished (which goes on): a
+    ``TimeoutError``, and a ``RuntimeError`` as from torch's ``Work.wait(timeout)``."""
+
+
 class CollectiveWork:
     """Like torch's ``Work``: ``wait()`` blocks (and re-raises), ``is_completed()`` polls."""
 
@@ -196,7 +201,8 @@ class CollectiveWork:
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Until the collective has finished (bounded by its own timeout), or at most
-        ``timeout``; ``timedelta(0)`` means no bound, as for torch's ``Work.wait``."""
+        ``timeout`` (then :class:`WaitTimeoutError`); ``timedelta(0)`` means no bound, as for
+        torch's ``Work.wait``."""
         if timeout == timedelta(0):
             timeout = None
         check_timeout(timeout)
@@ -217,7 +223,7 @@ class CollectiveWork:
             if timeout is not None:
                 seconds = timeout.total_seconds()
                 if not concurrent.futures.wait([self._future], timeout=seconds).done:
-                    raise TimeoutError(f"collective did not complete within {timeout}")
+                    raise WaitTimeoutError(f"collective did not complete within {timeout}")
             error = self._future.exception()
             if error is not None:
                 raise _copy_of(error)
