@@ -330,6 +330,21 @@ def test_a_rank_leaves_its_value_while_its_group_is_still_up(tmp_path):
     assert seen == [True] and not dist.is_initialized()
 
 
+def _ends_its_world(rank, world_size):
+    dist.destroy_process_group()
+    return rank
+
+
+def test_a_rank_that_destroys_its_world_as_torch_scripts_end_leaves_without_an_error(tmp_path):
+    """The rank's own ``destroy_process_group`` after fn's raised torch's "Process group
+    cannot be None": a traceback on every rank's stderr, once the run had succeeded."""
+    from commpress.cluster.rank import run_rank
+
+    run_rank(_ends_its_world, (), 0, 1, backend="gloo",
+             init_method=f"file://{tmp_path / 'store'}", timeout=30)  # fmt: skip
+    assert not dist.is_initialized()
+
+
 def _rank_one_waits_for_rank_zero_which_returned(rank, world_size):
     if rank == 1:
         dist.all_reduce(torch.ones(1))

@@ -49,5 +49,6 @@ def run_rank(
         if leave is not None:
             leave(value_bytes)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # fn may have ended it, as a torch script ends
+            dist.destroy_process_group()
     return value_bytes
