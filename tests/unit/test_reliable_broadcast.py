@@ -651,6 +651,7 @@ def test_without_repairs_loss_is_caught():
     [
         (dict(loss=1.0), "loss"),
         (dict(loss=-0.1), "loss"),
+        (dict(loss=False), "loss must be a probability"),
         (dict(concurrent_roots=0), "concurrent_roots"),
         (dict(rate_bits=True), "rate_bits"),
         (dict(retry_s=0), "retry_s"),

@@ -176,7 +176,11 @@ class Options:
             raise ValueError(f"uplink_bits must be a positive int, got {self.uplink_bits!r}")
         if self.ttl > MAX_TTL:
             raise ValueError(f"ttl must be at most {MAX_TTL} (an 8-bit field), got {self.ttl}")
-        if not isinstance(self.loss, (int, float)) or not 0 <= self.loss < 1:
+        if (
+            isinstance(self.loss, bool)
+            or not isinstance(self.loss, (int, float))
+            or not 0 <= self.loss < 1
+        ):
             raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
