@@ -810,11 +810,17 @@ def test_a_step_that_runs_again_is_weighed_over_the_links_once(op, monkeypatch):
     assert len(weighed) <= 4 * len(Switch(1024, GBIT).levels())
 
 
+@pytest.mark.parametrize(
+    "topology",
+    [Racks(4, GBIT, count=2, uplink_bits=GBIT / 2), FatTree(16, GBIT, radix=4)],
+    ids=["racks", "fattree"],
+)
 @pytest.mark.parametrize("algorithm", ["ring", "ring-hop", "alltoall"])
-def test_each_links_busy_time_is_its_bytes_at_its_rate(algorithm, monkeypatch):
+def test_each_links_busy_time_is_its_bytes_at_its_rate(algorithm, topology, monkeypatch):
     """The review of that change: dropping a step's repeat count from the links' busy time
-    (which picks the bottleneck) failed no test. At full efficiency on 4 nodes (no step a
-    single-peer exchange), each link was busy for its bytes at its rate."""
+    (which picks the bottleneck) failed no test. At full efficiency (no step a single-peer
+    exchange), each link was busy for its bytes at its rate: a level of several links
+    (the fat tree's edge and core: width 2 and 4) shares its bytes among them."""
     seen = []
     bottleneck = model._Timing.bottleneck
 
@@ -823,7 +829,6 @@ def test_each_links_busy_time_is_its_bytes_at_its_rate(algorithm, monkeypatch):
         return bottleneck(self)
 
     monkeypatch.setattr(model._Timing, "bottleneck", recorded)
-    topology = Racks(4, GBIT, count=2, uplink_bits=GBIT / 2)
     simulate("reduce_scatter", algorithm, "none", 1 << 20, topology, NO_OVERHEAD)
     ((busy, totals, levels),) = seen
     assert set(busy) == set(totals) and len(busy) >= 2
