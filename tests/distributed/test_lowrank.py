@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import os
 import time
@@ -247,6 +248,39 @@ def test_keys_that_print_otherwise_by_rank_and_many_parts_are_agreed_once():
     all-reduces a part, and nothing more, from the second step."""
     for counts in run_distributed(_keys_that_print_otherwise_by_rank, 2, timeout=120):
         assert counts == [2, 140], counts
+
+
+class _Layer(enum.Enum):
+    FIRST = 1
+    SECOND = 2
+
+
+def _reversed_keys_of_other_types(rank, world_size):
+    """Rank 1 gives numpy-int, enum and (name, parameter) keys in the other order."""
+    import numpy as np
+
+    weights = [torch.nn.Parameter(torch.full((40, 30), float(i))) for i in range(2)]
+    outcomes = {}
+    for which, keys in [("numpy", [np.int64(1), np.int64(2)]),
+                        ("enum", [_Layer.FIRST, _Layer.SECOND]),
+                        ("tuple", [("w", weights[0]), ("v", weights[1])])]:  # fmt: skip
+        given = [(key, torch.full((40, 30), 1.0 + i)) for i, key in enumerate(keys)]
+        try:
+            Reducer(PowerSGD(rank=2, start_iter=0)).reduce(given[::-1] if rank else given)
+            outcomes[which] = "accepted"
+        except ValueError as error:
+            outcomes[which] = str(error)
+    return outcomes
+
+
+def test_keys_of_other_types_in_another_order_are_refused():
+    """The second review: naming every key that was not a str, number or tuple of them by
+    its type let numpy ints and enum members given in another order on one rank through,
+    one gradient summed with another's. Only tensors and objects without a repr of their
+    own are named by their type."""
+    for outcomes in run_distributed(_reversed_keys_of_other_types, 2, timeout=120):
+        for which, outcome in outcomes.items():
+            assert "ranks give different keys" in outcome, (which, outcome)
 
 
 def _parameters_in_place_of_gradients(rank, world_size):

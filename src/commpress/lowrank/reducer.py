@@ -36,8 +36,9 @@ from commpress.units import counted
 
 STAGES = ("compress", "communicate", "reconstruct")
 FP32 = torch.float32
-#: Lists of keys and shapes every rank was found to give alike, remembered (the latest):
-#: more than the buckets of any model DDP cuts (which it visits in a cycle, each step).
+#: Lists of keys and shapes every rank was found to give alike, remembered (the latest).
+#: DDP visits its buckets in a cycle, so a model of more buckets than this (at DDP's
+#: default 25 MB a bucket, some 100 GB of fp32 gradients) pays the check every step.
 AGREED_KEY_LISTS = 4096
 
 
@@ -623,18 +624,15 @@ def _shares_elements(tensor: torch.Tensor) -> bool:
 
 
 def _label(key) -> str:
-    """How ``key`` is named to the other ranks: its repr where that is plain data, the same
-    in every process (names, numbers, tuples of them); else its type's name alone (an
-    object's repr may hold its address, a parameter's its values and its device)."""
-    if _plain(key):
-        return repr(key)
-    return f"<{type(key).__name__}>"
-
-
-def _plain(key) -> bool:
+    """How ``key`` is named to the other ranks: its repr, but for what prints otherwise in
+    each process, named by its type alone: an object without a repr of its own (its
+    address), a tensor or parameter (its values, on a GPU its device); tuples part by
+    part."""
     if isinstance(key, tuple):
-        return all(_plain(part) for part in key)
-    return key is None or type(key) in (str, int, float, bool)
+        return f"({', '.join(map(_label, key))})"
+    if isinstance(key, torch.Tensor) or type(key).__repr__ is object.__repr__:
+        return f"<{type(key).__name__}>"
+    return repr(key)
 
 
 def _list_difference(theirs: tuple, mine: tuple) -> str:

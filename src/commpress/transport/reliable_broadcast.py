@@ -106,7 +106,9 @@ MAX_LINGER_S = 5.0
 def linger_retries(loss: float) -> int:
     """The END retries a closing engine answers: :data:`LINGER_RETRIES`, or enough that
     at ``loss`` (each END and each ACK dropped at that rate) all of them fail with a chance
-    below :data:`LINGER_MISS`."""
+    below :data:`LINGER_MISS`. The linger stays within :data:`MAX_LINGER_S` whatever this
+    says: at the default ``retry_s`` (250 retries) that holds up to a loss of about 0.77,
+    and a higher one can leave a root that missed its last ACK to its timeout."""
     answered = (1 - loss) ** 2
     if answered >= 1:
         return LINGER_RETRIES
