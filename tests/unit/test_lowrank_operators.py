@@ -257,6 +257,9 @@ def test_a_zero_column_is_revived_by_its_matrix_identity_whatever_its_place(algo
     assert not torch.equal(in_order[0, :, 1], in_order[1, :, 1])
     alone = alg.revived(factor[1:], [b], step=5)
     assert torch.equal(alone[0], in_order[1])
+    # a draw of its own: not the numbers warm_start=False draws at that step
+    fresh = alg.draw([a, b], (10, 3), step=5)
+    assert not torch.equal(in_order[:, :, 1], fresh[:, :, 1])
 
 
 @pytest.mark.parametrize("algorithm", [PowerSGD, ACPSGD])
