@@ -744,6 +744,24 @@ def test_codec_speeds_measured_under_another_spelling_time_the_codec(spec, canon
     assert later.codec_bytes_per_s == {"mine:bits=3": (1e9, 1e9)}
 
 
+@pytest.mark.parametrize("specs", [("zfp", "zfp:rate=16"), ("int8", "int8")])
+def test_a_codecs_file_measuring_one_codec_at_two_speeds_names_the_file_and_rows(tmp_path, specs):
+    """One codec measured twice, under two spellings or one: refused as "codec_bytes_per_s
+    gives zfp two speeds", naming neither the file nor its rows; under one spelling the
+    later row replaced the earlier without a word."""
+    rows = [{"codec": spec, "encode_gbps": speed, "decode_gbps": 2.0}
+            for spec, speed in zip(specs, (1.0, 1.1), strict=True)]  # fmt: skip
+    path = tmp_path / "codecs.json"
+    path.write_text(json.dumps({"rows": rows}))
+    first, second = map(repr, specs)
+    message = rf"codecs.json: rows 0 \({first}\) and 1 \({second}\) give .* two speeds"
+    with pytest.raises(ValueError, match=message):
+        calibrate.codec_speeds(path)
+    rows[1]["encode_gbps"] = 1.0  # the same speeds twice: one
+    path.write_text(json.dumps({"rows": rows}))
+    assert calibrate.codec_speeds(path) == {spec: (1e9, 2e9) for spec in specs}
+
+
 def test_a_codecs_file_of_an_unknown_codec_is_named(tmp_path):
     path = tmp_path / "codecs.json"
     path.write_text(json.dumps({"rows": [{"codec": "int9", "encode_gbps": 1, "decode_gbps": 1}]}))

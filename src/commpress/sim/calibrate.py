@@ -171,18 +171,27 @@ def codec_speeds(path) -> dict:
             f"{path}: not a `commpress codecs --json` file (rows with codec, encode_gbps, "
             "decode_gbps)"
         )
-    speeds = {}
+    speeds, first_row = {}, {}  # first_row: canonical spec -> (row index, spec as given)
     for index, row in enumerate(rows):
         both = row["encode_gbps"], row["decode_gbps"]
         if not all(isinstance(v, (int, float)) and 0 < v < math.inf for v in both):
             raise ValueError(f"{path}: row {index}: encode_gbps and decode_gbps must be positive")
-        if not isinstance(row["codec"], str):
+        spec = row["codec"]
+        if not isinstance(spec, str):
             raise ValueError(f"{path}: row {index}: codec must be a spec string")
         try:
-            get_codec(row["codec"])
+            canonical = str(get_codec(spec))
         except ValueError as error:
             raise ValueError(f"{path}: row {index}: {error}") from None
-        speeds[row["codec"]] = (both[0] * 1e9, both[1] * 1e9)
+        rates = (both[0] * 1e9, both[1] * 1e9)
+        earlier, earlier_spec = first_row.setdefault(canonical, (index, spec))
+        if speeds.get(earlier_spec, rates) != rates:
+            raise ValueError(
+                f"{path}: rows {earlier} ({earlier_spec!r}) and {index} ({spec!r}) give "
+                f"{canonical} two speeds, {speeds[earlier_spec]} and {rates} bytes per second: "
+                "keep one"
+            )
+        speeds[spec] = rates
     return speeds
 
 
