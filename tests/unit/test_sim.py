@@ -663,6 +663,28 @@ def test_a_fit_of_the_first_version_still_loads_and_a_newer_one_is_refused(tmp_p
         calibrate.load(tmp_path / "v3.json")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("latency_s", True, r"latency_s must be a number, got True"),
+        ("message_s", {"ring": True}, r"message_s\['ring'\] must be a number, got True"),
+        ("efficiency", {"ring": False}, r"efficiency\['ring'\] must be a number, got False"),
+        ("codec_bytes_per_s", {"int8": "59"}, r"codec_bytes_per_s\['int8'\] must be"),
+        ("codec_bytes_per_s", {"int8": [True, 1e9]}, r"codec_bytes_per_s\['int8'\] must be"),
+        ("version", True, "fit version True, this commpress reads 1, 2"),
+    ],
+)
+def test_a_fit_of_bools_or_strings_for_numbers_is_refused(tmp_path, field, value, message):
+    """JSON's true was read as 1 (a latency of a second; version 1), and "59" as the codec
+    speeds (5, 9) bytes per second."""
+    good = {"format": "commpress-sim-fit", "version": 2, "latency_s": 0.0,
+            "message_s": {"ring": 1e-5}, "efficiency": {"ring": 0.9},
+            "codec_bytes_per_s": {"int8": [1e9, 1e9]}}  # fmt: skip
+    (tmp_path / "fit.json").write_text(json.dumps({**good, field: value}))
+    with pytest.raises(ValueError, match=f"fit.json: .*{message}"):
+        calibrate.load(tmp_path / "fit.json")
+
+
 def test_hosts_sharing_cores_slow_messages_and_codecs_by_hosts_per_core():
     """The emulated cluster: 8 hosts on 2 cores do each host's CPU work 4 times slower."""
     speeds = {"int8": (1e9, 2e9)}

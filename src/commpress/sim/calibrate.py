@@ -407,23 +407,22 @@ def load(path) -> dict:
     data = _json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a fit saved by `commpress sim --save-fit`")
-    if data.get("version") not in READABLE_VERSIONS:
+    version = data.get("version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:  # true == 1
         raise ValueError(
-            f"{path}: fit version {data.get('version')}, this commpress reads "
+            f"{path}: fit version {version}, this commpress reads "
             f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
     if missing:
         raise ValueError(f"{path}: the fit lacks {missing}")
     per_key = ("message_s", "efficiency", *OPTIONAL_EFFICIENCIES)
-    fields = {field: _read_field(path, data, field, float) for field in per_key}
+    fields = {field: _read_field(path, data, field, _number) for field in per_key}
     try:
-        fields["latency_s"] = float(data.get("latency_s", 0.0))
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{path}: a malformed fit: latency_s must be a number, got {data['latency_s']!r}"
-        ) from None
-    fields["codec_bytes_per_s"] = _read_field(path, data, "codec_bytes_per_s", _two_floats)
+        fields["latency_s"] = _number(data.get("latency_s", 0.0))
+    except ValueError as error:
+        raise ValueError(f"{path}: a malformed fit: latency_s {error}") from None
+    fields["codec_bytes_per_s"] = _read_field(path, data, "codec_bytes_per_s", _two_numbers)
     try:
         Params(**fields)  # ranges
     except (TypeError, ValueError) as error:
@@ -437,15 +436,27 @@ def _read_field(path, data: dict, field: str, convert) -> dict:
     values = data.get(field, {})
     if not isinstance(values, dict):
         raise ValueError(f"{path}: a malformed fit: {field} must be an object, got {values!r}")
-    try:
-        return {key: convert(value) for key, value in values.items()}
-    except (AttributeError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: a malformed fit: {field} ({error})") from None
+    converted = {}
+    for key, value in values.items():
+        try:
+            converted[key] = convert(value)
+        except ValueError as error:
+            raise ValueError(f"{path}: a malformed fit: {field}[{key!r}] {error}") from None
+    return converted
 
 
-def _two_floats(speeds) -> tuple[float, float]:
-    encode, decode = speeds
-    return float(encode), float(decode)
+def _number(value) -> float:
+    """A JSON number: not true or false (Python's 1 and 0), not a string of digits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _two_numbers(speeds) -> tuple[float, float]:
+    """``[encode, decode]``: not a string of two characters, which unpacks as two."""
+    if not isinstance(speeds, list) or len(speeds) != 2:
+        raise ValueError(f"must be [encode, decode] bytes per second, got {speeds!r}")
+    return _number(speeds[0]), _number(speeds[1])
 
 
 def describe(fields: dict) -> str:
