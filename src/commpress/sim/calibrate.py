@@ -44,7 +44,7 @@ from commpress.schedules.registry import NATIVE, get_algorithm
 from commpress.sim.model import LEVEL_EFFICIENCIES as LEVELS
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
-from commpress.units import check_racks, counted, parse_rate_bits, torch_dtype
+from commpress.units import DTYPES, check_racks, counted, parse_rate_bits, torch_dtype
 
 FORMAT, VERSION = "commpress-sim-fit", 2
 #: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
@@ -102,7 +102,7 @@ class Measured:
             topology: Topology = Racks(nodes, link_bits, racks, uplink_bits)
         else:
             topology = Switch(nodes, link_bits)
-        dtype = torch_dtype(row.get("type", "float"))
+        dtype = _row_dtype(row)
         if input_numel(row["op"], size_bytes, nodes, dtype) < 1:
             raise ValueError(
                 f"size_bytes {size_bytes} holds no {str(dtype).removeprefix('torch.')} element "
@@ -119,6 +119,14 @@ def _whole(row: dict, key: str) -> int:
     if isinstance(value, bool) or not whole:
         raise ValueError(f"{key} must be a whole number, got {value!r}")
     return int(value)
+
+
+def _row_dtype(row: dict) -> torch.dtype:
+    """The torch dtype of ``row["type"]`` (``float`` where it has none)."""
+    name = row.get("type", "float")
+    if not isinstance(name, str) or name not in DTYPES:
+        raise ValueError(f"type must be one of {list(DTYPES)}, got {name!r}")
+    return torch_dtype(name)
 
 
 def read_bench(paths) -> list[Measured]:
