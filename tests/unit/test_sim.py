@@ -743,6 +743,7 @@ def test_codec_speeds_that_are_not_positive_are_refused(speeds):
     [
         ({"codec": "int8", "encode_gbps": 0, "decode_gbps": 1}, "row 0: .* must be positive"),
         ({"codec": "int8", "encode_gbps": 1}, "not a `commpress codecs --json` file"),
+        ({"codec": "int8", "encode_gbps": True, "decode_gbps": 1}, r"row 0: .*got \(True, 1\)"),
     ],
 )
 def test_a_codecs_file_with_bad_speeds_is_named(tmp_path, row, message):

@@ -182,8 +182,12 @@ def codec_speeds(path) -> dict:
     speeds, first_row = {}, {}  # first_row: canonical spec -> (row index, spec as given)
     for index, row in enumerate(rows):
         both = row["encode_gbps"], row["decode_gbps"]
-        if not all(isinstance(v, (int, float)) and 0 < v < math.inf for v in both):
-            raise ValueError(f"{path}: row {index}: encode_gbps and decode_gbps must be positive")
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in both)
+        if not (numbers and all(0 < v < math.inf for v in both)):  # true is not 1 GB/s
+            raise ValueError(
+                f"{path}: row {index}: encode_gbps and decode_gbps must be positive numbers, "
+                f"got {both}"
+            )
         spec = row["codec"]
         if not isinstance(spec, str):
             raise ValueError(f"{path}: row {index}: codec must be a spec string")
