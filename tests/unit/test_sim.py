@@ -397,6 +397,7 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         ("size_bytes", 12, "size_bytes 12 holds no float32 element per rank"),
         ("type", "float33", r"type must be one of \['float', 'bfloat16', 'half'\], got 'float33'"),
         ("type", ["half"], r"type must be one of .*, got \['half'\]"),  # was: unhashable type
+        ("algorithm", ["ring"], r"unknown algorithm \['ring'\]"),  # was: unhashable type
     ):
         bad = {**row, "time_us": 5, key: value}
         with pytest.raises(ValueError, match=f"row 0: {message}"):

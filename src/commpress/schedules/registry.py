@@ -88,7 +88,7 @@ def get_algorithm(name: str, op: str) -> Algorithm:
     _check_op(op)
     if name == NATIVE:
         raise ValueError("'native' is torch.distributed's own collective: it has no schedule")
-    found = _ALGORITHMS.get(name)
+    found = _ALGORITHMS.get(name) if isinstance(name, str) else None  # a list: unhashable
     if found is None or not found.supports(op):
         raise ValueError(f"unknown algorithm {name!r} for {op}; known: {algorithms(op)}")
     return found
