@@ -514,6 +514,20 @@ def test_cc_may_be_a_command_with_arguments(monkeypatch, tmp_path):
     assert native.wrap(native.build(), "decode_int8") is not None
 
 
+def test_another_cc_gets_a_build_of_its_own(monkeypatch, tmp_path):
+    """The cache key left CC out: CC="gcc -mno-avx512f" loaded the build of plain gcc
+    already cached (AVX-512 kernels), and a CC that no longer exists still "built"."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", compiler)
+    plain = native.build()._name
+    monkeypatch.setenv("CC", f"{compiler} -DCOMMPRESS_UNUSED=1")
+    assert native.build()._name != plain
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(FileNotFoundError, match="no-such-compiler"):
+        native.build()
+
+
 def test_a_cc_with_an_unclosed_quote_fails_the_build_as_any_other(monkeypatch):
     """shlex's ValueError escaped the build's fallback: every int8/int4/fp8 encode raised
     it, naming no CC, instead of warning and taking the compiled path."""

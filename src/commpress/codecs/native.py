@@ -3,7 +3,8 @@ packages, such as the multicast's receive path): built once per machine with the
 compiler.
 
 The shared library is cached under ``$XDG_CACHE_HOME/commpress`` (default
-``~/.cache/commpress``), keyed by the source, the flags and the CPU, so a
+``~/.cache/commpress``), keyed by the source, the compiler command (``CC``), the flags
+and the CPU, so that a build of another ``CC`` is never loaded instead, and a
 ``-march=native`` build is never loaded on a different processor. Calls go
 through ctypes, which releases the GIL while a kernel runs.
 
@@ -101,7 +102,8 @@ def build(extra_flags: tuple[str, ...] = (), source: Path = SOURCE) -> ctypes.CD
     compiler = _compiler_command()
     flags = FLAGS + extra_flags
     text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join(flags).encode() + _cpu_identity().encode())
+    command = " ".join([*compiler, *flags])
+    key = hashlib.sha256(text + command.encode() + _cpu_identity().encode())
     target = _cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
