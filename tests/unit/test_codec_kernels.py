@@ -13,6 +13,9 @@ from torch._dynamo.utils import counters
 
 import commpress as cp
 from commpress.codecs import blockwise, kernels, native
+from commpress.codecs.fp8 import decode_fp8
+from commpress.codecs.int4 import decode_int4
+from commpress.codecs.int8 import decode_int8
 from commpress.testing import assert_same_bits
 from commpress.testing.stream_requests import recorded_stream_requests
 
@@ -377,6 +380,39 @@ def test_the_streamed_and_the_plain_native_decodes_write_the_same_bits(
     assert decode.status(scales, codes, rows, block, qmax, streamed, 1) == 1
     assert _same_bits(streamed, plain)
     assert not (plain == 7.0).any()
+
+
+REFERENCE_DECODES = {
+    "decode_int8": decode_int8,
+    "decode_int4": decode_int4,
+    "decode_fp8": decode_fp8,
+}
+
+
+@pytest.mark.parametrize("stream", [0, 1])
+@pytest.mark.parametrize("flags", STREAMING_BUILDS)
+@pytest.mark.parametrize(("name", "qmax", "code_bytes"), DECODES)
+def test_native_decodes_of_every_code_have_the_reference_bits(
+    name, qmax, code_bytes, flags, stream, tmp_path, monkeypatch
+):
+    """The fp8 NaN codes (S.1111.111) decoded to 0x7fc00000 with their sign in C and in
+    the compiled path, but to 0x7ff00000 in the reference (eager torch's widening)."""
+    rows, block = 64, 256
+    scales, codes = _rows_of_every_code(code_bytes, rows, block)
+    decode = _decode_kernel(name, flags, tmp_path, monkeypatch)
+    native_out, reference_out = torch.empty(rows * block), torch.empty(rows * block)
+    assert decode.status(scales, codes, rows, block, qmax, native_out, stream) == stream
+    REFERENCE_DECODES[name].reference(scales.view(-1, 1), codes.view(rows, -1), reference_out)
+    assert _same_bits(native_out, reference_out)
+
+
+def test_every_fp8_code_decodes_to_the_same_bits_on_every_path():
+    paths = {impl: with_impl("fp8", impl) for impl in ("fused", "compiled", "reference")}
+    payload = paths["reference"].encode(torch.ones(1024))
+    payload[16:] = torch.arange(1024).remainder(256).to(torch.uint8)
+    decoded = {impl: codec.decode(payload, 1024, torch.float32) for impl, codec in paths.items()}
+    for impl in ("fused", "compiled"):
+        assert _same_bits(decoded[impl], decoded["reference"]), impl
 
 
 @pytest.mark.parametrize("flags", STREAMING_BUILDS)

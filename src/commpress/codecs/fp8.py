@@ -31,9 +31,17 @@ def encode_fp8(blocks, noise, scales_out, codes_out):
     codes_out.copy_(blockwise.scale_to_grid(blocks, absmax, QMAX).to(FP8).view(torch.uint8))
 
 
+def widened(codes: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes as fp32, the NaN codes (S.1111.111) as the canonical NaN with their sign:
+    eager torch widens them to 0x7ff00000 and inductor to 0x7fc00000, so that each path
+    would decode another NaN."""
+    q = codes.view(FP8).float()
+    return torch.where(torch.isnan(q), torch.copysign(torch.full_like(q, torch.nan), q), q)
+
+
 @kernel
 def decode_fp8(absmax: torch.Tensor, codes: torch.Tensor, out: torch.Tensor):
-    q = codes.view(FP8).float()
+    q = widened(codes)
     out.copy_(blockwise.unscale(q, absmax, QMAX).view(-1))
 
 
