@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import interleaved_calls
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 from commpress.codecs import get_codec
@@ -33,13 +33,7 @@ def worker(rank, world_size, size, rounds):
         "int8@backend": lambda: cp.all_gather_into_tensor(out, inp, algorithm="backend"),
         "encode alone": lambda: codec.encode(inp),
     }
-    current = {}
-
-    def switch(variant):
-        current["variant"] = variant
-        return lambda: None
-
-    return interleaved_rounds(lambda: calls[current["variant"]](), list(calls), rounds, switch)
+    return interleaved_calls(calls, rounds)
 
 
 def main() -> None:

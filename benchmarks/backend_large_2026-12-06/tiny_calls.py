@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from commpress.bench.paired import interleaved_rounds
+from commpress.bench.paired import interleaved_calls
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 
@@ -38,13 +38,7 @@ def worker(rank, world_size, rounds):
             dist.all_gather_into_tensor(gathered, header) for _ in range(10)
         ],
     }
-    current = {}
-
-    def switch(variant):
-        current["variant"] = variant
-        return lambda: None
-
-    return interleaved_rounds(lambda: calls[current["variant"]](), list(calls), rounds, switch)
+    return interleaved_calls(calls, rounds)
 
 
 def main() -> None:
