@@ -7,7 +7,7 @@ own layer and those below it.
     sim              (the cost model and the autotuner that the collectives consult)
     transport
     schedules        (codecs, spec_options and units only, never torch.distributed)
-    codecs, spec_options, units, _torch_private
+    codecs, spec_options, units, ranks, seeds, _torch_private
 
 ``commpress.testing`` may import anything, and nothing in the package imports it (only
 the tests do). Imports under ``if TYPE_CHECKING:`` do not count; imports inside

@@ -91,3 +91,34 @@ def test_every_command_line_of_the_readme_is_one_the_parser_takes(line):
     """Parsed only (nothing runs): an option renamed or dropped fails here."""
     parser = build_parser(COMMANDS)
     parser.parse_args(shlex.split(line)[1:])
+
+
+def section(title: str) -> str:
+    """The text of the README's ``## title`` section, up to the next ``## ``."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every row of the markdown tables in ``text`` (header and rule left out)."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and not re.fullmatch(r"\|[-| ]+\|", line):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[1:] if rows else rows
+
+
+def test_the_layout_table_names_every_part_of_the_package_in_its_layer():
+    """The "Layout" table, bottom layer first, against the layers tests/unit/test_layers.py
+    enforces: a module added to a layer (or moved to another) must be named in its row."""
+    from test_layers import LAYERS, ROOT, TESTING, top_level_parts
+
+    rows = table_rows(section("Layout"))
+    named = [
+        {name.removesuffix("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", package)}
+        for _, package, _ in rows
+    ]
+    assert named == [set(parts) - {ROOT} for parts in LAYERS]
+    assert TESTING in top_level_parts() and f"`{TESTING}/`" in section("Layout")
