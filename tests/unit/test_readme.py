@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import importlib
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-from commpress.cli import COMMANDS, build_parser, main
+from commpress.cli import COMMANDS, EXIT_STATUSES, build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^ *```(\w+)\n(.*?)^ *```", re.S | re.M)
@@ -122,3 +124,110 @@ def test_the_layout_table_names_every_part_of_the_package_in_its_layer():
     ]
     assert named == [set(parts) - {ROOT} for parts in LAYERS]
     assert TESTING in top_level_parts() and f"`{TESTING}/`" in section("Layout")
+
+
+def prose() -> str:
+    """The README without its fenced blocks, on one line (a code span may wrap)."""
+    return re.sub(r"\s*\n\s*", " ", FENCE.sub("", README.read_text()))
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of ``parser`` and of its subcommands (``cluster up``'s too)."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action.choices, dict):  # subcommands
+            for subparser in action.choices.values():
+                found |= option_strings(subparser)
+    return found
+
+
+def inline_command_spans() -> list[str]:
+    """The prose's code spans that are a ``commpress COMMAND ...`` line (``[--codec
+    SPEC]`` and ``A|B`` included: they are read for option names, not run)."""
+    return [
+        span
+        for span in re.findall(r"`([^`]+)`", prose())
+        if span.split()[0] == "commpress" and len(span.split()) > 1 and span.split()[1] in COMMANDS
+    ]
+
+
+def test_the_prose_has_inline_command_lines():
+    assert len(inline_command_spans()) >= 10
+
+
+@pytest.mark.parametrize("span", inline_command_spans())
+def test_every_option_an_inline_command_line_names_is_its_commands(span):
+    """``commpress bench --roots K ...`` in a sentence: each option named is one of that
+    command's (an option renamed or dropped, and the prose left behind, fails here)."""
+    name = span.split()[1]
+    command = {a.dest: a for a in build_parser([name])._actions}["command"].choices[name]
+    named = re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", span)
+    assert [option for option in named if option not in option_strings(command)] == []
+
+
+#: Names of the form ``commpress.x`` in the README that are no Python names.
+NOT_PYTHON_NAMES = {"commpress.tuner": "the autotuner's logger"}
+
+
+def api_names() -> list[str]:
+    """Every ``cp.a.b`` or ``commpress.a.b`` the README names (prose and code alike)."""
+    found = re.findall(r"(?<![\w./-])((?:cp|commpress)(?:\.[A-Za-z_]\w*)+)", README.read_text())
+    return sorted(set(found) - set(NOT_PYTHON_NAMES))
+
+
+def test_the_readme_names_the_api():
+    assert len(api_names()) >= 20
+    for name in NOT_PYTHON_NAMES:  # each exemption still needed
+        assert name in README.read_text(), name
+
+
+@pytest.mark.parametrize("name", api_names())
+def test_every_api_name_of_the_readme_exists(name):
+    """``cp.fsdp.compress``, ``commpress.collectives.auto.KEPT_CHOICES``: a module,
+    function or constant renamed or removed, and the README left behind, fails here."""
+    parts = ["commpress", *name.split(".")[1:]]
+    obj = importlib.import_module("commpress")
+    for depth, part in enumerate(parts[1:], start=2):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:  # a submodule its package does not import (or no such name)
+            obj = importlib.import_module(".".join(parts[:depth]))
+
+
+REPOSITORY = README.parent
+#: A path of the repository in a code span: ``benchmarks/x/README.md``,
+#: ``tests/unit/test_x.py::test_y``, ``benchmarks/lowrank_accuracy_*``.
+REPOSITORY_PATH = re.compile(r"`((?:benchmarks|src|tests|\.ci)/[^`\s]*)`")
+
+
+def repository_paths() -> list[str]:
+    found = set(REPOSITORY_PATH.findall(README.read_text()))
+    # the "file" column of the headline results' table names files in benchmarks/
+    results = section("Benchmarks")
+    results = results[results.index("| what | result | file |") :]
+    for row in table_rows(results.split("\n\n")[0]):
+        found.update(f"benchmarks/{name}" for name in re.findall(r"`([^`]+)`", row[-1]))
+    return sorted(found)
+
+
+def test_the_readme_names_files_of_the_repository():
+    assert len(repository_paths()) >= 40
+
+
+@pytest.mark.parametrize("path", repository_paths())
+def test_every_file_the_readme_names_exists(path):
+    """A benchmark's record, a test (down to its name after ``::``) or a source file the
+    README points to: moved or renamed, and the README left behind, fails here."""
+    file, _, test = path.partition("::")
+    assert sorted(REPOSITORY.glob(file)) if "*" in file else (REPOSITORY / file).exists()
+    if test:
+        assert re.search(rf"^\s*def {re.escape(test)}\(", (REPOSITORY / file).read_text(), re.M)
+
+
+def test_the_exit_statuses_are_those_commpress_help_lists():
+    """ "Every command exits 0 when done, 2 on ..." against ``commpress --help``'s list."""
+    sentence = re.search(r"Every command exits (.*?)\. ", prose()).group(1)
+    readme = {int(code) for code in re.findall(r"(?<![\w.-])(\d+) (?:when|on)\b", sentence)}
+    listed = {int(code) for code in re.findall(r"^  (\d+) ", EXIT_STATUSES, re.M)}
+    assert readme == listed
