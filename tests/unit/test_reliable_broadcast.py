@@ -1017,7 +1017,7 @@ def test_well_formed_datagrams_that_do_not_fit_the_operation_are_refused(receive
             _valid_data(1, 1, 5, 0, 4, full),  # another chunk count
             _valid_data(1, 1, 5, 3, 3, full),  # a chunk past the count
             _valid_data(1, 1, 5, 0, 3, full[:-1]),  # a payload of the wrong length
-            _valid_data(1, 0, 5, 0, 3, full),  # data of this rank's own payload
+            _valid_data(1, 0, 5, 0, 3, full),  # this rank's own payload, from another rank
             _valid_data(1, 7, 5, 0, 3, full),  # a root outside the group
             _valid_data(0, 1, 5, 0, 3, full),  # this rank's own datagram, looped back
         ]
@@ -1026,7 +1026,7 @@ def test_well_formed_datagrams_that_do_not_fit_the_operation_are_refused(receive
         while engine.stats.datagrams_received < len(junk) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.stats.datagrams_received == len(junk)
-        assert engine.stats.refused == collections.Counter(count=2, length=1, root=1, rank=1)
+        assert engine.stats.refused == collections.Counter(count=2, length=1, sender=1, rank=1)
         assert engine.stats.taken_natively == 0
         assert all(data == bytes(len(data)) for _, data in buffers.items())
         engine.abandon(operation)
@@ -1287,3 +1287,30 @@ def test_a_channel_takes_the_lowest_port_free_on_every_rank_and_frees_it_on_clos
     assert [s[3] for s in sent[::3]] == [(0,), (0, 2)]
     first.close()
     assert multicast.Channel(object(), Options()).group_address[1] == 47002
+
+
+def test_data_and_end_from_a_rank_other_than_their_root_are_refused(receive_path):
+    """A DATA or END datagram comes from its root only (repairs too): one whose sender is
+    another rank lies about whose payload it carries. Checksum, channel, operation, count,
+    chunk and length all fit rank 1's payload here; both paths wrote it into rank 1's
+    buffer and took the END as rank 1's."""
+    hub = Hub(3)
+    engine = Engine(hub.endpoint(0), CHANNEL, Options(**{**FAST, "retry_s": 30.0}))
+    try:
+        shards = random_shards(3, 3000)  # 3 chunks per root at MTU 1500
+        operation, buffers = all_gather_one(engine, 0, shards, 5, wait=False)
+        deadline = time.monotonic() + 10
+        while not engine.stats.data_sent and time.monotonic() < deadline:
+            time.sleep(0.01)  # running, so nothing is stashed
+        full = b"\xab" * engine.chunk_bytes
+        hub.deliver(2, 0, _valid_data(2, 1, 5, 0, 3, full))
+        hub.deliver(2, 0, datagrams.pack(Header(Kind.END, 2, 1, CHANNEL, 5, 0, 3)))
+        while engine.stats.datagrams_received < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.stats.datagrams_received == 2
+        assert engine.stats.refused == collections.Counter(sender=2)
+        assert engine.stats.taken_natively == 0 and engine.stats.nacks_sent == 0
+        assert all(data == bytes(len(data)) for _, data in buffers.items())
+        engine.abandon(operation)
+    finally:
+        engine.close()

@@ -55,6 +55,7 @@ int64_t commpress_take_data(const take_state *state, const uint8_t *batch, int64
         int64_t sender = le16(datagram + 2), root = le16(datagram + 4);
         if (le16(datagram + 6) != state->channel || sender == state->rank) return taken;
         if (sender >= state->world_size || root >= state->world_size) return taken;
+        if (sender != root) return taken;  /* DATA comes from its root only */
         if (le32(datagram + 8) != state->operation) return taken;
         const uint8_t *payload = datagram + HEADER_BYTES;
         unsigned long crc = state->crc32(0, datagram, CRC_AT);

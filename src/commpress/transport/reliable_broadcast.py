@@ -691,6 +691,9 @@ class Engine:
         if header.sender >= self.world_size or header.root >= self.world_size:
             self.stats.refused["rank"] += 1
             return
+        if header.kind in (Kind.DATA, Kind.END) and header.sender != header.root:
+            self.stats.refused["sender"] += 1  # only a root sends its DATA (repairs too), END
+            return
         running = self._running
         if running is None or header.operation != running.operation.id:
             self._other_operation(header, view)
