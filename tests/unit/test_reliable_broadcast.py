@@ -1314,3 +1314,27 @@ def test_data_and_end_from_a_rank_other_than_their_root_are_refused(receive_path
         engine.abandon(operation)
     finally:
         engine.close()
+
+
+def test_the_stash_keeps_only_the_operation_that_starts(receive_path):
+    """Once this rank starts an operation, no peer can have sent a datagram of any later
+    one (each needs this rank's payload of this one first): what the stash holds of other
+    operations is stale. A datagram of an operation far ahead (well-formed, checksum
+    right) was kept, and its bytes counted against the stash's bound, until the ids
+    reached it: in 2**31 operations at most."""
+    hub = Hub(2)
+    engines_ = engines(hub)
+    try:
+        far = Header(Kind.DATA, 1, 1, CHANNEL, 1000, 0, 1)
+        hub.deliver(1, 0, datagrams.pack(far, b"x" * 100))
+        deadline = time.monotonic() + 10
+        while not engines_[0].stats.stashed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engines_[0].stats.stashed == 1
+        for operation_id in (0, 1):
+            shards = random_shards(2, 5_000, seed=operation_id)
+            check_exact(all_gather(engines_, shards, operation_id), shards)
+        assert engines_[0]._stash == [] and engines_[0]._stash_bytes == 0
+        assert engines_[0].stats.stale >= 1
+    finally:
+        close_all(engines_)

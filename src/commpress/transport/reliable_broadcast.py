@@ -30,11 +30,12 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   uplink beyond its round's count (not paced for: the link drops the excess).
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
-are kept, up to a bound, and replayed when it is posted; datagrams of another channel,
-stale, truncated or corrupted ones are counted in :class:`Stats` and dropped, which the
-protocol sees as loss. ``loss`` drops received datagrams at random (seeded) to test all of
-this. The thread only touches the buffers of the operation it is running: once
-:meth:`Engine.abandon` has returned, it never writes to them again.
+are kept, up to a bound, and replayed when it starts (those of any other operation are
+dropped then, as stale); datagrams of another channel, stale, truncated or corrupted ones
+are counted in :class:`Stats` and dropped, which the protocol sees as loss. ``loss`` drops
+received datagrams at random (seeded) to test all of this. The thread only touches the
+buffers of the operation it is running: once :meth:`Engine.abandon` has returned, it never
+writes to them again.
 
 The running operation's DATA datagrams, the bulk of what arrives, are checked and copied in
 C where it is built (:mod:`commpress.transport.native_receive`, :data:`NATIVE_RECEIVE`),
@@ -556,12 +557,15 @@ class Engine:
         if NATIVE_RECEIVE:
             self._take = self._running.native_taker(self.channel, self.rank, self.chunk_bytes)
         self._latest = operation.id
-        stash = self._stash
-        self._stash = [(o, d) for o, d in stash if newer(o, operation.id)]  # still later
-        self._stash_bytes = sum(len(d) for _, d in self._stash)
+        # Only this operation's: no peer can have sent one of a later operation yet (each
+        # needs this rank's payload of this one first), so the rest is stale, and would
+        # otherwise stay (and count against STASH_BYTES) until the ids reached it.
+        stash, self._stash, self._stash_bytes = self._stash, [], 0
         for operation_id, datagram in stash:
             if operation_id == operation.id:  # counted when it came; C takes it if it can
                 self._take_run(memoryview(datagram), len(datagram))
+            else:
+                self.stats.stale += 1
         self._finish_if_done()
 
     def _pace_rounds(self, running: _Running) -> None:
