@@ -1338,3 +1338,27 @@ def test_the_stash_keeps_only_the_operation_that_starts(receive_path):
         assert engines_[0].stats.stale >= 1
     finally:
         close_all(engines_)
+
+
+def test_an_ack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
+    """A receiver ACKs a root's payload once it has every chunk, which the root has sent
+    by then: an ACK that comes earlier lies. Taken, it finished the root's broadcast (its
+    wait returned True) and the engine stopped sending it half way, so the receivers that
+    lacked the rest waited for their timeout."""
+    hub = Hub(2)
+    slow = Options(**{**FAST, "rate_bits": 10**7})  # 1.2 MB/s: 300 KB take a quarter second
+    engine = Engine(hub.endpoint(0), CHANNEL, slow)
+    try:
+        shards = random_shards(2, 300_000)
+        operation, _ = all_gather_one(engine, 0, shards, 5, wait=False)
+        deadline = time.monotonic() + 10
+        while not engine.stats.data_sent and time.monotonic() < deadline:
+            time.sleep(0.001)
+        hub.deliver(1, 0, datagrams.pack(Header(Kind.ACK, 1, 0, CHANNEL, 5)))
+        while engine.stats.datagrams_received < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert not operation.wait(0, 0.05), "an early ACK finished the root's broadcast"
+        assert engine.stats.refused == collections.Counter(early=1)
+        engine.abandon(operation)
+    finally:
+        engine.close()

@@ -788,6 +788,9 @@ class Engine:
         if header.root != self.rank:
             self.stats.refused["root"] += 1
             return
+        if running.next_chunk < running.own_count:  # no receiver can have it all yet
+            self.stats.refused["early"] += 1
+            return
         running.acked.add(header.sender)
         if running.own_done:
             running.end_due = math.inf
