@@ -865,6 +865,32 @@ def test_capped_receive_buffers_under_warnings_as_errors_leave_no_socket_open(mo
     assert network._sockets == [] and network._wake_read is None
 
 
+def test_a_selector_that_cannot_be_made_leaves_no_socket_open(monkeypatch):
+    """Out of file descriptors (EMFILE) when the selector was made, after the sockets and
+    the wake-up pipe: the error reached the caller, and both sockets (one bound to the
+    group's port) and the pipe stayed open."""
+    from commpress.transport import udp
+
+    opened = []
+    original_socket = UdpNetwork._socket
+
+    def recorded_socket(self):
+        sock = original_socket(self)
+        opened.append(sock)
+        return sock
+
+    def no_selector():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(udp, "interface_of", lambda address: ("lo", 65536))
+    monkeypatch.setattr(UdpNetwork, "receive_buffer_bytes", property(lambda self: 1 << 30))
+    monkeypatch.setattr(UdpNetwork, "_socket", recorded_socket)
+    monkeypatch.setattr(udp.selectors, "DefaultSelector", no_selector)
+    with pytest.raises(OSError, match="Too many open files"):
+        UdpNetwork(0, 2, "127.0.0.1", ("239.255.77.1", 0))
+    assert len(opened) == 2 and all(sock.fileno() == -1 for sock in opened)
+
+
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only root passes net.core.rmem_max"
 )

@@ -162,13 +162,13 @@ class UdpNetwork:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            self._selector = selectors.DefaultSelector()  # a descriptor too (EMFILE)
+            for sock in self._sockets:
+                self._selector.register(sock, selectors.EVENT_READ)
+            self._selector.register(self._wake_read, selectors.EVENT_READ)
         except BaseException:
             self.close()
             raise
-        self._selector = selectors.DefaultSelector()
-        for sock in self._sockets:
-            self._selector.register(sock, selectors.EVENT_READ)
-        self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._buffer = bytearray(65536)
 
     def _socket(self) -> socket.socket:
