@@ -1388,3 +1388,42 @@ def test_an_ack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
         engine.abandon(operation)
     finally:
         engine.close()
+
+
+def test_a_nack_of_overlapping_ranges_queues_each_chunk_once_in_one_pass(receive_path):
+    """A receiver's NACK lists its gaps, disjoint; one that lists the whole payload over
+    and over (180 ranges fit a datagram) made the root's thread walk every chunk of every
+    range: 180 times the chunk count, several seconds of a stalled thread for a payload of
+    a GiB. Each chunk is looked at once now, whatever the ranges, and a range past the
+    payload or inverted queues nothing."""
+    looked_at = []
+
+    class Counted(collections.OrderedDict):
+        def __setitem__(self, key, value):
+            looked_at.append(key)
+            super().__setitem__(key, value)
+
+    class Counting(Engine):
+        def _start(self, operation):
+            super()._start(operation)
+            self._running.repairs = Counted()
+
+    hub = Hub(2)
+    engine = Counting(hub.endpoint(0), CHANNEL, Options(**{**FAST, "retry_s": 30.0}))
+    try:
+        shards = random_shards(2, 100_000)
+        count = -(-100_000 // engine.chunk_bytes)
+        operation, _ = all_gather_one(engine, 0, shards, 5, wait=False)
+        deadline = time.monotonic() + 10
+        while engine.stats.data_sent < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ranges = [(0, count)] * 170 + [(5, 2), (count, 2**32 - 1), (2**32 - 1, 0), (3, 9)]
+        payload = b"".join(struct.pack("<II", *r) for r in ranges)
+        hub.deliver(1, 0, datagrams.pack(Header(Kind.NACK, 1, 0, CHANNEL, 5), payload))
+        while engine.stats.repairs_sent < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.stats.repairs_sent == count
+        assert sorted(looked_at) == [(1, chunk) for chunk in range(count)]
+        engine.abandon(operation)
+    finally:
+        engine.close()

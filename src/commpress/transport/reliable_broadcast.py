@@ -779,9 +779,12 @@ class Engine:
         except Refused as refused:
             self.stats.refused[refused.reason] += 1
             return
-        for start, stop in ranges:
-            for chunk in range(start, min(stop, running.own_count)):
+        covered = 0  # chunks below this are queued: each looked at once, whatever the ranges
+        for start, stop in sorted(ranges):
+            stop = min(stop, running.own_count)
+            for chunk in range(max(start, covered), stop):
                 running.repairs[(header.sender, chunk)] = None
+            covered = max(covered, stop)
         running.end_due = math.inf  # the END follows the repairs
 
     def _on_ack(self, running: _Running, header: Header) -> None:
