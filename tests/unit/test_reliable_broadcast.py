@@ -720,35 +720,69 @@ def test_each_round_is_paced_for_the_roots_it_has(world_size, k, streams):
     assert paces == pytest.approx([gbit / s / 8 * 0.95 for s in streams])
 
 
-def test_a_smaller_last_round_is_paced_faster_once_the_rounds_before_are_done():
-    """K = 3 on 4 ranks: roots 0, 2, 1 at a third of the rate each, then root 3 alone. It
-    starts once root 0 (K positions before it) is done, at their pace while root 2 (with
-    the most to send) may still be sending, and at the whole rate once all three are."""
-    world_size, order, rate = 4, [0, 2, 1, 3], 10**8
-    third, whole = (rate / k / 8 * 0.95 for k in (3, 1))
-    sent = []  # (root, the root's pace) of each DATA datagram to the next rank
+def _paces_sent(world_size, order, k, rate, sizes):
+    """An all-gather of shards of ``sizes`` bytes; per DATA datagram that reaches the next
+    rank: ``(root, the root's pace, the roots that had not sent their last chunk yet)``."""
+    sent, unfinished = [], set(range(world_size))
 
     def note(src, dst, datagram):
         header, _ = datagrams.parse(datagram)
         if header.kind is Kind.DATA and dst == (src + 1) % world_size:
-            sent.append((header.root, engines_[src]._pace))
+            sent.append((header.root, engines_[src]._pace, frozenset(unfinished)))
+            if header.chunk == header.count - 1:
+                unfinished.discard(header.root)
         return datagram
 
     hub = Hub(world_size, mangle=note)
-    engines_ = engines(hub, concurrent_roots=3, rate_bits=rate, burst_s=0.001)
-    shards = random_shards(world_size, 20_000)
-    shards[2] *= 4
-    shards[3] *= 20
+    engines_ = engines(hub, concurrent_roots=k, rate_bits=rate, burst_s=0.001)
+    shards = [random.Random(root).randbytes(size) for root, size in enumerate(sizes)]
     try:
         check_exact(all_gather(engines_, shards, order=order), shards)
     finally:
         close_all(engines_)
-    assert all(pace == pytest.approx(third) for root, pace in sent if root != 3)
-    last_of_the_first_round = max(i for i, (root, _) in enumerate(sent) if root != 3)
-    root_3 = [(i, pace) for i, (root, pace) in enumerate(sent) if root == 3]
+    return sent
+
+
+def _never_faster_than_the_roots_left_allow(sent, options, world_size):
+    """No root outpaces what the roots that had not finished sending (at most K of them at
+    once) leave it of a receiver's link."""
+    k = options.concurrent_roots
+    for root, pace, unfinished in sent:
+        sending_at_once = min(k, len(unfinished))
+        allowed = options.pace_bytes_per_s(range(sending_at_once), world_size)
+        assert pace <= allowed * (1 + 1e-9), (root, pace, sorted(unfinished))
+
+
+def test_a_smaller_last_round_speeds_up_as_the_roots_before_finish():
+    """K = 3 on 4 ranks: roots 0, 2, 1 at a third of the rate each, then root 3 alone. It
+    starts once root 0 (K positions before it) is done, at their pace while two others may
+    still be sending, at half the rate once only root 2 (with the most to send) is, and at
+    the whole rate once all three are (it used to wait for all three at a third)."""
+    world_size, order, rate = 4, [0, 2, 1, 3], 10**8
+    third, half, whole = (rate / k / 8 * 0.95 for k in (3, 2, 1))
+    sent = _paces_sent(world_size, order, 3, rate, [20_000, 60_000, 200_000, 800_000])
+    _never_faster_than_the_roots_left_allow(sent, Options(rate_bits=rate, concurrent_roots=3), 4)
+    assert all(pace == pytest.approx(third) for root, pace, _ in sent if root == 0)
+    last_of_the_first_round = max(i for i, (root, _, _) in enumerate(sent) if root != 3)
+    root_3 = [(i, pace) for i, (root, pace, _) in enumerate(sent) if root == 3]
     assert root_3[0][0] < last_of_the_first_round, "root 3 waited for more than root 0"
-    assert all(pace == pytest.approx(third) for i, pace in root_3 if i < last_of_the_first_round)
+    assert any(pace == pytest.approx(half) for _, pace in root_3), "never sped up beside root 2"
     assert root_3[-1][1] == pytest.approx(whole)
+
+
+def test_with_every_rank_a_root_the_last_to_finish_speeds_up():
+    """K = N = 4: every root at a third of the rate (each receiver takes three streams);
+    the one with the most to send takes the whole rate once the other three are done, and
+    half of it while one of them is still sending."""
+    world_size, rate = 4, 10**8
+    third, half, whole = (rate / k / 8 * 0.95 for k in (3, 2, 1))
+    sent = _paces_sent(world_size, [0, 1, 2, 3], 4, rate, [20_000, 60_000, 200_000, 800_000])
+    _never_faster_than_the_roots_left_allow(sent, Options(rate_bits=rate, concurrent_roots=4), 4)
+    assert all(pace == pytest.approx(third) for root, pace, _ in sent if root == 0)
+    root_3 = [pace for root, pace, _ in sent if root == 3]
+    assert root_3[0] == pytest.approx(third)
+    assert any(pace == pytest.approx(half) for pace in root_3)
+    assert root_3[-1] == pytest.approx(whole)
 
 
 def test_datagram_format_round_trip_and_refusals():

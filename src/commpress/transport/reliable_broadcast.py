@@ -24,10 +24,13 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   broadcasts themselves;
 * each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s` of its
   round's roots), so that a round's roots fill, and do not overflow, a receiver's link or
-  a rack's uplink; a round smaller than K (the last, where K does not divide the ranks)
-  sends faster, once every root of the rounds before is done. The token passes root by
-  root, so the K roots sending at once may span two rounds, and with racks load one
-  uplink beyond its round's count (not paced for: the link drops the excess).
+  a rack's uplink. Once the roots not yet done (as far as this rank has seen) are K or
+  fewer, no other root will send: each still sending paces for exactly those, faster as
+  they finish (a round smaller than K, the last where K does not divide the ranks; the
+  tail of a round whose roots started at different times, as every rank's with K = N).
+  The token passes root by root, so the K roots sending at once may span two rounds, and
+  with racks load one uplink beyond its round's count (not paced for: the link drops the
+  excess).
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
 are kept, up to a bound, and replayed when it starts (those of any other operation are
@@ -197,7 +200,8 @@ class Options:
         return [tuple(order[start : start + k]) for start in range(0, len(order), k)]
 
     def pace_bytes_per_s(self, roots: Sequence[int], world_size: int) -> float:
-        """One root's sending rate while ``roots`` (one round) send at once: they share
+        """One root's sending rate while ``roots`` send at once (a round, or the roots
+        left at the end of an operation, :meth:`Engine._speed_up`): they share
         each receiver's link (a receiver among them receives from the others only), and
         with racks each uplink, both ways."""
         streams = len(roots) - (len(roots) == world_size)
@@ -334,8 +338,7 @@ class _Running:
         self.acked: set[int] = set()
         self.receivers = world_size - 1
         self.passed: set[int] = set()  # roots done sending, as far as this rank knows
-        self.own_pace = 0.0  # of this rank's round (Engine._pace_rounds)
-        self.before: list[int] = []  # roots to wait for before sending at it
+        self.paced_for_passed = 0  # len(passed) when the pace was last set (Engine._speed_up)
 
     def native_taker(self, channel: int, rank: int, chunk_bytes: int):
         """This operation's :func:`~commpress.transport.native_receive.taker`, or None."""
@@ -575,16 +578,21 @@ class Engine:
         index = running.position // self.options.concurrent_roots
         rounds = self.options.rounds(running.operation.order)[: index + 1]
         paces = [self.options.pace_bytes_per_s(roots, self.world_size) for roots in rounds]
-        running.own_pace = paces[-1]
-        if min(paces) < running.own_pace:
-            running.before = [root for roots in rounds[:-1] for root in roots]
         self._set_pace(min(paces))
 
     def _speed_up(self, running: _Running) -> None:
-        """Once every root of the rounds before is done, this round's own pace."""
-        if running.before and all(root in running.passed for root in running.before):
-            running.before = []
-            self._set_pace(running.own_pace)
+        """Once the roots not yet done here, this one included, are K or fewer, they are
+        every root that may still send: paced for them alone (never slower than before)."""
+        passed = len(running.passed)
+        if passed == running.paced_for_passed:
+            return
+        running.paced_for_passed = passed
+        if self.world_size - passed > self.options.concurrent_roots:
+            return
+        left = [root for root in running.operation.order if root not in running.passed]
+        pace = self.options.pace_bytes_per_s(left, self.world_size)
+        if pace > self._pace:
+            self._set_pace(pace)
 
     def _set_pace(self, pace: float) -> None:
         self._pace = pace
