@@ -4,7 +4,8 @@ algorithm's times over the invocations ``measure.sh`` made, per network, size an
     python benchmarks/multicast_rerun_2026-12-06/summarize.py [FOLDER]
 
 FOLDER: where the invocations' JSON files are (default: this script's own), for a later
-run of the same networks (``benchmarks/multicast_int8_2026-12-06/``).
+run (``benchmarks/multicast_int8_2026-12-06/``, ``benchmarks/multicast_200m_2026-12-07/``):
+its networks are the names of its ``NETWORK_runK.json`` files.
 """
 
 from __future__ import annotations
@@ -16,12 +17,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-NETWORKS = (
-    "racks_1g_500m_mtu1500",
-    "racks_1g_500m_mtu9000",
-    "switch4_1g_mtu9000_roots4",
-    "switch8_1g_mtu9000_roots8",
-)
 
 
 def times_of(folder: Path, network: str) -> dict[tuple[int, str, str], list[float]]:
@@ -37,7 +32,7 @@ def times_of(folder: Path, network: str) -> dict[tuple[int, str, str], list[floa
 def main(folder: Path = HERE) -> None:
     print("| network | size | codec | ring (ms) | multicast (ms) | ring / multicast | runs |")
     print("|---|---:|---|---:|---:|---:|---|")
-    for network in NETWORKS:
+    for network in sorted({path.name.rsplit("_run", 1)[0] for path in folder.glob("*_run*.json")}):
         times = times_of(folder, network)
         for size, algorithm, codec in sorted(times):
             if algorithm != "ring":
