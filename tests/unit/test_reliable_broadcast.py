@@ -656,6 +656,7 @@ def test_without_repairs_loss_is_caught():
         (dict(rate_bits=True), "rate_bits"),
         (dict(retry_s=0), "retry_s"),
         (dict(retry_s=math.nan), "retry_s"),
+        (dict(retry_s=1e-9), "retry_s must be at least 0.001"),  # timers firing back to back
         (dict(burst_s=-1), "burst_s"),
         (dict(burst_s=math.inf), "burst_s"),
         (dict(ttl=0), "ttl"),
@@ -1418,6 +1419,33 @@ def test_an_ack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
         while engine.stats.datagrams_received < 1 and time.monotonic() < deadline:
             time.sleep(0.001)
         assert not operation.wait(0, 0.05), "an early ACK finished the root's broadcast"
+        assert engine.stats.refused == collections.Counter(early=1)
+        engine.abandon(operation)
+    finally:
+        engine.close()
+
+
+def test_a_nack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
+    """A receiver reports its gaps once the root's END has come, after the last chunk: a
+    NACK that comes earlier lies. Taken, it queued repairs of chunks not sent yet, which
+    then left twice (multicast, and again to that receiver alone)."""
+    hub = Hub(2)
+    slow = Options(**{**FAST, "rate_bits": 10**7})  # 1.2 MB/s: 300 KB take a quarter second
+    engine = Engine(hub.endpoint(0), CHANNEL, slow)
+    try:
+        shards = random_shards(2, 300_000)
+        operation, _ = all_gather_one(engine, 0, shards, 5, wait=False)
+        count = math.ceil(300_000 / engine.chunk_bytes)
+        deadline = time.monotonic() + 10
+        while not engine.stats.data_sent and time.monotonic() < deadline:
+            time.sleep(0.001)
+        everything = datagrams.pack_ranges([(0, count)], engine.chunk_bytes)
+        hub.deliver(1, 0, datagrams.pack(Header(Kind.NACK, 1, 0, CHANNEL, 5), everything))
+        while engine.stats.data_sent < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)
+        assert engine.stats.data_sent == count
+        assert engine.stats.repairs_sent == 0, "repairs of chunks not sent yet"
         assert engine.stats.refused == collections.Counter(early=1)
         engine.abandon(operation)
     finally:

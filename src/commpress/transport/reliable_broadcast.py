@@ -75,6 +75,8 @@ from commpress.transport.datagrams import (
 )
 from commpress.units import check_seconds
 
+#: The shortest ``retry_s`` taken: the protocol's timers would otherwise spin the thread.
+MIN_RETRY_S = 1e-3
 #: How long the thread sleeps when nothing is due (a post or a datagram wakes it sooner).
 IDLE_S = 0.05
 #: Take the running operation's DATA datagrams in C where it is built (read at each start).
@@ -192,6 +194,12 @@ class Options:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         for name in ("retry_s", "burst_s"):
             check_seconds(getattr(self, name), name)
+        if self.retry_s < MIN_RETRY_S:
+            raise ValueError(
+                f"retry_s must be at least {MIN_RETRY_S} s (a NACK or END again sooner than "
+                f"a scheduler's time slice only repeats what is still in flight), "
+                f"got {self.retry_s!r}"
+            )
 
     def rounds(self, order: Sequence[int]) -> list[tuple[int, ...]]:
         """The roots of ``order`` that send at once, round by round: K at a time, so the
@@ -781,6 +789,9 @@ class Engine:
     def _on_nack(self, running: _Running, header: Header, payload: memoryview) -> None:
         if header.root != self.rank:
             self.stats.refused["root"] += 1
+            return
+        if running.next_chunk < running.own_count:  # a receiver reports gaps after the END
+            self.stats.refused["early"] += 1
             return
         try:
             ranges = unpack_ranges(payload)
