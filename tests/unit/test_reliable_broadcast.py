@@ -25,6 +25,7 @@ from commpress.transport import datagrams, multicast, native_receive, reliable_b
 from commpress.transport.datagrams import Header, Kind
 from commpress.transport.reliable_broadcast import (
     OPERATION_IDS,
+    STASH_AHEAD,
     BroadcastError,
     Engine,
     Operation,
@@ -721,21 +722,26 @@ def test_each_round_is_paced_for_the_roots_it_has(world_size, k, streams):
     assert paces == pytest.approx([gbit / s / 8 * 0.95 for s in streams])
 
 
-def _paces_sent(world_size, order, k, rate, sizes):
+def _paces_sent(world_size, order, k, rate, sizes, **options):
     """An all-gather of shards of ``sizes`` bytes; per DATA datagram that reaches the next
-    rank: ``(root, the root's pace, the roots that had not sent their last chunk yet)``."""
+    rank: ``(root, the root's pace, the roots not done in the root's own view, the roots
+    that had not sent their last chunk yet)``. The view is read on the root's own thread,
+    which is the one sending (the hub calls ``note`` inside the send)."""
     sent, unfinished = [], set(range(world_size))
 
     def note(src, dst, datagram):
         header, _ = datagrams.parse(datagram)
-        if header.kind is Kind.DATA and dst == (src + 1) % world_size:
-            sent.append((header.root, engines_[src]._pace, frozenset(unfinished)))
-            if header.chunk == header.count - 1:
+        if header.kind is Kind.DATA:
+            if dst == (src + 1) % world_size:
+                passed = engines_[src]._running.passed
+                left = frozenset(root for root in order if root not in passed)
+                sent.append((header.root, engines_[src]._pace, left, frozenset(unfinished)))
+            if header.chunk == header.count - 1:  # sent: the first copy is delivered now
                 unfinished.discard(header.root)
         return datagram
 
     hub = Hub(world_size, mangle=note)
-    engines_ = engines(hub, concurrent_roots=k, rate_bits=rate, burst_s=0.001)
+    engines_ = engines(hub, concurrent_roots=k, rate_bits=rate, burst_s=0.001, **options)
     shards = [random.Random(root).randbytes(size) for root, size in enumerate(sizes)]
     try:
         check_exact(all_gather(engines_, shards, order=order), shards)
@@ -744,14 +750,18 @@ def _paces_sent(world_size, order, k, rate, sizes):
     return sent
 
 
-def _never_faster_than_the_roots_left_allow(sent, options, world_size):
-    """No root outpaces what the roots that had not finished sending (at most K of them at
-    once) leave it of a receiver's link."""
+def _paced_for_the_roots_left(sent, options, world_size):
+    """Once the roots not done in a root's view are K or fewer, it paces for exactly them;
+    on one switch, no root outpaces what the roots that had not finished sending (at most
+    K of them at once) leave it of a receiver's link."""
     k = options.concurrent_roots
-    for root, pace, unfinished in sent:
-        sending_at_once = min(k, len(unfinished))
-        allowed = options.pace_bytes_per_s(range(sending_at_once), world_size)
-        assert pace <= allowed * (1 + 1e-9), (root, pace, sorted(unfinished))
+    for root, pace, left, unfinished in sent:
+        if len(left) <= k:
+            assert pace == pytest.approx(options.pace_bytes_per_s(sorted(left), world_size))
+        if options.racks == 1:
+            sending_at_once = min(k, len(unfinished | {root}))
+            allowed = options.pace_bytes_per_s(range(sending_at_once), world_size)
+            assert pace <= allowed * (1 + 1e-9), (root, pace, sorted(unfinished))
 
 
 def test_a_smaller_last_round_speeds_up_as_the_roots_before_finish():
@@ -762,10 +772,10 @@ def test_a_smaller_last_round_speeds_up_as_the_roots_before_finish():
     world_size, order, rate = 4, [0, 2, 1, 3], 10**8
     third, half, whole = (rate / k / 8 * 0.95 for k in (3, 2, 1))
     sent = _paces_sent(world_size, order, 3, rate, [20_000, 60_000, 200_000, 800_000])
-    _never_faster_than_the_roots_left_allow(sent, Options(rate_bits=rate, concurrent_roots=3), 4)
-    assert all(pace == pytest.approx(third) for root, pace, _ in sent if root == 0)
-    last_of_the_first_round = max(i for i, (root, _, _) in enumerate(sent) if root != 3)
-    root_3 = [(i, pace) for i, (root, pace, _) in enumerate(sent) if root == 3]
+    _paced_for_the_roots_left(sent, Options(rate_bits=rate, concurrent_roots=3), 4)
+    assert all(pace == pytest.approx(third) for root, pace, _, _ in sent if root == 0)
+    last_of_the_first_round = max(i for i, (root, *_) in enumerate(sent) if root != 3)
+    root_3 = [(i, pace) for i, (root, pace, *_) in enumerate(sent) if root == 3]
     assert root_3[0][0] < last_of_the_first_round, "root 3 waited for more than root 0"
     assert any(pace == pytest.approx(half) for _, pace in root_3), "never sped up beside root 2"
     assert root_3[-1][1] == pytest.approx(whole)
@@ -778,12 +788,27 @@ def test_with_every_rank_a_root_the_last_to_finish_speeds_up():
     world_size, rate = 4, 10**8
     third, half, whole = (rate / k / 8 * 0.95 for k in (3, 2, 1))
     sent = _paces_sent(world_size, [0, 1, 2, 3], 4, rate, [20_000, 60_000, 200_000, 800_000])
-    _never_faster_than_the_roots_left_allow(sent, Options(rate_bits=rate, concurrent_roots=4), 4)
-    assert all(pace == pytest.approx(third) for root, pace, _ in sent if root == 0)
-    root_3 = [pace for root, pace, _ in sent if root == 3]
+    _paced_for_the_roots_left(sent, Options(rate_bits=rate, concurrent_roots=4), 4)
+    assert all(pace == pytest.approx(third) for root, pace, _, _ in sent if root == 0)
+    root_3 = [pace for root, pace, *_ in sent if root == 3]
     assert root_3[0] == pytest.approx(third)
     assert any(pace == pytest.approx(half) for pace in root_3)
     assert root_3[-1] == pytest.approx(whole)
+
+
+def test_with_racks_the_roots_left_slow_down_where_one_uplink_carries_more_of_them():
+    """8 ranks in 2 racks (order 0, 4, 1, 5, ...), K = 5, uplinks at half the host rate:
+    the first round's roots 4 and 5 send at a sixth of the rate (three roots of a round
+    leave rack 0). Once 0, 1 and 2 are done, the roots left are 3 to 7, four of them in
+    rack 1, whose uplink they share: an eighth each. The pace only ever rose before, so 4
+    and 5 kept a sixth: 1.33x that uplink's rate with 6 and 7 beside them."""
+    rate, order = 10**8, [0, 4, 1, 5, 2, 6, 3, 7]
+    options = dict(racks=2, uplink_bits=rate // 2)
+    sizes = [20_000] * 3 + [200_000] * 5
+    sent = _paces_sent(8, order, 5, rate, sizes, **options)
+    _paced_for_the_roots_left(sent, Options(rate_bits=rate, concurrent_roots=5, **options), 8)
+    eighth = rate / 8 / 8 * 0.95
+    assert any(pace == pytest.approx(eighth) for root, pace, _, _ in sent if root in (4, 5))
 
 
 def test_datagram_format_round_trip_and_refusals():
@@ -1377,25 +1402,29 @@ def test_data_and_end_from_a_rank_other_than_their_root_are_refused(receive_path
         engine.close()
 
 
-def test_the_stash_keeps_only_the_operation_that_starts(receive_path):
-    """Once this rank starts an operation, no peer can have sent a datagram of any later
-    one (each needs this rank's payload of this one first): what the stash holds of other
-    operations is stale. A datagram of an operation far ahead (well-formed, checksum
-    right) was kept, and its bytes counted against the stash's bound, until the ids
-    reached it: in 2**31 operations at most."""
+def test_the_stash_keeps_the_next_few_operations_and_drops_the_rest(receive_path):
+    """When an operation starts, no peer can be far ahead of it (each operation needs this
+    rank's payload of the one before, but where a peer left one this rank is still to start:
+    a timeout, a mismatch found beside the broadcasts): what the stash holds of the next
+    STASH_AHEAD operations stays, the rest is stale. A datagram of an operation far ahead
+    (well-formed, checksum right) was kept, its bytes counted against the stash's bound,
+    until the ids reached it: in 2**31 operations at most."""
     hub = Hub(2)
     engines_ = engines(hub)
     try:
         far = Header(Kind.DATA, 1, 1, CHANNEL, 1000, 0, 1)
-        hub.deliver(1, 0, datagrams.pack(far, b"x" * 100))
+        near = Header(Kind.DATA, 1, 1, CHANNEL, STASH_AHEAD, 0, 1)
+        for header in (far, near):
+            hub.deliver(1, 0, datagrams.pack(header, b"x" * 100))
         deadline = time.monotonic() + 10
-        while not engines_[0].stats.stashed and time.monotonic() < deadline:
+        while engines_[0].stats.stashed < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert engines_[0].stats.stashed == 1
+        assert engines_[0].stats.stashed == 2
         for operation_id in (0, 1):
             shards = random_shards(2, 5_000, seed=operation_id)
             check_exact(all_gather(engines_, shards, operation_id), shards)
-        assert engines_[0]._stash == [] and engines_[0]._stash_bytes == 0
+        assert [operation for operation, _ in engines_[0]._stash] == [STASH_AHEAD]
+        assert engines_[0]._stash_bytes == len(engines_[0]._stash[0][1])
         assert engines_[0].stats.stale >= 1
     finally:
         close_all(engines_)

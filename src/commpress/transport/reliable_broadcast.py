@@ -81,6 +81,9 @@ MIN_RETRY_S = 1e-3
 IDLE_S = 0.05
 #: Take the running operation's DATA datagrams in C where it is built (read at each start).
 NATIVE_RECEIVE = True
+#: Stashed datagrams of operations this many ids ahead of the one starting, at most, are
+#: kept when it starts (:meth:`Engine._start`).
+STASH_AHEAD = 8
 #: Datagrams of operations not posted yet kept per engine, at most (bytes).
 STASH_BYTES = 64 << 20
 #: Operations whose END is still ACKed once done (a root that missed an ACK repeats it).
@@ -119,6 +122,11 @@ def linger_retries(loss: float) -> int:
     if answered >= 1:
         return LINGER_RETRIES
     return max(LINGER_RETRIES, math.ceil(math.log(LINGER_MISS) / math.log1p(-answered)))
+
+
+def _ahead(a: int, b: int) -> bool:
+    """Whether operation id ``a`` is at most :data:`STASH_AHEAD` after ``b``."""
+    return (a - b) % OPERATION_IDS <= STASH_AHEAD
 
 
 def newer(a: int, b: int) -> bool:
@@ -568,13 +576,18 @@ class Engine:
         if NATIVE_RECEIVE:
             self._take = self._running.native_taker(self.channel, self.rank, self.chunk_bytes)
         self._latest = operation.id
-        # Only this operation's: no peer can have sent one of a later operation yet (each
-        # needs this rank's payload of this one first), so the rest is stale, and would
-        # otherwise stay (and count against STASH_BYTES) until the ids reached it.
+        # Replayed: this operation's. Kept: those of the next few, which a peer can be in
+        # already where it left an operation this rank is still to start (a timeout, a
+        # mismatch found beside the broadcasts). Dropped as stale: the rest, which no peer
+        # reaches without this rank's payloads in between, and which would otherwise stay
+        # (counted against STASH_BYTES) until the ids reached them.
         stash, self._stash, self._stash_bytes = self._stash, [], 0
         for operation_id, datagram in stash:
             if operation_id == operation.id:  # counted when it came; C takes it if it can
                 self._take_run(memoryview(datagram), len(datagram))
+            elif newer(operation_id, operation.id) and _ahead(operation_id, operation.id):
+                self._stash.append((operation_id, datagram))
+                self._stash_bytes += len(datagram)
             else:
                 self.stats.stale += 1
         self._finish_if_done()
@@ -590,7 +603,8 @@ class Engine:
 
     def _speed_up(self, running: _Running) -> None:
         """Once the roots not yet done here, this one included, are K or fewer, they are
-        every root that may still send: paced for them alone (never slower than before)."""
+        every root that may still send: paced for them alone (slower too, where more of
+        them than of its round share an uplink)."""
         passed = len(running.passed)
         if passed == running.paced_for_passed:
             return
@@ -598,9 +612,7 @@ class Engine:
         if self.world_size - passed > self.options.concurrent_roots:
             return
         left = [root for root in running.operation.order if root not in running.passed]
-        pace = self.options.pace_bytes_per_s(left, self.world_size)
-        if pace > self._pace:
-            self._set_pace(pace)
+        self._set_pace(self.options.pace_bytes_per_s(left, self.world_size))
 
     def _set_pace(self, pace: float) -> None:
         self._pace = pace
