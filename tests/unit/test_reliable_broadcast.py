@@ -9,6 +9,7 @@ emulated cluster (``tests/cluster/test_multicast.py``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import math
 import os
@@ -1430,44 +1431,43 @@ def test_the_stash_keeps_the_next_few_operations_and_drops_the_rest(receive_path
         close_all(engines_)
 
 
+@contextlib.contextmanager
+def _a_root_sending_slowly():
+    """``(hub, engine, operation, deadline)``: rank 0 of 2 has begun multicasting 300 KB at
+    1.2 MB/s (a quarter second), operation 5; its peer is the test, through ``hub``."""
+    hub = Hub(2)
+    slow = Options(**{**FAST, "rate_bits": 10**7})
+    engine = Engine(hub.endpoint(0), CHANNEL, slow)
+    try:
+        operation, _ = all_gather_one(engine, 0, random_shards(2, 300_000), 5, wait=False)
+        deadline = time.monotonic() + 10
+        while not engine.stats.data_sent and time.monotonic() < deadline:
+            time.sleep(0.001)
+        yield hub, engine, operation, deadline
+        engine.abandon(operation)
+    finally:
+        engine.close()
+
+
 def test_an_ack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
     """A receiver ACKs a root's payload once it has every chunk, which the root has sent
     by then: an ACK that comes earlier lies. Taken, it finished the root's broadcast (its
     wait returned True) and the engine stopped sending it half way, so the receivers that
     lacked the rest waited for their timeout."""
-    hub = Hub(2)
-    slow = Options(**{**FAST, "rate_bits": 10**7})  # 1.2 MB/s: 300 KB take a quarter second
-    engine = Engine(hub.endpoint(0), CHANNEL, slow)
-    try:
-        shards = random_shards(2, 300_000)
-        operation, _ = all_gather_one(engine, 0, shards, 5, wait=False)
-        deadline = time.monotonic() + 10
-        while not engine.stats.data_sent and time.monotonic() < deadline:
-            time.sleep(0.001)
+    with _a_root_sending_slowly() as (hub, engine, operation, deadline):
         hub.deliver(1, 0, datagrams.pack(Header(Kind.ACK, 1, 0, CHANNEL, 5)))
         while engine.stats.datagrams_received < 1 and time.monotonic() < deadline:
             time.sleep(0.001)
         assert not operation.wait(0, 0.05), "an early ACK finished the root's broadcast"
         assert engine.stats.refused == collections.Counter(early=1)
-        engine.abandon(operation)
-    finally:
-        engine.close()
 
 
 def test_a_nack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
     """A receiver reports its gaps once the root's END has come, after the last chunk: a
     NACK that comes earlier lies. Taken, it queued repairs of chunks not sent yet, which
     then left twice (multicast, and again to that receiver alone)."""
-    hub = Hub(2)
-    slow = Options(**{**FAST, "rate_bits": 10**7})  # 1.2 MB/s: 300 KB take a quarter second
-    engine = Engine(hub.endpoint(0), CHANNEL, slow)
-    try:
-        shards = random_shards(2, 300_000)
-        operation, _ = all_gather_one(engine, 0, shards, 5, wait=False)
+    with _a_root_sending_slowly() as (hub, engine, operation, deadline):
         count = math.ceil(300_000 / engine.chunk_bytes)
-        deadline = time.monotonic() + 10
-        while not engine.stats.data_sent and time.monotonic() < deadline:
-            time.sleep(0.001)
         everything = datagrams.pack_ranges([(0, count)], engine.chunk_bytes)
         hub.deliver(1, 0, datagrams.pack(Header(Kind.NACK, 1, 0, CHANNEL, 5), everything))
         while engine.stats.data_sent < count and time.monotonic() < deadline:
@@ -1476,9 +1476,6 @@ def test_a_nack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
         assert engine.stats.data_sent == count
         assert engine.stats.repairs_sent == 0, "repairs of chunks not sent yet"
         assert engine.stats.refused == collections.Counter(early=1)
-        engine.abandon(operation)
-    finally:
-        engine.close()
 
 
 def test_a_nack_of_overlapping_ranges_queues_each_chunk_once_in_one_pass(receive_path):
