@@ -603,8 +603,10 @@ class Engine:
 
     def _speed_up(self, running: _Running) -> None:
         """Once the roots not yet done here, this one included, are K or fewer, they are
-        every root that may still send: paced for them alone (slower too, where more of
-        them than of its round share an uplink)."""
+        every root that may still send: paced for them alone, where that is faster. Never
+        slower: a root left may be waiting for this one's token (K = 2 on racks: with 2
+        and 3 done, 6 and 7 are left, in one rack, but 7 starts after 6), and with racks
+        K > 2 rounds can already load one uplink beyond its share (module docstring)."""
         passed = len(running.passed)
         if passed == running.paced_for_passed:
             return
@@ -612,7 +614,9 @@ class Engine:
         if self.world_size - passed > self.options.concurrent_roots:
             return
         left = [root for root in running.operation.order if root not in running.passed]
-        self._set_pace(self.options.pace_bytes_per_s(left, self.world_size))
+        pace = self.options.pace_bytes_per_s(left, self.world_size)
+        if pace > self._pace:
+            self._set_pace(pace)
 
     def _set_pace(self, pace: float) -> None:
         self._pace = pace
