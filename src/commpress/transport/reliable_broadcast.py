@@ -25,20 +25,21 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
 * each root paces its datagrams (a token bucket at :meth:`Options.pace_bytes_per_s` of its
   round's roots), so that a round's roots fill, and do not overflow, a receiver's link or
   a rack's uplink. Once the roots not yet done (as far as this rank has seen) are K or
-  fewer, no other root will send: each still sending paces for exactly those, faster as
-  they finish (a round smaller than K, the last where K does not divide the ranks; the
-  tail of a round whose roots started at different times, as every rank's with K = N).
+  fewer, no other root will send: each still sending paces for those alone where that is
+  faster, faster as they finish (a round smaller than K, the last where K does not divide
+  the ranks; the tail of a round whose roots started at different times, as every rank's
+  with K = N); never slower (:meth:`Engine._speed_up`).
   The token passes root by root, so the K roots sending at once may span two rounds, and
   with racks load one uplink beyond its round's count (not paced for: the link drops the
   excess).
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
-are kept, up to a bound, and replayed when it starts (those of any other operation are
-dropped then, as stale); datagrams of another channel, stale, truncated or corrupted ones
-are counted in :class:`Stats` and dropped, which the protocol sees as loss. ``loss`` drops
-received datagrams at random (seeded) to test all of this. The thread only touches the
-buffers of the operation it is running: once :meth:`Engine.abandon` has returned, it never
-writes to them again.
+are kept, up to a bound, and replayed when it starts (then those of the next
+:data:`STASH_AHEAD` operations are kept, the rest dropped as stale); datagrams of another
+channel, stale, truncated or corrupted ones are counted in :class:`Stats` and dropped,
+which the protocol sees as loss. ``loss`` drops received datagrams at random (seeded) to
+test all of this. The thread only touches the buffers of the operation it is running: once
+:meth:`Engine.abandon` has returned, it never writes to them again.
 
 The running operation's DATA datagrams, the bulk of what arrives, are checked and copied in
 C where it is built (:mod:`commpress.transport.native_receive`, :data:`NATIVE_RECEIVE`),
@@ -124,9 +125,9 @@ def linger_retries(loss: float) -> int:
     return max(LINGER_RETRIES, math.ceil(math.log(LINGER_MISS) / math.log1p(-answered)))
 
 
-def _ahead(a: int, b: int) -> bool:
-    """Whether operation id ``a`` is at most :data:`STASH_AHEAD` after ``b``."""
-    return (a - b) % OPERATION_IDS <= STASH_AHEAD
+def _shortly_after(a: int, b: int) -> bool:
+    """Whether operation id ``a`` comes after ``b`` by at most :data:`STASH_AHEAD`."""
+    return 0 < (a - b) % OPERATION_IDS <= STASH_AHEAD
 
 
 def newer(a: int, b: int) -> bool:
@@ -585,7 +586,7 @@ class Engine:
         for operation_id, datagram in stash:
             if operation_id == operation.id:  # counted when it came; C takes it if it can
                 self._take_run(memoryview(datagram), len(datagram))
-            elif newer(operation_id, operation.id) and _ahead(operation_id, operation.id):
+            elif _shortly_after(operation_id, operation.id):
                 self._stash.append((operation_id, datagram))
                 self._stash_bytes += len(datagram)
             else:
