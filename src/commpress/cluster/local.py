@@ -55,7 +55,12 @@ FAILED_GRACE_SECONDS = 1.0
 #: a collective with it learns of its end ("Connection closed") well before the timeout.
 HOLD_SECONDS = 5.0
 #: what the fork server imports once for every rank it forks
-PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
+PRELOADED_MODULES = [
+    "torch.distributed",
+    "commpress.collectives",
+    "commpress.lowrank",
+    "commpress.integrations.fsdp",  # with torch's FSDP2: about a second of imports (sympy)
+]
 
 
 def _worker(call, rank, world_size, init_method, backend, timeout, parent, env, namespace, caller):
