@@ -77,3 +77,40 @@ def test_none_never_sends_more_bytes_than_native(op, dtype, algorithm):
         for numel in (8 * 1000, 8 * (1 << 20) + 8):
             native = wire.wire_bytes(op, "native", "none", numel, world_size, dtype)
             assert wire.wire_bytes(op, algorithm, "none", numel, world_size, dtype) == native
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("codec", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("op", ["all_gather", "all_reduce"])
+def test_ring_hop_bound_is_the_rings(op, codec, dtype):
+    """``ring-hop`` re-encodes at every hop, but runs only codecs whose decoded values
+    encode to themselves (the collective refuses the others), so its results are the
+    ring's, bit for bit: the bound grew by one codec error per hop a shard travelled, up to
+    n - 1 of them, which hid wrong results (below)."""
+    world_size, numel = 8, 8 * 300
+    inputs = [correctness.bench_input(r, numel, dtype) for r in range(world_size)]
+    for rank in range(world_size):
+        ring = correctness.error_bound(op, "ring", codec, inputs, rank)
+        hop = correctness.error_bound(op, "ring-hop", codec, inputs, rank)
+        assert torch.equal(hop, ring), rank
+
+
+def test_ring_hop_all_gather_counts_a_zeroed_shard_wrong():
+    """8 ranks, int4: a ring-hop all-gather whose last rank left the shard of its right
+    neighbour (7 hops away) zeroed counted 6% of it wrong, an all-zero output 44%."""
+    from commpress.codecs import get_codec
+
+    world_size, numel, codec = 8, 4096, get_codec("int4")
+    inputs = [correctness.bench_input(r, numel, torch.float32) for r in range(world_size)]
+    # what the collective gives, on every rank: each shard encoded once (ring-hop's
+    # re-encodes give the same bits)
+    out = torch.cat([codec.decode(codec.encode(x), numel, torch.float32) for x in inputs])
+    rank = world_size - 1
+    expected = correctness.expected("all_gather", inputs, rank)
+    bound = correctness.error_bound("all_gather", "ring-hop", "int4", inputs, rank)
+    assert correctness.count_wrong(out, expected, bound) == 0
+    far = slice(0, numel)  # rank 0's shard, 7 hops from rank 7
+    zeroed = out.clone()
+    zeroed[far] = 0
+    assert correctness.count_wrong(zeroed, expected, bound) > numel // 2
+    assert correctness.count_wrong(out * 0, expected, bound) > out.numel() * 3 // 4

@@ -17,8 +17,11 @@ unit roundoff (fp32 2**-24, fp16 2**-11, bf16 2**-8) and ``S`` the exact sum:
   partial sum, and the errors add up;
 * ``alltoall``: each of the n - 1 other contributions is encoded once (``E(x_r)``), then
   n - 1 fp32 additions;
-* all-gather (and all-reduce's second half): each shard is encoded once (``ring``) or
-  once per hop it travelled (``ring-hop``), each decode rounding to the output dtype;
+* all-gather (and all-reduce's second half): each shard is encoded once, its decode
+  rounding to the output dtype. ``ring-hop`` re-encodes it at every hop it travelled, but
+  runs only codecs whose decoded values encode to themselves (``codec.idempotent``; the
+  collective refuses the others), so those re-encodes add nothing: its result is the
+  ring's, bit for bit (a codec that is not idempotent would add one error per hop);
 * a fp32 result written to a 16-bit output rounds once more: ``u |S + b|``;
 * ``native`` sums in any order, in the input dtype or in fp32 rounded once:
   ``n u Sigma|x_r| / (1 - n u)`` (the classic bound of a sum of n terms, plus that rounding).
@@ -146,9 +149,11 @@ def ring_order(chunk: int, world_size: int) -> list[int]:
 
 def _trips_error(codec, algorithm, magnitude, owner, rank, n, decoded) -> torch.Tensor:
     """Error of a ring all-gather's copy of ``owner``'s shard (values of at most
-    ``magnitude``) at ``rank``: one encode and decode to ``decoded``, or with ``ring-hop``
-    one per hop it travelled."""
-    trips = max(1, (rank - owner) % n) if algorithm == "ring-hop" else 1
+    ``magnitude``) at ``rank``: one encode and decode to ``decoded``; with ``ring-hop`` and
+    a codec that is not idempotent, one per hop it travelled (an idempotent codec
+    re-encodes a decoded value to itself: the later hops change nothing)."""
+    hops = algorithm == "ring-hop" and not codec.idempotent
+    trips = max(1, (rank - owner) % n) if hops else 1
     bound = torch.zeros_like(magnitude)
     for _ in range(trips):
         coded = _codec_error(codec, magnitude + bound, magnitude.numel())
