@@ -46,3 +46,11 @@ def test_json_holds_a_number_that_is_not_finite_as_null(tmp_path):
     record = json.loads(path.read_text(), parse_constant=refuse)
     assert record["rows"] == [{"rel_err": None, "tx_bytes": [1, None], "time_us": 3.5}]
     assert record["where"] is None
+
+
+def test_tables_show_an_infinity_as_the_json_does():
+    """bench's ``rel_err`` of an output holding an infinity is inf: the JSON wrote null
+    (as for NaN) and the README promises ``-``, but the table and markdown showed ``inf``."""
+    rows = [{"run": "ring", "ms": float("inf"), "hidden": float("-inf")}]
+    assert format_table(rows, COLUMNS).splitlines()[1].split() == ["ring", "-", "-"]
+    assert markdown_table(rows, COLUMNS).splitlines()[2] == "| ring | - | - |"

@@ -20,8 +20,9 @@ import commpress
 
 
 def _cell(value, spec: str) -> str:
-    """``value`` formatted; a missing measurement (NaN) shows as ``-``."""
-    if isinstance(value, float) and math.isnan(value):
+    """``value`` formatted; a missing or undefined measurement (NaN, an infinity) shows as
+    ``-``, as :func:`json_value` writes it as null."""
+    if isinstance(value, float) and not math.isfinite(value):
         return "-"
     return format(value, spec)
 
