@@ -41,12 +41,16 @@ def paired_difference(
 
 def difference_deciles(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
     """``(median, 10th, 90th percentile)`` of the per-round differences ``a - b``: how the
-    rounds spread, where :func:`paired_difference` bounds their median."""
+    rounds spread, where :func:`paired_difference` bounds their median. The deciles stay
+    within the differences measured: under 9 rounds, ``statistics.quantiles``' method
+    extrapolates past them (a difference of one sign in every round could show a decile of
+    the other), so they are held to the smallest and largest difference."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"a and b must be the same length of 2 or more, got {len(a)}, {len(b)}")
     differences = [x - y for x, y in zip(a, b, strict=True)]
     deciles = statistics.quantiles(differences, n=10)
-    return statistics.median(differences), deciles[0], deciles[-1]
+    least, most = min(differences), max(differences)
+    return statistics.median(differences), max(least, deciles[0]), min(most, deciles[-1])
 
 
 def slowest_rank_seconds(call: Callable[[], object], group=None) -> float:
