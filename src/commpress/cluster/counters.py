@@ -3,8 +3,10 @@
 Read from ``/proc/net/dev``, which shows the interfaces of the reading process's
 network namespace; so a rank inside a host reads its own link with
 :func:`read_local`, and the controller reads every host's with
-``Emulated.counters()``. Counters include every header on the wire (Ethernet,
-IP, TCP), which is what the link's rate limit applies to.
+``Emulated.counters()``. Counters count the bytes the kernel hands the interface,
+headers included, but with segmentation offload one set of headers (Ethernet, IP, TCP)
+per packet of up to 64 KiB, not per frame: the shaper's limit applies to every 1500-byte
+frame's headers, so a link carries a few percent more than its counter says.
 """
 
 from __future__ import annotations
