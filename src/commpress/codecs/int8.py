@@ -2,8 +2,9 @@
 
 Wire size: ``numel + 4 * ceil(numel / block)`` bytes (about 3.94x smaller than fp32
 at the default block of 256). Error per element: at most ``absmax / 254`` with
-round-to-nearest, ``absmax / 127`` with ``stochastic=true`` (unbiased). Blocks with
-NaN or +-Inf decode to NaN (see :mod:`commpress.codecs.blockwise`).
+round-to-nearest, ``absmax / 127`` with ``stochastic=true`` (unbiased as decoded to
+fp32; a decode to bf16/fp16 rounds each value the same way every time, up to half its
+ulp off). Blocks with NaN or +-Inf decode to NaN (see :mod:`commpress.codecs.blockwise`).
 """
 
 from __future__ import annotations
