@@ -877,6 +877,51 @@ def test_train_refuses_one_configuration_written_two_ways(
     assert f"{first!r} and {second!r} are the same configuration" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("spec", "lowrank"), [("powersgd@serial", "powersgd"), ("acpsgd@serial", "acpsgd")]
+)
+def test_train_takes_a_low_rank_spec_without_options_at_serial(spec, lowrank, monkeypatch):
+    """``--compare powersgd@serial`` (what --help offers, with the options left at their
+    defaults) was read as a quantization spec: "reduce spec='powersgd@serial': unknown
+    algorithm 'serial'", exit 2, while ``powersgd`` alone ran."""
+    from commpress.train import command
+
+    started = []
+
+    def run(worker, nprocs, config, timeout):
+        started.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(command, "run_distributed", run)
+    with pytest.raises(SystemExit):
+        main(["train", "--strategy", "ddp", "--compare", spec])
+    (config,) = started
+    (run_spec,) = config.runs
+    assert (run_spec.lowrank, run_spec.scheduler) == (lowrank, False)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "spec", "message"),
+    [
+        ("fsdp", "powersgd@serial", "low-rank compression needs --strategy ddp"),
+        ("ddp", "torch-powersgd@serial", "torch's PowerSGD hook has no scheduler of ours"),
+    ],
+)
+def test_train_names_a_low_rank_spec_at_serial_as_low_rank(
+    strategy, spec, message, monkeypatch, capsys
+):
+    """Without options, ``NAME@serial`` was refused as an unknown algorithm of a
+    quantization spec rather than with what is wrong with the low-rank one."""
+    from commpress.train import command
+
+    def started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(command, "run_distributed", started)
+    assert main(["train", "--strategy", strategy, "--compare", spec]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_train_refuses_a_stochastic_fsdp_all_gather_before_training(monkeypatch, capsys):
     """cp.fsdp.compress refuses it in the ranks; train must say so before they start."""
     from commpress.train import command

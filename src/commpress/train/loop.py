@@ -55,7 +55,7 @@ class Run:
     def parse(cls, text: str, strategy: str) -> Run:
         if text == UNCOMPRESSED:
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE)
-        name = split_spec(text)[0]
+        name = split_spec(split_algorithm(text)[0])[0]  # powersgd@serial has no options
         if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
             if strategy != "ddp":
                 raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
