@@ -783,6 +783,20 @@ def test_train_checks_its_output_folder_before_training(tmp_path, capsys):
     assert "is not a writable folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--out", "/proc/commpress-out"], ["bench", "--json", "/proc/rows.json"],
+     ["train", "--markdown", "/proc/train.md"]],
+)  # fmt: skip
+def test_an_output_in_a_folder_root_cannot_write_in_is_refused_before_the_run(argv, capsys):
+    """As root, ``os.access`` says every folder is writable, /proc too: ``train --out
+    /proc/x`` trained to the end, then lost the run to a FileNotFoundError."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "writable" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["summary.json", "losses.csv", "loss.png", "."])
 def test_train_refuses_a_markdown_path_that_out_writes(name, tmp_path, monkeypatch, capsys):
     """``--markdown OUT/summary.json`` replaced the summary with the table, exit 0;

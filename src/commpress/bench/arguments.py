@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 
 from commpress.cluster.layout import MAX_HOSTS
 from commpress.units import DTYPES, check_seconds
@@ -212,7 +213,7 @@ def output_folder(text: str) -> str:
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+    if not os.path.isdir(existing) or not _can_write_in(existing):
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a writable folder")
     return text
 
@@ -226,9 +227,19 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} does not exist")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
-    if not os.access(folder, os.W_OK):
+    if not _can_write_in(folder):
         raise argparse.ArgumentTypeError(f"{text!r}: folder {folder} is not writable")
     return text
+
+
+def _can_write_in(folder: str) -> bool:
+    """Whether a file can be made in ``folder``, tried with a nameless one: ``os.access``
+    tells root that every folder is writable, ``/proc`` too."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def input_path(text: str) -> str:
