@@ -1,7 +1,7 @@
 """What every test shares: the fork server of ``run_distributed`` also imports what many
 of the tests' ranks import (each rank unpickles a function of a test module, so it imports
-that module and, with it, pytest; several save and load checkpoints)."""
+that module and, with it, pytest; many shard models with FSDP2; several save checkpoints)."""
 
 from commpress.cluster import local
 
-local.PRELOADED_MODULES += ["pytest", "torch.distributed.checkpoint"]
+local.preload("pytest", *local.FSDP_MODULES, "torch.distributed.checkpoint")

@@ -14,7 +14,12 @@ import torch.distributed as dist
 
 from commpress.cluster.jobs import run_on_cluster
 from commpress.cluster.layout import Layout
-from commpress.cluster.local import PRELOADED_MODULES, DistributedError, run_distributed
+from commpress.cluster.local import (
+    FSDP_MODULES,
+    PRELOADED_MODULES,
+    DistributedError,
+    run_distributed,
+)
 from commpress.cluster.system import DistributedTimeoutError
 
 VARIABLE = "COMMPRESS_TEST_RUNNER_VARIABLE"
@@ -27,6 +32,18 @@ def _seen(rank, world_size):
         sorted(set(PRELOADED_MODULES) - set(sys.modules)),
         torch.cuda.is_initialized(),
     )
+
+
+def _not_yet_imported(rank, world_size, names):
+    return [name for name in names if name not in sys.modules]
+
+
+def test_what_is_preloaded_is_imported_before_a_rank_runs():
+    """tests/conftest.py has the server import FSDP2 and torch._dynamo (about two seconds of
+    CPU that every rank of an FSDP run paid), pytest and torch.distributed.checkpoint."""
+    preloaded = [*FSDP_MODULES, "pytest", "torch.distributed.checkpoint"]
+    assert set(preloaded) <= set(PRELOADED_MODULES)
+    assert run_distributed(_not_yet_imported, 2, preloaded) == [[], []]
 
 
 def test_each_rank_sees_the_environment_of_the_call_not_of_the_servers_start(monkeypatch):

@@ -54,13 +54,18 @@ FAILED_GRACE_SECONDS = 1.0
 #: enough for a peer to finish opening a group with it, short enough that a peer still in
 #: a collective with it learns of its end ("Connection closed") well before the timeout.
 HOLD_SECONDS = 5.0
-#: what the fork server imports once for every rank it forks
-PRELOADED_MODULES = [
-    "torch.distributed",
-    "commpress.collectives",
-    "commpress.lowrank",
-    "commpress.integrations.fsdp",  # with torch's FSDP2: about a second of imports (sympy)
-]
+#: what the fork server imports once for every rank it forks (:func:`preload` adds to it)
+PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lowrank"]
+#: what every rank of an FSDP2 run imports: about two seconds of CPU each (torch's FSDP2
+#: pulls in sympy, and its first sharding torch._dynamo)
+FSDP_MODULES = ("commpress.integrations.fsdp", "torch._dynamo")
+
+
+def preload(*modules: str) -> None:
+    """Have the fork server also import ``modules``, once for every rank it forks: for a
+    caller whose ranks all import them. No effect once the server runs (from the first
+    run on), so call it before."""
+    PRELOADED_MODULES.extend(name for name in modules if name not in PRELOADED_MODULES)
 
 
 def _worker(call, rank, world_size, init_method, backend, timeout, parent, env, namespace, caller):

@@ -41,7 +41,7 @@ from commpress.cluster.commands import (
     tuner_network,
     wants_cluster,
 )
-from commpress.cluster.local import run_distributed
+from commpress.cluster.local import FSDP_MODULES, preload, run_distributed
 from commpress.train.data import Corpus
 from commpress.train.loop import (
     COSINE_FLOOR,
@@ -99,6 +99,8 @@ def main(args) -> int:
     _check_specs(config, wants_cluster(args))
     _check_context(config)
     tuned = any(run.tuned for run in config.runs)
+    if config.strategy == "fsdp":
+        preload(*FSDP_MODULES)  # once, not in every rank
     if not wants_cluster(args):
         nprocs = args.nprocs or LOCAL_PROCESSES
         if tuned:
