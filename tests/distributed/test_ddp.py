@@ -187,8 +187,9 @@ def test_bad_hook_spec_names_the_argument():
 @pytest.mark.parametrize("spec", ["int8@", "auto@"])
 def test_a_spec_with_nothing_after_the_at_sign_is_refused(spec):
     """``"int8@"`` was taken for ``"int8"`` (the ring): a truncated spec ran silently."""
-    with pytest.raises(ValueError, match=f"all_gather='{spec}': no algorithm after '@'"):
+    with pytest.raises(ValueError, match=f"all_gather='{spec}': no algorithm after '@'") as got:
         cp.fsdp.compress(torch.nn.Linear(2, 2), all_gather=spec)
+    assert "'auto')" in str(got.value)  # as for any unknown algorithm of a tunable call
     if spec == "int8@":
         with pytest.raises(ValueError, match="codec='int8@': no algorithm after '@'"):
             cp.ddp.hook(spec, group=object())

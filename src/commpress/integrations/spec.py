@@ -47,7 +47,8 @@ class CollectiveSpec:
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
         codec_text, at, algorithm = split_algorithm(spec)
         if at and not algorithm:
-            raise ValueError(f"{argument}={spec!r}: no algorithm after '@'; known: {algorithms}")
+            known = (*algorithms, auto.AUTO) if tunable else algorithms
+            raise ValueError(f"{argument}={spec!r}: no algorithm after '@'; known: {known}")
         if tuner.is_auto(codec_text) or algorithm == auto.AUTO:
             if not tunable:
                 raise ValueError(
