@@ -311,6 +311,47 @@ def test_hooking_model_after_model_takes_over_the_group_of_a_hook_gone():
         assert after_failed, "a group that failed on rank 1 was handed to the next hook"
 
 
+def _buckets_kept_after_the_model(rank, world_size, spec):
+    """How many of the buckets the hook all-reduced are alive once the model and the hook
+    are dropped; then whether the tensor a native all-reduce on a hook's group was given
+    is, once the caller dropped it."""
+    import gc
+    import weakref
+
+    ddp = DistributedDataParallel(small_model())
+    state, hook = cp.ddp.hook(spec)
+    buckets = []
+
+    def watched(state, bucket):
+        buckets.append(weakref.ref(bucket.buffer()))
+        return hook(state, bucket)
+
+    ddp.register_comm_hook(state, watched)
+    sgd_steps(ddp, 2, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    del ddp, state, watched
+    gc.collect()
+    alive = sum(ref() is not None for ref in buckets)
+    state, _ = cp.ddp.hook(spec)
+    tensor = torch.ones(1000)
+    cp.all_reduce(tensor, group=state.group, algorithm="native")
+    kept = weakref.ref(tensor)
+    del tensor
+    gc.collect()
+    return alive, kept() is not None
+
+
+@pytest.mark.parametrize("spec", ["none@native", "int8"])
+def test_a_hook_gone_keeps_no_bucket_of_its_model(spec):
+    """The hook's group kept the last collective of torch's issued on it (to tell whether
+    it was still pending when a later hook took the group over), and gloo's ``Work`` holds
+    its tensors: with ``none@native``, the model's last gradient bucket (DDP's buckets are
+    25 MiB) stayed alive after the model and the hook were dropped, until another hook
+    took the group over. A collective waited for to its end is no longer tracked."""
+    for alive, tensor_alive in run_distributed(_buckets_kept_after_the_model, 2, spec):
+        assert alive == 0, f"{alive} buckets kept"
+        assert not tensor_alive, "the native all-reduce's tensor was kept"
+
+
 class _Bucket:
     """A DDP bucket of ``tensor`` alone, handed to the hook by hand."""
 

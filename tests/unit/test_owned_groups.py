@@ -140,6 +140,22 @@ def test_a_work_completed_with_an_error_marks_its_group_failed(owned_group):
     assert owned_group in owned_groups._failed
 
 
+def test_a_work_waited_for_is_let_go_of_and_the_others_kept(owned_group):
+    """gloo's Work holds its tensors: a DDP hook's last bucket, tracked until the group's
+    next collective, outlived its model and hook."""
+    first, second = _Work(), _Work()
+    owned_groups.track(owned_group, first)
+    owned_groups.track(owned_group, second)
+    first.done = True
+    owned_groups.waited(first)
+    assert owned_groups._in_flight[owned_group] == [second]
+    owned_groups.waited(_Work())  # one never tracked: nothing changes
+    assert owned_groups._in_flight[owned_group] == [second]
+    second.done = True
+    owned_groups.waited(second)
+    assert owned_group not in owned_groups._in_flight
+
+
 def test_a_work_that_never_says_it_completed_is_not_tracked(owned_group):
     """Tracked by polling, gloo's reduce-scatter work kept its group pending for ever: an
     FSDP twin that had run a native reduce-scatter was never taken over."""

@@ -90,7 +90,9 @@ def track(group: dist.ProcessGroup | None, work, on_cpu: bool = True):
     2.13) is not tracked: its ``is_completed`` never turns True, even once waited for. Nor
     is one on CUDA tensors (``on_cpu`` False): a group's last work, kept until the group's
     next, would keep its GPU memory (an FSDP all-gather's output) alive; and NCCL completes
-    a work's future when it is queued, so its errors would not show."""
+    a work's future when it is queued, so its errors would not show. A work waited for to
+    its end (:func:`waited`) is let go of at once: gloo's ``Work`` holds its tensors, and
+    kept it held a DDP model's last gradient bucket after the model and its hook were gone."""
     if group is None or id(group) not in _owned or not _has_future(work):
         return work
     if not on_cpu:  # the last work of each group would keep its GPU tensors alive
@@ -98,6 +100,22 @@ def track(group: dist.ProcessGroup | None, work, on_cpu: bool = True):
     with _in_flight_lock:
         _in_flight[group] = [*_still_pending(group), work]
     return work
+
+
+def waited(work) -> None:
+    """``work`` was waited for and did not fail: no longer tracked (:func:`track`), so that
+    its tensors go with their last user."""
+    if not _in_flight:  # read without the lock: nothing tracked, nothing to let go of
+        return
+    with _in_flight_lock:
+        for group, works in list(_in_flight.items()):
+            if any(tracked is work for tracked in works):
+                kept = [tracked for tracked in works if tracked is not work]
+                if kept:
+                    _in_flight[group] = kept
+                else:
+                    del _in_flight[group]
+                return
 
 
 def _has_future(work) -> bool:

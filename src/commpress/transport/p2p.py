@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from commpress.transport import backends
+from commpress.transport import backends, owned_groups
 
 
 class Batch:
@@ -124,11 +124,14 @@ class Pending:
 
 
 def wait(work, timeout: timedelta | None) -> None:
-    """``work.wait`` with an optional timeout, for any torch.distributed Work."""
+    """``work.wait`` with an optional timeout, for any torch.distributed Work; one of
+    torch's collectives on a group of commpress's own is then no longer tracked
+    (:func:`~commpress.transport.owned_groups.waited`)."""
     if timeout is None:
         work.wait()
     else:
         work.wait(timeout)
+    owned_groups.waited(work)
 
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
