@@ -297,6 +297,16 @@ def group_timeout(group: dist.ProcessGroup) -> timedelta | None:
     return max(timeouts)
 
 
+def process_groups() -> list[dist.ProcessGroup]:
+    """Every process group torch holds now (``distributed_c10d._world.pg_map``'s keys)."""
+    return list(_pg_map())
+
+
+def _pg_map() -> object:
+    world = _attribute(dist.distributed_c10d, "_world", "distributed_c10d._world")
+    return _attribute(world, "pg_map", "distributed_c10d._world.pg_map")
+
+
 def _get_backend_method() -> object:
     return _attribute(dist.ProcessGroup, "_get_backend", "ProcessGroup._get_backend")
 
@@ -346,4 +356,5 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch._neg_view": _neg_view,
     "ProcessGroup._get_backend": _get_backend_method,
     "Backend.Options._timeout": _options_timeout,
+    "distributed_c10d._world.pg_map": _pg_map,
 }

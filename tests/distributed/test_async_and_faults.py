@@ -560,3 +560,54 @@ def test_a_timeout_longer_than_the_groups_names_the_groups_when_that_ran_out(alg
         "the process group's own timeout, 0:00:01, which timeout=0:00:08 cannot lengthen for "
         "the backend's collectives: make the group with a longer one"
     ) in message, message
+
+
+def _in_a_forked_child(rank, world_size, algorithm):
+    """Rank forks after its first compressed call; the child calls one on the group it
+    inherited (the world) with a 2 s timeout and writes what happened to a pipe. What the
+    child said (None: it hung and was killed), then the parent's next call's result."""
+    import signal
+
+    cp.all_reduce(torch.ones(4), codec="int8")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            if algorithm == "ddp.hook":  # its set-up's exchange over the world
+                cp.ddp.hook("int8", timeout=timedelta(seconds=2))
+            else:
+                cp.all_reduce(torch.ones(4), algorithm=algorithm, timeout=timedelta(seconds=2))
+            said = "ran"
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            said = f"{type(error).__name__}: {error}"
+        os.write(write, said.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and os.waitpid(child, os.WNOHANG) == (0, 0):
+        time.sleep(0.05)
+    else:
+        if time.monotonic() >= deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+    said = os.read(read, 4000).decode() or None
+    os.close(read)
+    after = torch.full((4,), rank + 1.0)
+    cp.all_reduce(after, codec="int8")
+    return said, after.tolist()
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "alltoall", "ddp.hook"])
+def test_a_group_inherited_through_a_fork_is_refused_in_the_child(algorithm):
+    """A process forked after init_process_group inherits its groups, but not gloo's
+    threads that move their data: a compressed call there on such a group hung for good,
+    past its timeout (in gloo, which waits for its dead event loop to drop a connection
+    that timed out), where torch's own collective raises its timeout. The child's call is
+    refused at once, naming the parent; the parent goes on."""
+    for said, after in run_distributed(_in_a_forked_child, 2, algorithm, timeout=60):
+        assert said is not None, "the child's call hung"
+        call = "ddp.hook" if algorithm == "ddp.hook" else f"all_reduce (int8@{algorithm})"
+        assert said.startswith(f"RuntimeError: commpress {call} did not run: "), said
+        assert "made by process" in said and "before it forked this one" in said, said
+        assert after == [3.0] * 4

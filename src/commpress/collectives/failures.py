@@ -61,8 +61,27 @@ def named_failures(
             f"commpress {name} ({codec}@{algorithm}) did not run: {_DESTROYED} before it "
             f"ran. torch said: {error}"
         ) from error
+    refuse_inherited(f"{name} ({codec}@{algorithm})", group)
     with named_as(call, timeout, group):
         yield
+
+
+def refuse_inherited(call: str, group: dist.ProcessGroup | None) -> None:
+    """Raise a ``RuntimeError`` naming ``call`` where ``group`` (None: the world) is one this
+    process inherited through a fork: its connections are its parent's, whose threads
+    (gloo's event loop, its workers) are not in this process, so a transfer on it never
+    completes here (gloo then hangs past any timeout, waiting for that loop to drop the
+    connection), and one sent from here would reach the parent's peers among the parent's
+    own."""
+    parent = backends.inherited_from(group)
+    if parent is not None:
+        raise RuntimeError(
+            f"commpress {call} did not run: its process group was made by process {parent} "
+            "before it forked this one, and a process group works only in the process that "
+            "made it (the backend's threads that move its data are not in this one): "
+            "communicate from that process, or make a process group here "
+            "(torch.distributed.destroy_process_group, then init_process_group)"
+        )
 
 
 @contextlib.contextmanager

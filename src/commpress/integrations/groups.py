@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from commpress import _torch_private
-from commpress.collectives.failures import named_as
+from commpress.collectives.failures import named_as, refuse_inherited
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
 from commpress.transport import backends, owned_groups
@@ -36,6 +36,7 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
 def _exchange_made(make_mine: Callable[[], object], timeout: timedelta | None, caller: str):
     """:func:`exchange_with_every_rank` of ``make_mine()``, made once the compressed
     collectives given before have run."""
+    refuse_inherited(caller, None)
     this = this_rank(dist.get_rank(), None)
     exchanged = []
     # the world moves CPU tensors (gloo): no GPU; else (NCCL alone) the caller's current one

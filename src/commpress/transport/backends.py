@@ -10,8 +10,12 @@ there), gloo where not. ``dist.get_backend_config`` says which (``"cuda:nccl"``,
 from __future__ import annotations
 
 import functools
+import os
+import weakref
 
 import torch.distributed as dist
+
+from commpress._torch_private import process_groups
 
 
 def moves(group: dist.ProcessGroup | None, device_type: str) -> str | None:
@@ -58,3 +62,34 @@ def registered(group: dist.ProcessGroup) -> bool:
     except (KeyError, ValueError):
         return False
     return True
+
+
+#: In a forked child, each process group it inherited, with the process that had it when
+#: it forked (the first such, for a group inherited through several forks).
+_inherited: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _after_fork_in_child() -> None:
+    """Remember the groups the parent had: their connections are the parent's, and the
+    backend's threads that move their data (gloo's event loop, its workers) did not survive
+    the fork. Never raises (a fork handler's error is printed and lost): without torch's
+    list of groups, none is remembered."""
+    try:
+        groups = process_groups() if dist.is_available() and dist.is_initialized() else []
+    except Exception:  # noqa: BLE001 - a torch without the private list: check nothing
+        return
+    parent = os.getppid()
+    for group in groups:
+        _inherited.setdefault(group, parent)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def inherited_from(group: dist.ProcessGroup | None) -> int | None:
+    """The process that had ``group`` (None: the world) when it forked this one, where
+    this process inherited it; None for a group made here."""
+    group = group if group is not None else dist.group.WORLD
+    if not _inherited or group is None:
+        return None
+    return _inherited.get(group)
