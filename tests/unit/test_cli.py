@@ -13,6 +13,7 @@ import time
 import pytest
 
 from commpress.cli import main
+from commpress.cluster.local import FSDP_MODULES
 
 
 def test_codecs_benchmark_writes_rows_for_each_codec(tmp_path, capsys):
@@ -783,6 +784,7 @@ def test_train_checks_its_output_folder_before_training(tmp_path, capsys):
     assert "is not a writable folder" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: os.access refuses /proc to others")
 @pytest.mark.parametrize(
     "argv",
     [["train", "--out", "/proc/commpress-out"], ["bench", "--json", "/proc/rows.json"],
@@ -919,6 +921,9 @@ def test_train_takes_a_low_rank_spec_without_options_at_serial(spec, lowrank, mo
     [
         ("fsdp", "powersgd@serial", "low-rank compression needs --strategy ddp"),
         ("ddp", "torch-powersgd@serial", "torch's PowerSGD hook has no scheduler of ours"),
+        ("ddp", "powersgd@", "nothing after '@'"),  # it trained as powersgd, the scheduler on
+        ("ddp", "torch-powersgd@", "nothing after '@'"),
+        ("ddp", "acpsgd:rank=2@", "nothing after '@'"),
     ],
 )
 def test_train_names_a_low_rank_spec_at_serial_as_low_rank(
@@ -934,6 +939,22 @@ def test_train_names_a_low_rank_spec_at_serial_as_low_rank(
     monkeypatch.setattr(command, "run_distributed", started)
     assert main(["train", "--strategy", strategy, "--compare", spec]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_preloads_fsdp_in_the_fork_server_for_fsdp_runs_only(monkeypatch):
+    """Every rank of an FSDP run imports FSDP2 and torch._dynamo: the server does, once."""
+    from commpress.train import command
+
+    preloaded = []
+
+    def started(*args, **kwargs):
+        raise KeyboardInterrupt  # the runs themselves are not this test's
+
+    monkeypatch.setattr(command, "preload", lambda *modules: preloaded.append(modules))
+    monkeypatch.setattr(command, "run_distributed", started)
+    for strategy in ("fsdp", "ddp"):
+        assert main(["train", "--strategy", strategy]) == 130  # stopped as it started
+    assert preloaded == [FSDP_MODULES]
 
 
 def test_train_refuses_a_stochastic_fsdp_all_gather_before_training(monkeypatch, capsys):

@@ -59,7 +59,9 @@ class Run:
         if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
             if strategy != "ddp":
                 raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
-            spec, _, mode = split_algorithm(text)
+            spec, at, mode = split_algorithm(text)
+            if at and not mode:
+                raise ValueError(f"--compare {text!r}: nothing after '@' (@serial, or no '@')")
             if mode not in ("", "serial"):
                 raise ValueError(f"--compare {text!r}: only @serial may follow a low-rank spec")
             if name == TORCH_POWERSGD:
