@@ -11,7 +11,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from tests.conftest import PRELOADED_FOR_THE_TESTS
 
+from commpress.cluster import local
 from commpress.cluster.jobs import run_on_cluster
 from commpress.cluster.layout import Layout
 from commpress.cluster.local import (
@@ -41,9 +43,22 @@ def _not_yet_imported(rank, world_size, names):
 def test_what_is_preloaded_is_imported_before_a_rank_runs():
     """tests/conftest.py has the server import FSDP2 and torch._dynamo (about two seconds of
     CPU that every rank of an FSDP run paid), pytest and torch.distributed.checkpoint."""
-    preloaded = [*FSDP_MODULES, "pytest", "torch.distributed.checkpoint"]
-    assert set(preloaded) <= set(PRELOADED_MODULES)
-    assert run_distributed(_not_yet_imported, 2, preloaded) == [[], []]
+    assert run_distributed(_not_yet_imported, 2, PRELOADED_FOR_THE_TESTS) == [[], []]
+    if not torch.cuda.is_available():
+        assert set(FSDP_MODULES) <= set(PRELOADED_FOR_THE_TESTS)
+
+
+def test_preload_takes_module_names_and_nothing_once_the_server_runs():
+    run_distributed(_not_yet_imported, 2, [])  # the server runs from here on
+    with pytest.raises(TypeError, match="module names, got 123"):
+        local.preload(123)
+    with pytest.raises(ValueError, match="no module named 'commpress.no_such_module'"):
+        local.preload("commpress.no_such_module")
+    with pytest.raises(ValueError, match="no module named 'no_such_package.module'"):
+        local.preload("no_such_package.module")
+    before = list(PRELOADED_MODULES)
+    assert local.preload("json") is False
+    assert before == PRELOADED_MODULES  # not listed: the server will not import it
 
 
 def test_each_rank_sees_the_environment_of_the_call_not_of_the_servers_start(monkeypatch):

@@ -11,12 +11,14 @@ every run. A rank starts from the server's state, not the caller's: it takes the
 environment as it is when ``run_distributed`` is called before it unpickles ``fn`` and
 its arguments (so their modules are imported under it, except a ``__main__`` script's,
 which multiprocessing re-imports before) and re-reads ``TORCH_DISTRIBUTED_DEBUG``; what
-torch reads only at its import (``TORCH_LOGS``, OpenMP variables) and the standard
-streams are the server's, from its start.
+torch reads only at its import (``TORCH_LOGS``, OpenMP variables; with :func:`preload`,
+what the modules preloaded read at theirs) and the standard streams are the server's,
+from its start.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import pickle
@@ -61,11 +63,29 @@ PRELOADED_MODULES = ["torch.distributed", "commpress.collectives", "commpress.lo
 FSDP_MODULES = ("commpress.integrations.fsdp", "torch._dynamo")
 
 
-def preload(*modules: str) -> None:
+_server_started = False  # the first run starts the fork server, with PRELOADED_MODULES
+
+
+def preload(*modules: str) -> bool:
     """Have the fork server also import ``modules``, once for every rank it forks: for a
-    caller whose ranks all import them. No effect once the server runs (from the first
-    run on), so call it before."""
+    caller whose ranks all import them. Whether the server will: not once it runs (from the
+    first run of this process on), when nothing changes. It imports them with the
+    environment of its start, so what they read at their import is read then, once for
+    every later run (``torch._dynamo``: ``TORCHDYNAMO_*``, ``TORCH_COMPILE_DISABLE``,
+    ``TORCHINDUCTOR_*``)."""
+    for name in modules:
+        if not isinstance(name, str):
+            raise TypeError(f"preload: modules are module names, got {name!r}")
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package is not there
+            found = False
+        if not found:
+            raise ValueError(f"preload: no module named {name!r}")
+    if _server_started:
+        return False
     PRELOADED_MODULES.extend(name for name in modules if name not in PRELOADED_MODULES)
+    return True
 
 
 def _worker(call, rank, world_size, init_method, backend, timeout, parent, env, namespace, caller):
@@ -138,10 +158,12 @@ def run_ranks(
     ``namespaces``, in the network namespace ``namespaces[r]``
     (:func:`~commpress.cluster.system.enter_namespace`: the emulated cluster's hosts). The
     ranks meet through a file store in a scratch folder, which every namespace sees."""
+    global _server_started
     check_seconds(timeout)
     _check_importable(fn)
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOADED_MODULES)  # no effect once the server runs
+    _server_started = True
     results = context.Queue()
     release = context.Event()  # set once the run is decided: the ranks may leave
     parent = (results, release)
