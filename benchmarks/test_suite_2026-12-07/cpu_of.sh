@@ -6,6 +6,8 @@ mkdir -p "$group"
 bash -c 'echo $$ > "$1/tasks"; shift; exec "$@"' _ "$group" "$@"
 status=$?
 python3 -c "print('cpu_s', round(int(open('$group/cpuacct.usage').read()) / 1e9, 2))"
-sleep 1  # the last processes leave the group
-rmdir "$group" 2>/dev/null
+for _ in $(seq 20); do  # the last processes (a fork server) leave the group
+    rmdir "$group" 2>/dev/null && break
+    sleep 0.5
+done
 exit $status
