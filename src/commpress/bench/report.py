@@ -20,9 +20,9 @@ import commpress
 
 
 def _cell(value, spec: str) -> str:
-    """``value`` formatted; a missing or undefined measurement (NaN, an infinity) shows as
+    """``value`` formatted; a missing or undefined measurement (:func:`_undefined`) shows as
     ``-``, as :func:`json_value` writes it as null."""
-    if isinstance(value, float) and not math.isfinite(value):
+    if _undefined(value):
         return "-"
     return format(value, spec)
 
@@ -114,12 +114,17 @@ def write_json(path: str | Path, rows: Sequence[dict], **fields) -> None:
     Path(path).write_text(json.dumps(json_value(record), indent=2, allow_nan=False))
 
 
+def _undefined(value) -> bool:
+    """Whether ``value`` is a float that is not finite: a measurement missing or undefined."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def json_value(value):
     """``value`` with every float that is not finite, at any depth, as None: JSON has no
     NaN or infinity (``json.dumps`` writes ``NaN``, which a strict reader refuses). Such a
     value is a measurement that is missing or undefined: ``bench``'s ``rel_err`` of an
     output holding NaN or an infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
+    if _undefined(value):
         return None
     if isinstance(value, dict):
         return {key: json_value(item) for key, item in value.items()}
