@@ -55,11 +55,11 @@ class Run:
     def parse(cls, text: str, strategy: str) -> Run:
         if text == UNCOMPRESSED:
             return cls(text, TORCH_COLLECTIVE, TORCH_COLLECTIVE)
-        name = split_spec(split_algorithm(text)[0])[0]  # powersgd@serial has no options
+        spec, at, mode = split_algorithm(text)
+        name = split_spec(spec)[0]  # powersgd@serial has no options
         if name in LOWRANK_NAMES or name == TORCH_POWERSGD:
             if strategy != "ddp":
                 raise ValueError(f"--compare {text!r}: low-rank compression needs --strategy ddp")
-            spec, at, mode = split_algorithm(text)
             if at and not mode:
                 raise ValueError(f"--compare {text!r}: nothing after '@' (@serial, or no '@')")
             if mode not in ("", "serial"):
