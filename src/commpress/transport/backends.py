@@ -89,7 +89,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def inherited_from(group: dist.ProcessGroup | None) -> int | None:
     """The process that had ``group`` (None: the world) when it forked this one, where
     this process inherited it; None for a group made here."""
-    group = group if group is not None else dist.group.WORLD
-    if not _inherited or group is None:
+    if not _inherited:  # every collective asks: a process that inherited none says so at once
         return None
-    return _inherited.get(group)
+    group = group if group is not None else dist.group.WORLD
+    return None if group is None else _inherited.get(group)
