@@ -358,16 +358,20 @@ def launch(
     _fail_orphans()
     device = cuda_device(*tensors)
     order = StreamOrder(device, tensors) if device is not None else None
+    # taken out as it starts: the thread lets go of ``run`` (and the tensors it holds, a
+    # DDP bucket) before the call is reported done, not when its next task comes
+    queued = [run]
 
     def on_thread() -> None:
+        task = queued.pop()
         # collectives are not differentiable: an output that requires grad (a parameter,
         # say) is written in place, as torch's all_reduce writes it
         with torch.no_grad():
             if order is None:
-                run()
+                task()
                 return
             with order.on_comm_stream():
-                run()
+                task()
 
     output = tensors[0] if tensors else None
     work = CollectiveWork(_submit(on_thread), order, output)
