@@ -197,9 +197,11 @@ def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.
     # Backward's stream has written the bucket by now; what it queues later is not waited for
     written = torch.cuda.current_stream(cuda).record_event() if cuda else None
 
+    pipeline = state.pipeline  # not the state: the worker may outlive the training thread's wait
+
     def submit() -> None:
-        with state.pipeline.side_stream(written):
-            state.pipeline.submit(pairs, future, buffer, last, handed)
+        with pipeline.side_stream(written):
+            pipeline.submit(pairs, future, buffer, last, handed)
 
     handing_over = state.worker.submit(submit)
     if last and state.shared_group:
