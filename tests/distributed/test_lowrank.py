@@ -1375,6 +1375,39 @@ def test_a_hook_whose_step_failed_is_collected_with_its_model(scheduler):
         assert kept == [False, False], "the hook's state, the model"
 
 
+def _payloads_kept_after_the_model(rank, world_size, scheduler):
+    from commpress.transport import collective
+
+    sent = []
+    all_reduce = collective.all_reduce
+
+    def watched(tensor, op, group):
+        sent.append(weakref.ref(tensor))
+        return all_reduce(tensor, op, group)
+
+    collective.all_reduce = watched
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    ddp = DistributedDataParallel(model)
+    state, hook = cp.lowrank.ddp_hook("powersgd:rank=2,start_iter=0", scheduler=scheduler)
+    ddp.register_comm_hook(state, hook)
+    sgd_steps(ddp, 2, rank, features=32, batch=8, seed_stride=10)
+    assert sent, "the hook all-reduced nothing through torch: nothing checked"
+    if scheduler:  # the worker's last task has returned once a next one has run
+        state.worker.submit(lambda: None).result()
+    del model, ddp, state, hook
+    gc.collect()
+    return sum(ref() is not None for ref in sent)
+
+
+@pytest.mark.parametrize("scheduler", [True, False], ids=["scheduler", "serial"])
+def test_a_hook_gone_keeps_none_of_its_payloads(scheduler):
+    """The last all-reduce of torch's on the hook's own group stayed tracked (to tell whether
+    it was pending when a later hook took the group over), and gloo's ``Work`` holds its
+    tensor: the step's last payload, which outlived the model and the hook."""
+    for kept in run_distributed(_payloads_kept_after_the_model, 2, scheduler, timeout=120):
+        assert kept == 0, f"{kept} payloads kept"
+
+
 def _sparse_gradients(rank, world_size):
     messages = []
     sparse = torch.sparse_coo_tensor([[0, 3]], torch.ones(2, 16), (50, 16))
