@@ -346,7 +346,9 @@ def test_a_hook_gone_keeps_no_bucket_of_its_model(spec):
     it was still pending when a later hook took the group over), and gloo's ``Work`` holds
     its tensors: with ``none@native``, the model's last gradient bucket (DDP's buckets are
     25 MiB) stayed alive after the model and the hook were dropped, until another hook
-    took the group over. A collective waited for to its end is no longer tracked."""
+    took the group over. A collective waited for to its end is no longer tracked. (An int8
+    hook's buckets never go through torch's collective: its first half guards the compressed
+    path, which did not keep them, against a leak of its own.)"""
     for alive, tensor_alive in run_distributed(_buckets_kept_after_the_model, 2, spec):
         assert alive == 0, f"{alive} buckets kept"
         assert not tensor_alive, "the native all-reduce's tensor was kept"
