@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import commpress as cp
@@ -367,3 +368,76 @@ def test_a_tuned_reduction_with_error_feedback_runs_alone():
     or 'backend' (an algorithm the caller had not given); on 2 ranks it ran."""
     ((tuned, fixed),) = run_distributed(_fed_back_alone, 1, timeout=60)
     assert torch.equal(tuned[0], fixed[0]) and torch.equal(tuned[1], fixed[1])
+
+
+def _a_kept_choice_against_a_first_call(rank, world_size, agreement):
+    """Per case: every rank makes a tuned call of one shape (its choice agreed and kept),
+    then the ranks in ``keepers`` call that shape again while the others call another:
+    what each rank got, how long it took, and whether the kept shape runs right after."""
+    import time
+    from datetime import timedelta
+
+    if agreement:  # the check of CUDA tensors and NCCL groups, here on gloo's CPU tensors
+        from commpress.collectives import inband
+
+        inband.applies = lambda group, device: False
+    tuner.configure(link="1gbit")
+    timeout = timedelta(seconds=5)
+
+    def gather(numel):
+        out = torch.empty(numel * world_size)
+        shard = torch.full((numel,), float(rank))
+        cp.all_gather_into_tensor(out, shard, algorithm="auto", timeout=timeout)
+        return torch.equal(out, torch.arange(world_size).float().repeat_interleave(numel))
+
+    def scatter(numel):
+        out = torch.empty(numel)
+        whole = torch.ones(numel * world_size)
+        cp.reduce_scatter_tensor(out, whole, algorithm="auto", timeout=timeout)
+        return bool((out - world_size).abs().max() < 0.1)
+
+    others = set(range(1, world_size))
+    cases = [(gather, {0}), (gather, others), (scatter, {0}), (scatter, others)]
+    results = []
+    for index, (call, keepers) in enumerate(cases):
+        kept = 256 * (index + 1)
+        call(kept)
+        started = time.monotonic()
+        outcome = _outcome(lambda: call(kept if rank in keepers else kept + 8))  # noqa: B023
+        results.append((outcome, time.monotonic() - started, call(kept)))
+    return results
+
+
+@pytest.mark.parametrize(
+    ("world_size", "agreement"), [(2, False), (3, False), (3, True)], ids=["2", "3", "3-agreement"]
+)
+def test_a_rank_that_kept_a_choice_against_a_peer_that_exchanges_raises_on_every_rank(
+    world_size, agreement
+):
+    """A rank whose choice for a call was kept ran its collective at once, while a peer
+    whose call had another shape exchanged the tuner's choices: both timed out, and the
+    group was unusable. Now the exchange opens as a checked collective, and every rank
+    raises CollectiveMismatchError at once, the group usable after."""
+    by_rank = run_distributed(_a_kept_choice_against_a_first_call, world_size, agreement,
+                              timeout=60)  # fmt: skip
+    for rank, results in enumerate(by_rank):
+        for case, (outcome, seconds, after) in enumerate(results):
+            keeps = rank == 0 if case % 2 == 0 else rank != 0
+            said = (case, rank, outcome)
+            assert outcome.startswith(
+                f"CollectiveMismatchError: ranks of a group of {world_size} called a "
+                f"collective with different arguments (this is rank {rank}): "
+            ), said
+            op = "all_gather" if case < 2 else "reduce_scatter"
+            auto_side = f"{op} (auto" + ("" if case < 2 else ", sum")
+            elements = 256 * (case + 1) * (1 if case < 2 else world_size)
+            extra = 8 * (1 if case < 2 else world_size)
+            if keeps:  # its peers' call is named as auto, its own as what it ran
+                assert f"called {auto_side}) with {elements + extra} float32 " in outcome, said
+                assert f"; this rank: {op} (" in outcome, said
+                assert f"; this rank: {op} (auto" not in outcome, said
+            else:
+                assert f") with {elements} float32 elements" in outcome, said
+                assert f"; this rank: {auto_side})" in outcome, said
+            assert seconds < 4, said
+            assert after, said

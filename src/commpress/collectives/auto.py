@@ -14,7 +14,21 @@ call (of the :data:`KEPT_CHOICES` most recently used), whatever a rank's environ
 until the tuner or the group's multicast options are set to other values
 (:func:`commpress.sim.tuner.configure`, :func:`commpress.transport.multicast.configure`,
 on every rank of the group; compared by value): whether a call exchanges must not depend
-on what one rank alone was told."""
+on what one rank alone was told.
+
+A rank that has kept a choice runs its collective at once, while a peer whose call differs
+(another shape, not kept) exchanges: so the exchange opens as a checked collective does
+(:class:`~commpress.collectives.inband.Check` with a header alone, or an
+:class:`~commpress.collectives.fingerprint.Agreement`), with a digest of its own
+(:data:`EXCHANGE_DIGEST`), the same on every exchanging rank whatever its call, and no
+collective's. Ranks that all exchange agree and go on; against a rank that runs a
+compressed collective instead, each side's check sees the other's digest, and every rank
+raises :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` naming both
+calls (the exchanging one's algorithm as ``auto``), within the timeout, the group usable
+after. That costs the first call of each shape one header and one all-reduce, and a kept
+choice nothing. A kept choice of ``native`` runs torch's collective, which carries no
+check: against an exchange it fails as torch's collectives do against any other (gloo may
+end a process, or both time out), and that cannot be told from here."""
 
 from __future__ import annotations
 
@@ -29,10 +43,17 @@ import torch
 import torch.distributed as dist
 
 from commpress.codecs import get_codec
+from commpress.collectives import inband
 from commpress.collectives.failures import named_failures
-from commpress.collectives.fingerprint import CollectiveMismatchError
+from commpress.collectives.fingerprint import (
+    REDUCTIONS,
+    Agreement,
+    CollectiveMismatchError,
+    Fingerprint,
+)
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import by_rank, this_rank
+from commpress.seeds import digest
 from commpress.sim import tuner
 from commpress.transport import backends, multicast
 from commpress.transport.objects import all_gather_objects
@@ -49,6 +70,8 @@ PUBLIC_NAMES = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduc
 #: What the tuner raises for a call it refuses (a codec refuses a dtype with TypeError), on
 #: every rank alike once they have exchanged it.
 REFUSALS = (ValueError, TypeError)
+#: What the first call's exchange says in place of a collective's digest (no collective's).
+EXCHANGE_DIGEST = digest(b"commpress: the tuner's exchange of its choice")
 #: Per thread: the list :func:`recording` appends each tuned call's choice to.
 _recording = threading.local()
 
@@ -270,6 +293,7 @@ def _agree(
 
     def exchange() -> None:
         with named_failures(PUBLIC_NAMES[call.op], call.codec, call.algorithm, group, timeout):
+            _meet(group, device, call, timeout)
             everyone.extend(all_gather_objects(mine, group, timeout))
 
     in_queue_order(exchange, device)
@@ -289,6 +313,30 @@ def _agree(
     if problem:
         raise ValueError(f"algorithm/codec 'auto', {call}: {problem}")
     return mine.choice
+
+
+def _meet(group, device: torch.device, call: _Call, timeout: timedelta | None) -> None:
+    """Open the exchange as a checked collective opens: every rank that exchanges agrees
+    (:data:`EXCHANGE_DIGEST`); a rank that runs a compressed collective instead, its choice
+    kept, disagrees, and every rank raises :class:`CollectiveMismatchError` naming both
+    calls. A step of the group's checked collectives: it takes their next sequence number
+    on every rank that exchanges, as the collective does on a rank that runs one."""
+    reduction = call.reduction.lower()
+    mine = Fingerprint(
+        op=call.op,
+        algorithm=AUTO,
+        numel=call.numel,
+        dtype=call.dtype,
+        codec=call.codec,
+        reduction=reduction if reduction in REDUCTIONS else "",
+        chunk_bytes=call.chunk_bytes or 0,
+    )
+    if inband.applies(group, device):
+        check = inband.Check(group, mine, timeout, device, chains=False, said=EXCHANGE_DIGEST)
+        check.post_header()
+        check.settle()
+    else:
+        Agreement(group, mine, timeout, device, said=EXCHANGE_DIGEST).check()
 
 
 def _disagreement(everyone: list[_Planned], global_ranks: list[int] | None = None) -> str:

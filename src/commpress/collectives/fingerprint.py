@@ -164,7 +164,10 @@ class Agreement:
         mine: Fingerprint,
         timeout: timedelta | None,
         device: torch.device,
+        said: int | None = None,
     ):
+        """``said``: the digest sent instead of ``mine``'s, as
+        :class:`~commpress.collectives.inband.Check` takes it."""
         group = backends.or_world(group)
         self._group, self._timeout = group, timeout
         self._world_size = dist.get_world_size(group)
@@ -174,7 +177,10 @@ class Agreement:
             return
         self._row = mine.to_bytes(self.sequence)
         self._device = fingerprint_device(group, device)
-        self._digests = _digests(self._row, self._device)
+        if said is None:
+            self._digests = _digests(self._row, self._device)
+        else:
+            self._digests = digest_pair(said, self._device)
         self._batch = Pending(collective.all_reduce(self._digests, dist.ReduceOp.MAX, group))
 
     def check(self) -> None:

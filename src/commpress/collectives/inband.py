@@ -143,6 +143,7 @@ class Check:
         early: bool = False,
         sizes: tuple[int, ...] = (),
         split_last: bool = False,
+        said: int | None = None,
     ):
         """``chains``: whether this rank's schedule carries the check in its messages;
         ``early``: whether a chain also takes every rank's verdict from an all-reduce in
@@ -151,7 +152,10 @@ class Check:
         message alone, ahead of the rest (:meth:`wire`), so that the verdict it completes
         is known while the rest is on the wire. All four, and :data:`FIRST_MESSAGE_BYTES`,
         are part of the digest: ranks whose digests agree exchange messages of the sizes
-        each expects, so no poison can follow."""
+        each expects, so no poison can follow. ``said``: the digest sent instead, by a step
+        that is no collective but must meet one (:func:`~commpress.collectives.auto.resolve`'s
+        exchange: its ranks agree on it whatever their calls, and a rank that runs a
+        collective in its place disagrees); ``mine`` still names this rank's call."""
         self.group = backends.or_world(group)
         self.timeout, self.device = timeout, device
         self.rank, self.world_size = self.group.rank(), self.group.size()
@@ -162,7 +166,7 @@ class Check:
         layout = struct.pack(
             f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes
         )
-        self.digest = fingerprints.digest(self.row + layout)
+        self.digest = fingerprints.digest(self.row + layout) if said is None else said
         self.early, self.split_last = early, split_last and chains  # only a chain splits
         self.poisoned = False
         self._reduced: p2p.Pending | None = None  # the verdict's all-reduce, in flight
