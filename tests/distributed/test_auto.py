@@ -373,8 +373,8 @@ def test_a_tuned_reduction_with_error_feedback_runs_alone():
 def _a_kept_choice_against_a_first_call(rank, world_size, agreement):
     """Per case: every rank makes a tuned call of one shape (its choice agreed and kept),
     then the ranks in ``keepers`` call that shape again while the others call another:
-    what each rank got, how long it took, and whether the kept shape runs right after."""
-    import time
+    what each rank got (a mismatch, not the timeout), and whether the kept shape runs
+    right after."""
     from datetime import timedelta
 
     if agreement:  # the check of CUDA tensors and NCCL groups, here on gloo's CPU tensors
@@ -402,9 +402,8 @@ def _a_kept_choice_against_a_first_call(rank, world_size, agreement):
     for index, (call, keepers) in enumerate(cases):
         kept = 256 * (index + 1)
         call(kept)
-        started = time.monotonic()
         outcome = _outcome(lambda: call(kept if rank in keepers else kept + 8))  # noqa: B023
-        results.append((outcome, time.monotonic() - started, call(kept)))
+        results.append((outcome, call(kept)))
     return results
 
 
@@ -421,7 +420,7 @@ def test_a_rank_that_kept_a_choice_against_a_peer_that_exchanges_raises_on_every
     by_rank = run_distributed(_a_kept_choice_against_a_first_call, world_size, agreement,
                               timeout=60)  # fmt: skip
     for rank, results in enumerate(by_rank):
-        for case, (outcome, seconds, after) in enumerate(results):
+        for case, (outcome, after) in enumerate(results):
             keeps = rank == 0 if case % 2 == 0 else rank != 0
             said = (case, rank, outcome)
             assert outcome.startswith(
@@ -439,5 +438,4 @@ def test_a_rank_that_kept_a_choice_against_a_peer_that_exchanges_raises_on_every
             else:
                 assert f") with {elements} float32 elements" in outcome, said
                 assert f"; this rank: {auto_side})" in outcome, said
-            assert seconds < 4, said
             assert after, said
