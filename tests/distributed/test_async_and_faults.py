@@ -414,6 +414,67 @@ def test_the_timed_object_exchange_gives_every_rank_every_object_in_rank_order()
     assert run_distributed(_objects_of_every_rank, 3) == [expected] * 3
 
 
+def _objects_around_the_ring(rank, world_size):
+    from commpress.transport.objects import ring_gather_objects
+
+    return ring_gather_objects(_ring_object(rank), None, TIMEOUT)
+
+
+def _ring_object(rank):
+    """Of different sizes: a small one, an empty one, one of about 1 MB, and others."""
+    if rank == 1:
+        return b""
+    if rank == 2:
+        return bytes(range(256)) * 4096  # 1 MiB
+    return {"rank": rank, "text": "x" * (100 * rank), "none": None}
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_the_ring_object_exchange_gives_every_rank_every_object_in_rank_order(world_size):
+    expected = [_ring_object(r) for r in range(world_size)]
+    assert run_distributed(_objects_around_the_ring, world_size) == [expected] * world_size
+
+
+def _ring_exchange_with_a_stalled_peer(rank, world_size, directory):
+    from commpress.transport.objects import ring_gather_objects
+
+    if rank == 1:
+        stall(directory, (0, 2), STALL_SECONDS)
+        return None
+    return timed_outcome(lambda: ring_gather_objects(rank, None, TIMEOUT), directory, rank)
+
+
+def test_the_ring_object_exchange_gives_up_on_a_peer_that_never_calls_it(tmp_path):
+    """Rank 0 waits on its send to the stalled rank, rank 2 on its receive from it."""
+    results = run_distributed(_ring_exchange_with_a_stalled_peer, 3, str(tmp_path), timeout=60)
+    for kind, message, elapsed in (results[0], results[2]):
+        assert kind in ("RuntimeError", "DistBackendError"), (kind, message)
+        assert "timed out" in message.lower(), message
+        assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
+
+
+def _ring_exchange_against_a_collective(rank, world_size, directory):
+    from commpress.transport.objects import ring_gather_objects
+
+    if rank == 0:
+        call = lambda: ring_gather_objects(rank, None, TIMEOUT)  # noqa: E731
+    else:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=6), None)
+        call = lambda: dist.all_gather_into_tensor(torch.empty(8), torch.ones(4))  # noqa: E731
+    return timed_outcome(call, directory, rank)
+
+
+def test_the_ring_object_exchange_never_meets_a_peers_collective(tmp_path):
+    """Two all-gathers (all_gather_objects) against a peer's all-gather of other sizes:
+    gloo ends the process (``op.preamble.length <= op.nbytes``). Messages of a tag of
+    their own are never matched with a collective: both sides time out."""
+    results = run_distributed(_ring_exchange_against_a_collective, 2, str(tmp_path), timeout=60)
+    kind, message, elapsed = results[0]
+    assert "timed out" in message.lower(), (kind, message)
+    assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
+    assert results[1][0] != "no error", results[1]
+
+
 def _first_tuned_call_with_a_stalled_peer(rank, world_size, directory):
     from commpress.sim import tuner
 

@@ -434,3 +434,44 @@ def test_a_native_collective_gives_up_within_compress_timeout(where, tmp_path):
     assert kind == "CollectiveTimeoutError", message
     assert "(none@native) on a group of 2 ranks (this is rank 0) timed out after 2." in message
     assert 1.5 < elapsed < 8, (elapsed, message)
+
+
+def _compressed_on_one_rank_alone(rank, world_size, directory):
+    """Rank 0 compresses (a rank-0-only branch); rank 1 trains with FSDP2's own collectives
+    on the world, which it gives a short timeout of its own."""
+    from datetime import timedelta
+
+    from commpress.testing.stall import timed_outcome
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    for layer in model:
+        fully_shard(layer, mesh=cp.fsdp.cpu_mesh())
+    fully_shard(model, mesh=cp.fsdp.cpu_mesh())
+    if rank == 0:
+        call = lambda: cp.fsdp.compress(model, timeout=timedelta(seconds=3))  # noqa: E731
+    else:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=6), None)
+        call = lambda: model(torch.ones(4, 8)).sum().backward()  # noqa: E731
+    return timed_outcome(call, directory, rank)
+
+
+def test_compress_called_on_one_rank_alone_raises_there_and_kills_no_process(tmp_path):
+    """Its set-up exchange (two all-gathers on the world) met the peer's FSDP2 all-gather of
+    parameters, and gloo ended the compressing rank's process (``op.preamble.length <=
+    op.nbytes``). The exchange now travels by point-to-point messages of a tag of its own,
+    which gloo never matches with a collective: it times out, naming compress."""
+    from commpress.cluster.local import DistributedError
+
+    try:
+        results = run_distributed(_compressed_on_one_rank_alone, 2, str(tmp_path), timeout=60)
+    except DistributedError as error:
+        assert "died" not in str(error), f"a rank's process was killed: {error}"
+        raise
+    kind, message, elapsed = results[0]
+    assert kind == "CollectiveTimeoutError", (kind, message)
+    assert message.startswith("commpress fsdp.compress on 2 ranks (this is rank 0) timed out"), (
+        message
+    )
+    assert "every rank must call" in message, message
+    assert 2.5 < elapsed < 13, elapsed
+    assert results[1][0] != "no error", results[1]

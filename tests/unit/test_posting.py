@@ -16,12 +16,16 @@ class _RecordingGroup:
     def __init__(self):
         self.calls = []
 
+        self.tags = []
+
     def send(self, tensors, peer, tag):
         self.calls.append(("send", peer))
+        self.tags.append(tag)
         return ("send", peer)
 
     def recv(self, tensors, peer, tag):
         self.calls.append(("recv", peer))
+        self.tags.append(tag)
         return ("recv", peer)
 
 
@@ -32,6 +36,15 @@ def test_post_each_posts_every_receive_before_any_send():
     works = p2p.post_each(group, [(one, 1), (one, 2)], [(one, 3), (one, 0)])
     assert group.calls == [("recv", 3), ("recv", 0), ("send", 1), ("send", 2)]
     assert works == group.calls
+    assert group.tags == [0] * 4  # the compressed collectives' tag, as dist.isend's
+
+
+def test_post_each_posts_on_the_tag_given():
+    """The set-up exchange's messages have a tag of their own (never the collectives' 0)."""
+    group = _RecordingGroup()
+    one = torch.zeros(4, dtype=torch.uint8)
+    p2p.post_each(group, [(one, 1)], [(one, 0)], 77)
+    assert group.tags == [77, 77]
 
 
 def test_receives_go_ahead_only_for_a_chain_of_cpu_tensors_off_nccl(monkeypatch):

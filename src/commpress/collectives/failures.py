@@ -85,9 +85,12 @@ def refuse_inherited(call: str, group: dist.ProcessGroup | None) -> None:
 
 
 @contextlib.contextmanager
-def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]:
+def named_as(
+    call: str, timeout: timedelta | None, group=None, cause: str = "a peer stalled or died"
+) -> Iterator[None]:
     """:func:`named_failures` for any communication that ``call`` describes; with ``group``,
-    any error of the body once ``group`` is destroyed says so."""
+    any error of the body once ``group`` is destroyed says so. ``cause``: what a timeout's
+    message gives as its likely cause."""
     start = time.monotonic()
     try:
         yield
@@ -115,7 +118,7 @@ def named_as(call: str, timeout: timedelta | None, group=None) -> Iterator[None]
                 f"timeout, this call's ({limit}) or an earlier call's on the group"
             )
         message = (
-            f"commpress {call} {what}: a peer stalled or died; the group is not to be used "
+            f"commpress {call} {what}: {cause}; the group is not to be used "
             f"again, as after any failed torch.distributed collective. The backend said: {error}"
         )
         if type(error) is not RuntimeError:

@@ -19,8 +19,8 @@ from commpress import _torch_private
 from commpress.collectives.failures import named_as, refuse_inherited
 from commpress.collectives.work import in_queue_order
 from commpress.ranks import this_rank
-from commpress.transport import backends, owned_groups
-from commpress.transport.objects import all_gather_objects
+from commpress.transport import backends, owned_groups, p2p
+from commpress.transport.objects import all_gather_objects, ring_gather_objects
 from commpress.units import counted
 
 
@@ -29,7 +29,17 @@ def exchange_with_every_rank(mine: object, timeout: timedelta | None, caller: st
     up, after the compressed collectives given before it (on one rank it could otherwise
     reach the backend before one of them, on another after), on the caller's GPU where the
     world moves CUDA tensors; a peer that does not call it within ``timeout`` (None: the
-    world's) makes it raise, naming ``caller``."""
+    world's) makes it raise, naming ``caller`` and saying that every rank must call it.
+
+    Where the world moves CPU tensors by a backend other than NCCL (gloo), the exchange
+    goes around the ring by point-to-point messages of a tag of its own
+    (:func:`~commpress.transport.objects.ring_gather_objects`), which gloo never matches
+    with a collective: a peer that runs one on the world meanwhile (``caller`` called on
+    one rank alone, its peer training with FSDP2's own all-gathers) makes it time out, where
+    two all-gathers would meet that collective and gloo end the process on the size
+    mismatch. On an NCCL-only world it stays :func:`all_gather_objects` on the GPU (NCCL
+    matches point-to-point messages by order, not tag): against such a peer the two may
+    still meet there."""
     return _exchange_made(lambda: mine, timeout, caller)
 
 
@@ -43,11 +53,18 @@ def _exchange_made(make_mine: Callable[[], object], timeout: timedelta | None, c
     on_gpu = not backends.moves(None, "cpu")
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
 
+    around_the_ring = p2p.sends_may_go_alone(None)
+
     def exchange() -> None:
-        exchanged.extend(all_gather_objects(make_mine(), None, timeout))
+        if around_the_ring:
+            exchanged.extend(ring_gather_objects(make_mine(), None, timeout))
+        else:
+            exchanged.extend(all_gather_objects(make_mine(), None, timeout))
 
     with named_as(
-        f"{caller} on {counted(dist.get_world_size(), 'rank')} (this is {this})", timeout
+        f"{caller} on {counted(dist.get_world_size(), 'rank')} (this is {this})",
+        timeout,
+        cause=f"every rank must call {caller}, and a peer did not (or stalled, or died)",
     ):
         in_queue_order(exchange, device)
     return exchanged

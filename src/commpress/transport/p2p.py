@@ -92,13 +92,15 @@ def post_each(
     group: dist.ProcessGroup,
     sends: Sequence[tuple[torch.Tensor, int]],
     receives: Sequence[tuple[torch.Tensor, int]],
+    tag: int = 0,
 ) -> list:
-    """Post every receive, then every send, each on its own (tag 0, as
-    ``torch.distributed.isend``); the works in that order. Receives first: gloo's sender
-    waits for the receive to be posted (``benchmarks/check_overlap_2026-11-25/README.md``).
-    ``commpress.testing.silence`` replaces this function to forbid communication."""
-    works = [group.recv([tensor], peer, 0) for tensor, peer in receives]
-    return works + [group.send([tensor], peer, 0) for tensor, peer in sends]
+    """Post every receive, then every send, each on its own (``tag``: 0, as
+    ``torch.distributed.isend``, for the collectives' own messages); the works in that
+    order. Receives first: gloo's sender waits for the receive to be posted
+    (``benchmarks/check_overlap_2026-11-25/README.md``). ``commpress.testing.silence``
+    replaces this function to forbid communication."""
+    works = [group.recv([tensor], peer, tag) for tensor, peer in receives]
+    return works + [group.send([tensor], peer, tag) for tensor, peer in sends]
 
 
 def exchange(
