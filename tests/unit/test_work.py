@@ -462,3 +462,51 @@ def test_wait_with_a_timeout_of_zero_waits_without_a_bound_as_torchs_work_does()
     assert work.wait(timedelta(0)) is True and work.is_completed()
     with pytest.raises(ValueError, match="timeout"):
         work.wait(timedelta(seconds=-1))
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["done", "failed"])
+def test_a_torch_future_waiter_finds_its_value_let_go_while_the_thread_lingers(fails, monkeypatch):
+    """The callback completing a ``torch_future`` kept its value (a DDP bucket) and the
+    future itself for as long as the communication thread held the call's handle, which it
+    does until it takes the next call: a waiter woken by the future could drop the bucket
+    and find it still alive (the cold CI failed test_a_hook_gone_keeps_no_bucket_of_its_
+    model so, after 608efa2). Here the thread lingers a second after each call."""
+    import concurrent.futures.thread as pool
+    import time
+
+    finish = pool._WorkItem.run
+
+    def lingering(item):
+        finish(item)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(pool._WorkItem, "run", lingering)
+
+    release = threading.Event()
+    value = torch.ones(1000)
+    freed = weakref.ref(value)
+
+    def holding(tensor):  # a call holding the value too, as a DDP hook's its bucket
+        def run():
+            release.wait(30)  # until the future's callback is added
+            tensor.mul_(2)
+
+        return run
+
+    def failing():  # whose frames, in the error's traceback, are the caller's to drop
+        release.wait(30)
+        raise RuntimeError("a peer stalled")
+
+    work = launch(failing if fails else holding(value), async_op=True)
+    future = work.torch_future(value)
+    del value, work
+    release.set()
+    if fails:
+        with pytest.raises(RuntimeError, match="a peer stalled"):
+            future.wait()
+    else:
+        future.wait()
+    del future
+    gc.collect()
+    assert freed() is None, "the communication thread kept the future's value"
+    launch(lambda: None, async_op=False)  # the lingering thread is done before monkeypatch undoes

@@ -269,8 +269,13 @@ class CollectiveWork:
                 "the collective"
             )
         future = torch.futures.Future(devices=[order.device]) if order else torch.futures.Future()
+        # taken out as it runs: the communication thread keeps the handle of its call (and
+        # so this callback) until it takes its next call, and a waiter the future wakes may
+        # have dropped the value (a DDP bucket) and the future by then
+        completing = [(future, value)]
 
         def complete(done: concurrent.futures.Future) -> None:
+            future, value = completing.pop()
             error = done.exception()
             if before is not None:
                 try:
