@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
+from commpress.collectives.work import launch
 from commpress.testing import assert_same_bits
 from commpress.testing.reference import (
     CORRUPTIONS,
@@ -318,6 +319,13 @@ def _buckets_kept_after_the_model(rank, world_size, spec):
     import gc
     import weakref
 
+    completing = torch.futures.Future.set_result
+
+    def slow_to_return(future, result):  # the thread that completes a future lingers in it
+        completing(future, result)
+        time.sleep(0.5)
+
+    torch.futures.Future.set_result = slow_to_return  # this rank's process alone
     ddp = DistributedDataParallel(small_model())
     state, hook = cp.ddp.hook(spec)
     buckets = []
@@ -329,6 +337,10 @@ def _buckets_kept_after_the_model(rank, world_size, spec):
     ddp.register_comm_hook(state, watched)
     sgd_steps(ddp, 2, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
     del ddp, state, watched
+    # the communication thread, which completed the last bucket's future (and so woke
+    # this thread), holds that future until the completion returns: a call queued after
+    # it runs once that thread has let go of it
+    launch(lambda: None, async_op=False)
     gc.collect()
     alive = sum(ref() is not None for ref in buckets)
     state, _ = cp.ddp.hook(spec)
@@ -346,9 +358,12 @@ def test_a_hook_gone_keeps_no_bucket_of_its_model(spec):
     it was still pending when a later hook took the group over), and gloo's ``Work`` holds
     its tensors: with ``none@native``, the model's last gradient bucket (DDP's buckets are
     25 MiB) stayed alive after the model and the hook were dropped, until another hook
-    took the group over. A collective waited for to its end is no longer tracked. (An int8
-    hook's buckets never go through torch's collective: its first half guards the compressed
-    path, which did not keep them, against a leak of its own.)"""
+    took the group over. A collective waited for to its end is no longer tracked. The
+    communication thread, completing the last bucket's future, holds it (and the bucket)
+    until the completion returns, after DDP's wait has woken: the count is taken once it
+    has (the cold CI failed so, '1 buckets kept'; each completion lingers here). (An int8
+    hook's buckets never go through torch's collective: its first half guards the
+    compressed path against a leak of its own.)"""
     for alive, tensor_alive in run_distributed(_buckets_kept_after_the_model, 2, spec):
         assert alive == 0, f"{alive} buckets kept"
         assert not tensor_alive, "the native all-reduce's tensor was kept"
