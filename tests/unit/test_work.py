@@ -356,6 +356,28 @@ def test_a_native_call_before_init_process_group_says_so():
         cp.all_reduce(torch.ones(1), algorithm="native")
 
 
+@pytest.fixture
+def lingering(monkeypatch):
+    """The communication thread lingers 0.5 s after each call, holding its handle (as it
+    does, briefly, until it takes its next call): what a waiter woken by a call's end
+    still finds alive. ``finished()`` returns once that thread has let go of it."""
+    import concurrent.futures.thread as pool
+    import time
+
+    finish = pool._WorkItem.run
+
+    def run(item):
+        finish(item)
+        # the thread's own frame still holds it; this one would be in a cycle with its error
+        del item
+        time.sleep(0.5)
+
+    monkeypatch.setattr(pool._WorkItem, "run", run)
+    finished = lambda: launch(lambda: None, async_op=False)  # noqa: E731
+    yield finished
+    finished()  # the thread is out of the patched call before it is undone
+
+
 def _a_failing_collective_holding_a_group():
     """A collective's ``run`` that raises, holding a group; and a weak reference to it."""
 
@@ -371,26 +393,32 @@ def _a_failing_collective_holding_a_group():
     return run, freed
 
 
-def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc_pass():
+def test_a_failed_synchronous_collective_frees_what_its_frames_held_without_a_gc_pass(
+    lingering,
+):
     """The error's traceback holds the frames it was re-raised through: the handle in one
     of them held the error again, a cycle that kept the collective's tensors and group
-    until a gc pass (past destroy_process_group, and at exit into finalization)."""
+    until a gc pass (past destroy_process_group, and at exit into finalization). The
+    communication thread lets go of the call's handle, which holds the error too, only
+    after the caller has woken: looked at once it has."""
     run, freed = _a_failing_collective_holding_a_group()
     gc.disable()
     try:
         with pytest.raises(RuntimeError, match="a peer stalled"):
             launch(run, async_op=False)
         del run
+        lingering()
         assert freed() is None
     finally:
         gc.enable()
 
 
-def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass():
+def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass(lingering):
     """wait() raised the error its future keeps: its traceback gained the caller's frame,
     which held the handle, which held the error (a cycle that kept the collective's
     tensors and group until a gc pass), and grew with each wait. Each wait raises a copy,
-    of the same type and message, with the communication thread's frames."""
+    of the same type and message, with the communication thread's frames (which lets go of
+    the handle after the caller has woken: looked at once it has)."""
     run, freed = _a_failing_collective_holding_a_group()
 
     def caller(collective):
@@ -409,6 +437,7 @@ def test_a_failed_handle_waited_in_a_caller_frees_what_it_held_without_a_gc_pass
     try:
         caller(run)
         del run
+        lingering()
         assert freed() is None
     finally:
         gc.enable()
@@ -465,23 +494,12 @@ def test_wait_with_a_timeout_of_zero_waits_without_a_bound_as_torchs_work_does()
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["done", "failed"])
-def test_a_torch_future_waiter_finds_its_value_let_go_while_the_thread_lingers(fails, monkeypatch):
+def test_a_torch_future_waiter_finds_its_value_let_go_while_the_thread_lingers(fails, lingering):
     """The callback completing a ``torch_future`` kept its value (a DDP bucket) and the
     future itself for as long as the communication thread held the call's handle, which it
     does until it takes the next call: a waiter woken by the future could drop the bucket
     and find it still alive (the cold CI failed test_a_hook_gone_keeps_no_bucket_of_its_
-    model so, after 608efa2). Here the thread lingers a second after each call."""
-    import concurrent.futures.thread as pool
-    import time
-
-    finish = pool._WorkItem.run
-
-    def lingering(item):
-        finish(item)
-        time.sleep(1.0)
-
-    monkeypatch.setattr(pool._WorkItem, "run", lingering)
-
+    model so, after 608efa2)."""
     release = threading.Event()
     value = torch.ones(1000)
     freed = weakref.ref(value)
@@ -509,4 +527,3 @@ def test_a_torch_future_waiter_finds_its_value_let_go_while_the_thread_lingers(f
     del future
     gc.collect()
     assert freed() is None, "the communication thread kept the future's value"
-    launch(lambda: None, async_op=False)  # the lingering thread is done before monkeypatch undoes
