@@ -9,6 +9,7 @@ which hangs NCCL. Each of FSDP's groups gets a twin with the same ranks.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -405,6 +406,13 @@ def _native_with_a_stalled_peer(rank, world_size, where, directory):
 
     model = _model(False)
     cp.fsdp.compress(model, "none@native", "none@native", timeout=timedelta(seconds=2))
+    wait_native = fsdp_integration._wait_native
+
+    def late(*args):  # the communication thread starts its wait late (a loaded machine)
+        time.sleep(0.3)
+        return wait_native(*args)
+
+    fsdp_integration._wait_native = late
     if rank == 1:
         if where == "backward":  # inside its first reduce-scatter, before torch's starts
             scatter = fsdp_integration.CompressedReduceScatter.__call__
@@ -427,7 +435,8 @@ def test_a_native_collective_gives_up_within_compress_timeout(where, tmp_path):
     """``native`` ran torch's collective on FSDP's own group and waited for it without a
     timeout: a stalled peer was waited for as long as that group's timeout (the world's,
     30 minutes by default), whatever ``compress(timeout=)`` said; and its error was
-    torch's bare one."""
+    torch's bare one. The seconds it says count from the collective's issue, gloo's clock, not from
+    the communication thread's wait (it said "1.7 s" when that wait started late)."""
     kind, message, elapsed = run_distributed(
         _native_with_a_stalled_peer, 2, where, str(tmp_path), timeout=60
     )[0]

@@ -42,7 +42,7 @@ def describe(name: str, codec, algorithm: str, group: dist.ProcessGroup | None) 
 
 @contextlib.contextmanager
 def named_failures(
-    name: str, codec, algorithm: str, group, timeout: timedelta | None
+    name: str, codec, algorithm: str, group, timeout: timedelta | None, since: float | None = None
 ) -> Iterator[None]:
     """Name the collective (:func:`describe`) in a backend's error raised inside the body: a
     timeout becomes a :class:`CollectiveTimeoutError` that says how long it waited; any
@@ -51,7 +51,8 @@ def named_failures(
     a subclass of ``RuntimeError`` keeps its type (commpress's own, which say what they
     are; a backend's own, NCCL's: the same words added as a note). Once ``group`` is
     destroyed (before the call ran, or while it ran), a ``RuntimeError`` that says so, with
-    torch's error (any type) as its cause."""
+    torch's error (any type) as its cause. ``since``: when the collective was issued, a
+    ``time.monotonic()`` (default: on entry), which the seconds said count from."""
     try:
         call = describe(name, codec, algorithm, group)
     except (KeyError, ValueError) as error:
@@ -62,7 +63,7 @@ def named_failures(
             f"ran. torch said: {error}"
         ) from error
     refuse_inherited(f"{name} ({codec}@{algorithm})", group)
-    with named_as(call, timeout, group):
+    with named_as(call, timeout, group, since=since):
         yield
 
 
@@ -86,12 +87,18 @@ def refuse_inherited(call: str, group: dist.ProcessGroup | None) -> None:
 
 @contextlib.contextmanager
 def named_as(
-    call: str, timeout: timedelta | None, group=None, cause: str = "a peer stalled or died"
+    call: str,
+    timeout: timedelta | None,
+    group=None,
+    cause: str = "a peer stalled or died",
+    since: float | None = None,
 ) -> Iterator[None]:
     """:func:`named_failures` for any communication that ``call`` describes; with ``group``,
     any error of the body once ``group`` is destroyed says so. ``cause``: what a timeout's
-    message gives as its likely cause."""
-    start = time.monotonic()
+    message gives as its likely cause; ``since``: as :func:`named_failures` takes it (a
+    collective issued on one thread and waited for on another: the backend's clock runs
+    from the issue)."""
+    start = time.monotonic() if since is None else since
     try:
         yield
     except Exception as error:

@@ -20,6 +20,7 @@ import contextlib
 import copy
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -444,19 +445,21 @@ def run_native(
     waited for here is named as a compressed collective's (torch's own ``Work``, returned
     for ``async_op``, raises torch's error)."""
 
-    def waited(work) -> None:
-        with named_failures(name, "none", "native", group, timeout):
+    def waited(work, issued: float) -> None:
+        with named_failures(name, "none", "native", group, timeout, since=issued):
             wait_work(work, timeout)
 
     def run() -> None:
-        waited(start())
+        issued = time.monotonic()
+        waited(start(), issued)
         if copy_back is not None:
             copy_back()
 
     if copy_back is not None or _behind_queued(group):  # and the next native call behind it
         return queued_on(group, launch(run, async_op, tensors))
+    issued = time.monotonic()
     work = start()
-    return work if async_op else waited(work)
+    return work if async_op else waited(work, issued)
 
 
 def staged(

@@ -7,6 +7,7 @@ issued in the same order on every rank.
 
 # No ``from __future__ import annotations``: DDP checks the hook's return annotation object.
 import contextlib
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -80,12 +81,13 @@ def hook(
     return state, compressed_allreduce_hook
 
 
-def _wait_native(state: HookState, work) -> None:
-    """Wait for torch's all-reduce on gloo from the communication thread, its failure named:
-    a Python callback on gloo's future, still pending at interpreter exit (a later bucket's,
-    after a peer stalled), aborted the process as gloo's thread completed it during
-    finalization."""
-    with named_failures("all_reduce", state.spec.codec, "native", state.group, state.timeout):
+def _wait_native(state: HookState, issued: float, work) -> None:
+    """Wait for torch's all-reduce on gloo (``issued`` at that ``time.monotonic()``) from the
+    communication thread, its failure named: a Python callback on gloo's future, still
+    pending at interpreter exit (a later bucket's, after a peer stalled), aborted the
+    process as gloo's thread completed it during finalization."""
+    spec = state.spec
+    with named_failures("all_reduce", spec.codec, "native", state.group, state.timeout, issued):
         wait_work(work, state.timeout)
 
 
@@ -102,9 +104,10 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     # bits at any world size (a sum divided afterwards differs in the last bit from 3 on)
     tensor.mul_(1 / world_size)
     if spec.algorithm == "native":
+        issued = time.monotonic()
         work = collective.all_reduce(tensor, dist.ReduceOp.SUM, state.group)
         if not tensor.is_cuda:
-            waited = launch(lambda: _wait_native(state, work), async_op=True)
+            waited = launch(lambda: _wait_native(state, issued, work), async_op=True)
             return for_ddp(waited.torch_future(tensor, before=watch.stop))
 
         def averaged(summed: torch.futures.Future) -> torch.Tensor:

@@ -9,6 +9,7 @@ the owner keeps the decoded copy of its own.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -550,10 +551,10 @@ def _resolve(
         ) from error
 
 
-def _wait_native(name: str, codec, group, timeout, work) -> None:
-    """Wait for torch's own collective (``native``) for at most ``timeout``, its failure
-    named as a compressed collective's."""
-    with named_failures(name, codec, "native", group, timeout):
+def _wait_native(name: str, codec, group, timeout, issued: float, work) -> None:
+    """Wait for torch's own collective (``native``), ``issued`` at that ``time.monotonic()``,
+    for at most ``timeout``, its failure named as a compressed collective's."""
+    with named_failures(name, codec, "native", group, timeout, since=issued):
         wait_work(work, timeout)
 
 
@@ -638,6 +639,7 @@ class CompressedAllGather(AllGather):
         raw = wire_bytes("all_gather", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("all_gather", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
+        issued = time.monotonic()
         work = all_gather_into_tensor(
             output_tensor,
             input_tensor,
@@ -647,7 +649,9 @@ class CompressedAllGather(AllGather):
             async_op=True,
             timeout=self.timeout,
         )
-        wait_native = partial(_wait_native, "all_gather_into_tensor", codec, own, self.timeout)
+        wait_native = partial(
+            _wait_native, "all_gather_into_tensor", codec, own, self.timeout, issued
+        )
         return _finish(work, watch, async_op, output_tensor, wait_native)
 
     def __repr__(self) -> str:
@@ -689,6 +693,7 @@ class CompressedReduceScatter(ReduceScatter):
         raw = wire_bytes("reduce_scatter", "native", "none", numel, n, dtype)
         wire = call_wire_bytes("reduce_scatter", algorithm, codec, input_tensor, own)
         watch = Stopwatch(self.stats, wire, raw)
+        issued = time.monotonic()
         work = reduce_scatter_tensor(
             output_tensor,
             input_tensor,
@@ -700,7 +705,9 @@ class CompressedReduceScatter(ReduceScatter):
             timeout=self.timeout,
             residual=self._residual(input_tensor),
         )
-        wait_native = partial(_wait_native, "reduce_scatter_tensor", codec, own, self.timeout)
+        wait_native = partial(
+            _wait_native, "reduce_scatter_tensor", codec, own, self.timeout, issued
+        )
         return _finish(work, watch, async_op, output_tensor, wait_native)
 
     def discard_step(self) -> None:
