@@ -24,6 +24,11 @@ def moves(group: dist.ProcessGroup | None, device_type: str) -> str | None:
     return _by_device(dist.get_backend_config(group)).get(device_type)
 
 
+def only_gloo(group: dist.ProcessGroup) -> bool:
+    """Whether gloo moves every tensor ``group`` moves (no NCCL beside it)."""
+    return set(_by_device(dist.get_backend_config(group)).values()) == {"gloo"}
+
+
 @functools.lru_cache(maxsize=64)  # read on every compressed call, and several times in one
 def _by_device(config: str) -> dict[str, str]:
     """``{"cpu": "gloo", "cuda": "nccl"}`` of ``"cpu:gloo,cuda:nccl"`` (never modified)."""
