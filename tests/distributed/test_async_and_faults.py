@@ -475,6 +475,31 @@ def test_the_ring_object_exchange_never_meets_a_peers_collective(tmp_path):
     assert results[1][0] != "no error", results[1]
 
 
+def _ring_exchange_against_a_compressed_collective(rank, world_size, directory, tag):
+    from commpress.transport.objects import ring_gather_objects
+
+    if rank == 0:
+        call = lambda: ring_gather_objects(rank, None, TIMEOUT, tag)  # noqa: E731
+    else:  # its in-band check's first message, header and shard, goes to rank 0 on tag 0
+        out, shard = torch.empty(2 * 4096), torch.ones(4096)
+        call = lambda: cp.all_gather_into_tensor(out, shard, algorithm="ring", timeout=TIMEOUT)  # noqa: E731
+    return timed_outcome(call, directory, rank)
+
+
+def test_the_ring_object_exchange_never_meets_a_peers_compressed_collective(tmp_path):
+    """The compressed collectives' own point-to-point messages go on tag 0: an exchange on
+    that tag took a peer's first message (a header and a shard, some kilobytes) into its
+    8-byte length, and gloo ended the process (tried with ``tag=0``: "rank 0 died"). On a
+    tag of its own, the exchange times out."""
+    from commpress.transport.objects import SET_UP_TAG
+
+    function = _ring_exchange_against_a_compressed_collective
+    results = run_distributed(function, 2, str(tmp_path), SET_UP_TAG, timeout=60)
+    kind, message, _ = results[0]
+    assert "timed out" in message.lower(), (kind, message)
+    assert results[1][0] != "no error", results[1]  # timed out, or saw rank 0 leave first
+
+
 def _first_tuned_call_with_a_stalled_peer(rank, world_size, directory):
     from commpress.sim import tuner
 
