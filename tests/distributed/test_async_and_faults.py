@@ -453,6 +453,37 @@ def test_the_ring_object_exchange_gives_up_on_a_peer_that_never_calls_it(tmp_pat
         assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
 
 
+def _ring_exchange_with_a_slow_peer(rank, world_size):
+    """Rank 2 posts each of its messages 0.6 of the timeout late: every wait of its peers
+    is shorter than the timeout, the exchange longer."""
+    from commpress.transport import p2p
+    from commpress.transport.objects import ring_gather_objects
+
+    if rank == 2:
+        post_each = p2p.post_each
+
+        def late(*args):
+            time.sleep(0.6 * TIMEOUT.total_seconds())
+            return post_each(*args)
+
+        p2p.post_each = late
+    start = time.monotonic()
+    try:
+        ring_gather_objects(rank, None, TIMEOUT)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:400], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_the_ring_object_exchange_keeps_within_one_timeout_in_all():
+    """Each of its 2(n - 1) waits was given the whole timeout: a peer slow at every step, but
+    never a timeout late, made it take 2.4 timeouts without a word."""
+    results = run_distributed(_ring_exchange_with_a_slow_peer, 3, timeout=60)
+    for kind, message, _ in results[:2]:
+        assert kind in ("RuntimeError", "DistBackendError"), (kind, message, results)
+        assert "timed out" in message.lower(), message
+
+
 def _ring_exchange_against_a_collective(rank, world_size, directory):
     from commpress.transport.objects import ring_gather_objects
 

@@ -10,6 +10,7 @@ collective (the integrations' set-up exchange)."""
 from __future__ import annotations
 
 import pickle
+import time
 from datetime import timedelta
 
 import torch
@@ -22,6 +23,8 @@ from commpress.transport.p2p import wait
 #: not 0, the tag of the compressed collectives' point-to-point messages
 #: (:func:`~commpress.transport.p2p.post_each`).
 SET_UP_TAG = 0x636F6D70  # "comp"
+#: A wait past the exchange's deadline still looks once (gloo takes 0 for no timeout at all).
+_LEAST_WAIT_SECONDS = 0.001
 
 
 def all_gather_objects(
@@ -54,8 +57,8 @@ def ring_gather_objects(
     in each of ``size - 1`` steps every rank sends its right neighbour an 8-byte length and
     then that many pickled bytes, and receives the same from its left, into a buffer of
     exactly the length announced. Every rank of ``group`` must call it; a peer that does
-    not send within ``timeout`` (None: the group's) makes the backend's timeout error rise
-    here.
+    not send within ``timeout``, counted from the call for all its steps together (None:
+    the group's, for each message), makes the backend's timeout error rise here.
 
     gloo matches point-to-point messages by tag, and never with a collective: against a
     peer that runs a collective on ``group`` instead (its own all-gather, FSDP2's), this
@@ -73,21 +76,28 @@ def ring_gather_objects(
     pickled: list[bytes | None] = [None] * size
     pickled[rank] = pickle.dumps(obj)
     right, left = (rank + 1) % size, (rank - 1) % size
+    deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
     for step in range(size - 1):
         outgoing = pickled[(rank - step) % size]
         length = torch.empty(1, dtype=torch.int64)
         sent_length = torch.tensor([len(outgoing)], dtype=torch.int64)
-        _wait_all(p2p.post_each(group_, [(sent_length, right)], [(length, left)], tag), timeout)
+        _wait_all(p2p.post_each(group_, [(sent_length, right)], [(length, left)], tag), deadline)
         received = torch.empty(int(length.item()), dtype=torch.uint8)
         sent = torch.frombuffer(bytearray(outgoing), dtype=torch.uint8)
-        _wait_all(p2p.post_each(group_, [(sent, right)], [(received, left)], tag), timeout)
+        _wait_all(p2p.post_each(group_, [(sent, right)], [(received, left)], tag), deadline)
         pickled[(rank - step - 1) % size] = received.numpy().tobytes()
     return [pickle.loads(data) for data in pickled]
 
 
-def _wait_all(works: list, timeout: timedelta | None) -> None:
+def _wait_all(works: list, deadline: float | None) -> None:
+    """Wait for ``works`` until ``deadline`` (a ``time.monotonic()``; None: each for the
+    group's timeout), so that the whole exchange keeps within one timeout."""
     for work in works:
-        wait(work, timeout)
+        if deadline is None:
+            wait(work, None)
+        else:
+            left = max(deadline - time.monotonic(), _LEAST_WAIT_SECONDS)
+            wait(work, timedelta(seconds=left))
 
 
 def _device(group: dist.ProcessGroup | None) -> torch.device:
