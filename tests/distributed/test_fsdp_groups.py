@@ -184,13 +184,45 @@ def _unnamed_backend_mesh(rank, world_size):
 def test_cpu_mesh_of_a_world_made_without_naming_a_backend():
     """Where a GPU is visible (``benchmarks/gpu_2026-11-27/next_gpu_session.sh`` runs this
     file there) torch makes such a world NCCL alone, which moves no CPU tensors: the CPU
-    mesh is refused, saying so (the test expected gloo's mesh on every machine)."""
+    mesh is refused, saying so (the test expected gloo's mesh on every machine). NCCL
+    refuses two ranks on one GPU (the ranks' first barrier would fail), so there it runs
+    only with two GPUs; the refusal itself is checked on the CPU below."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("an NCCL-only world of two ranks needs two GPUs")
     found = run_distributed(_unnamed_backend_mesh, 2, backend=None, timeout=60)
     if torch.cuda.is_available():
-        refused = "group's backend is 'cuda:nccl': a CPU mesh needs gloo to move its CPU tensors"
-        assert found == [["undefined", "cuda:nccl", refused]] * 2
+        assert found == [["undefined", "cuda:nccl", _NO_CPU_MESH_ON_NCCL]] * 2
     else:
         assert found == [["undefined", "cpu", [0, 1]]] * 2  # before: "a CPU mesh needs gloo"
+
+
+_NO_CPU_MESH_ON_NCCL = (
+    "group's backend is 'cuda:nccl': a CPU mesh needs gloo to move its CPU tensors"
+)
+
+
+def _mesh_of_a_world_said_to_be_nccl_alone(rank, world_size):
+    """``cpu_mesh`` in a world whose backend torch reports as a GPU machine's
+    ``init_process_group()`` makes it (read through ``get_backend``/``get_backend_config``)."""
+    from unittest import mock
+
+    from commpress.transport import backends
+
+    backends._by_device.cache_clear()
+    with (
+        mock.patch.object(dist, "get_backend", lambda group=None: "undefined"),
+        mock.patch.object(dist, "get_backend_config", lambda group=None: "cuda:nccl"),
+    ):
+        try:
+            cp.fsdp.cpu_mesh()
+        except ValueError as error:
+            return str(error)
+    return "no error"
+
+
+def test_cpu_mesh_refuses_a_world_of_nccl_alone_saying_so():
+    """The refusal a GPU machine's unnamed-backend world gets, checked on any machine."""
+    assert run_distributed(_mesh_of_a_world_said_to_be_nccl_alone, 1) == [_NO_CPU_MESH_ON_NCCL]
 
 
 def test_a_reduce_op_object_is_taken_as_its_kind():
