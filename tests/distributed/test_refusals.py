@@ -549,3 +549,26 @@ def test_reduce_ops_are_taken_as_torch_takes_them():
         assert kind == "ValueError"
         assert "op must be ReduceOp.SUM or ReduceOp.AVG, got RedOpType.PREMUL_SUM" in message
         assert "algorithm='native' takes torch's other ops" in message
+
+
+def _hooks_on_a_destroyed_group(rank, world_size):
+    from commpress.lowrank import PowerSGD, Reducer
+
+    group = dist.new_group([0, 1])
+    dist.destroy_process_group(group)
+    return _errors_without_communication(
+        {
+            "ddp.hook": lambda: cp.ddp.hook("int8@ring", group=group),
+            "lowrank.ddp_hook": lambda: cp.lowrank.ddp_hook("powersgd", group=group),
+            "Reducer": lambda: Reducer(PowerSGD(rank=2), group),
+        }
+    )
+
+
+def test_a_hook_on_a_destroyed_group_is_refused_saying_so():
+    """A hook given a destroyed group (one commpress destroyed after a collective on it
+    failed, say) was made without a word, to fail at its first bucket."""
+    for errors in run_distributed(_hooks_on_a_destroyed_group, 2, timeout=60):
+        assert set(errors) == {"ddp.hook", "lowrank.ddp_hook", "Reducer"}, errors
+        for kind, message in errors.values():
+            assert kind == "ValueError" and message.startswith("group: it was destroyed"), errors

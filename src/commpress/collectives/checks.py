@@ -23,8 +23,14 @@ SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
 
 def check_group(group, *, member: bool = False) -> None:
-    """A process group, None, or (unless ``member``: the caller needs a group it can use)
-    what ``new_group`` returns on a rank outside the group."""
+    """A process group, None, or (unless ``member``: the caller needs a group it can use,
+    and one not destroyed) what ``new_group`` returns on a rank outside the group."""
+    if isinstance(group, dist.ProcessGroup) and member and not backends.registered(group):
+        raise ValueError(
+            "group: it was destroyed (destroy_process_group; commpress destroys a gloo group "
+            "of its own on which a collective failed, once its owner is gone): make one "
+            "with new_group"
+        )
     if group is None or isinstance(group, dist.ProcessGroup):
         return
     if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:
