@@ -631,3 +631,34 @@ def test_the_hook_shares_the_group_ddp_uses():
     shared = run_distributed(_on_the_group_ddp_uses, 2, True, timeout=30)
     for ours, theirs in zip(shared, on_its_own, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def _under_the_python_reducer(rank, world_size, kind):
+    """One step of DDP built under dynamo's ``optimize_ddp="python_reducer"`` (what compiled
+    DDP with compiled autograd uses), with a commpress hook: the error it raises."""
+    import torch._dynamo
+
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    model = small_model()
+    ddp = DistributedDataParallel(model)
+    if kind == "ddp":
+        ddp.register_comm_hook(*cp.ddp.hook("int8"))
+    else:
+        ddp.register_comm_hook(*cp.lowrank.ddp_hook("powersgd:rank=2", model=model))
+    try:
+        sgd_steps(ddp, 1, rank, features=32, batch=16, seed_stride=SEED_STRIDE)
+    except Exception as error:  # noqa: BLE001 - the test reads which
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+@pytest.mark.parametrize("kind", ["ddp", "lowrank"])
+def test_a_hook_under_ddps_python_reducer_says_it_needs_the_cpp_reducer(kind):
+    """Under ``torch._dynamo.config.optimize_ddp = "python_reducer"`` DDP calls each comm
+    hook once per parameter with ``(grad, param)`` and drops what it returns: the hooks
+    failed with "AttributeError: 'tuple' object has no attribute 'buffer'", saying nothing
+    of why. Now a TypeError names the setting and the way out, before any communication."""
+    for message in run_distributed(_under_the_python_reducer, 2, kind, timeout=120):
+        assert message.startswith("TypeError: "), message
+        assert "optimize_ddp" in message and "python_reducer" in message, message
+        assert "ddp_optimizer" in message, message

@@ -91,7 +91,30 @@ def _wait_native(state: HookState, issued: float, work) -> None:
         wait_work(work, state.timeout)
 
 
+def check_bucket(bucket, hook_name: str) -> None:
+    """``bucket`` must be what DDP's C++ reducer hands a comm hook (a ``GradBucket``, or
+    anything with its ``buffer()``). Under dynamo's ``optimize_ddp="python_reducer"`` DDP
+    calls every comm hook once per parameter with ``(grad, param)`` and drops what it
+    returns, which no bucket hook can serve."""
+    if hasattr(bucket, "buffer"):
+        return
+    if isinstance(bucket, tuple):
+        raise TypeError(
+            f"{hook_name} was handed {type(bucket).__name__} of {len(bucket)} (a gradient "
+            "and its parameter), not a DDP bucket: DDP does so under "
+            'torch._dynamo.config.optimize_ddp = "python_reducer" (compiled autograd), '
+            "which calls comm hooks per parameter and ignores the future they return; "
+            "commpress's hooks need DDP's C++ reducer: set optimize_ddp to "
+            '"ddp_optimizer" (the default) before building DistributedDataParallel'
+        )
+    raise TypeError(
+        f"{hook_name} takes a DDP bucket (torch.distributed.GradBucket), got "
+        f"{type(bucket).__name__}"
+    )
+
+
 def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    check_bucket(bucket, "cp.ddp.hook")
     tensor = bucket.buffer()
     spec, world_size = state.spec, state.group.size()
     if tensor.layout != torch.strided and spec.algorithm != "native":

@@ -31,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
+from commpress.integrations.ddp import check_bucket
 from commpress.integrations.groups import own_groups, standing_in_for
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.reducer import (
@@ -168,6 +169,7 @@ def ddp_hook(
 
 
 def lowrank_hook(state: LowRankHookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    check_bucket(bucket, "cp.lowrank.ddp_hook")
     if bucket.buffer().layout != torch.strided:  # DDP gives a sparse bucket no gradients()
         (parameter,) = bucket.parameters()
         key = state.names.get(id(parameter), f"of shape {tuple(parameter.shape)}")
