@@ -279,6 +279,7 @@ def _hooked_again(rank, world_size):
     second, second_state = wrap(small_model(), "int8")
     alive_apart = first_state.group is not second_state.group
     destroyed = second_state.group
+    torch.distributed.barrier(destroyed)  # a peer may still be connecting its new_group
     torch.distributed.destroy_process_group(destroyed)
     del first, first_state, second, second_state
     gc.collect()
