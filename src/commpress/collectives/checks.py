@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.collectives.failures import GROUP_DESTROYED
 from commpress.schedules import NATIVE, REDUCTION_DTYPES, get_algorithm
 from commpress.schedules.payloads import MIN_CHUNK_BYTES
 from commpress.schedules.registry import (
@@ -20,17 +21,18 @@ from commpress.transport import backends
 from commpress.units import counted
 
 SUPPORTED_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
+#: What a call given a destroyed process group raises.
+DESTROYED = (
+    f"group: {GROUP_DESTROYED}, or by commpress, which destroys a gloo group of its own on "
+    "which a collective failed once its owner is gone: make one with new_group"
+)
 
 
 def check_group(group, *, member: bool = False) -> None:
     """A process group, None, or (unless ``member``: the caller needs a group it can use,
     and one not destroyed) what ``new_group`` returns on a rank outside the group."""
     if isinstance(group, dist.ProcessGroup) and member and not backends.registered(group):
-        raise ValueError(
-            "group: it was destroyed (destroy_process_group; commpress destroys a gloo group "
-            "of its own on which a collective failed, once its owner is gone): make one "
-            "with new_group"
-        )
+        raise ValueError(DESTROYED)
     if group is None or isinstance(group, dist.ProcessGroup):
         return
     if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:
@@ -55,8 +57,15 @@ def outside_group(group: dist.ProcessGroup | None, name: str) -> bool:
     """Whether this rank is not a member of ``group``; then, as torch.distributed's own
     collectives do, the call does nothing, with a warning."""
     check_group(group)
-    if group is None or dist.get_rank(group) >= 0:
+    if group is None:
         return False
+    try:
+        if dist.get_rank(group) >= 0:
+            return False
+    except ValueError as error:  # torch's "Group ... is not registered"
+        if backends.registered(group):
+            raise
+        raise ValueError(DESTROYED) from error
     warnings.warn(
         f"commpress.{name} called on global rank {dist.get_rank()}, which is not in the "
         "group: nothing done (as torch.distributed does)",

@@ -23,7 +23,7 @@ from commpress.units import counted
 _CLOSED_BY_A_TIMEOUT = "application timeout"
 _TIMEOUT_WORDS = ("timed out", "timing out", _CLOSED_BY_A_TIMEOUT)
 #: What a call on a group destroyed (torch.distributed.destroy_process_group) says.
-_DESTROYED = "its process group was destroyed (torch.distributed.destroy_process_group)"
+GROUP_DESTROYED = "its process group was destroyed (torch.distributed.destroy_process_group)"
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -59,7 +59,7 @@ def named_failures(
         if group is None or registered(group):
             raise
         raise RuntimeError(
-            f"commpress {name} ({codec}@{algorithm}) did not run: {_DESTROYED} before it "
+            f"commpress {name} ({codec}@{algorithm}) did not run: {GROUP_DESTROYED} before it "
             f"ran. torch said: {error}"
         ) from error
     refuse_inherited(f"{name} ({codec}@{algorithm})", group)
@@ -105,7 +105,7 @@ def named_as(
         seconds = time.monotonic() - start
         if group is not None and not registered(group):
             raise RuntimeError(
-                f"commpress {call} failed after {seconds:.1f} s: {_DESTROYED} while it ran. "
+                f"commpress {call} failed after {seconds:.1f} s: {GROUP_DESTROYED} while it ran. "
                 f"torch said: {error}"
             ) from error
         if not isinstance(error, RuntimeError):
