@@ -67,16 +67,20 @@ class _Made:
         if self.group is dist.GroupMember.NON_GROUP_MEMBER:
             return True
         if self.group is not None and not registered(self.group):
-            self.group = None
+            self._let_go()
         if self.group is None or _pending(self.group):  # first: a failed one marks the group
             return False
         if self.group in _failed:
             if only_gloo(self.group):  # its connections and threads, closed here alone
-                _owned.discard(id(self.group))
                 dist.destroy_process_group(self.group)
-                self.group = None
+                self._let_go()
             return False
         return True
+
+    def _let_go(self) -> None:
+        """Drop the group, destroyed: no longer owned (its id may be another object's)."""
+        _owned.discard(id(self.group))
+        self.group = None
 
 
 _made: dict[Request, list[_Made]] = {}
