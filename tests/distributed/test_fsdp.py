@@ -879,7 +879,7 @@ def _resumed(rank, world_size, directory):
 
 
 def test_a_run_resumed_from_a_dcp_checkpoint_in_new_processes_is_the_uninterrupted_run(tmp_path):
-    """The README's promise for round-to-nearest codecs: commpress keeps no state a resumed
+    """docs/fsdp-ddp.md's promise for round-to-nearest codecs: commpress keeps no state a resumed
     FSDP2 run needs beyond the model's and optimizer's, and adds nothing to them."""
     directory = str(tmp_path / "checkpoint")
     uninterrupted = run_distributed(_run_and_checkpoint, 2, directory, timeout=120)[0]
@@ -1095,7 +1095,7 @@ def _state_dicts_while_unsharded(rank, world_size):
 
 
 def test_state_dicts_hold_the_exact_weights_while_unshard_holds_the_codecs():
-    """The README's promise: a compressed all-gather never reaches a state dict, full or
+    """docs/fsdp-ddp.md's promise: a compressed all-gather never reaches a state dict, full or
     sharded, even while the modules are unsharded, whose parameters are the codec's."""
     for unsharded_exact, local_exact, full_exact in run_distributed(
         _state_dicts_while_unsharded, 2, timeout=60

@@ -349,7 +349,7 @@ def _a_parameter_without_a_gradient(rank, world_size):
 
 
 def test_a_gradient_that_is_none_is_refused_saying_so():
-    """The README's custom loop, ``[(name, p.grad) ...]``, with a parameter that got no
+    """docs/lowrank.md's custom loop, ``[(name, p.grad) ...]``, with a parameter that got no
     gradient this step was refused as "gradient 'weight' must be a floating-point tensor"."""
     for message in run_distributed(_a_parameter_without_a_gradient, 2, timeout=120):
         assert message.startswith("gradient 'weight' is None"), message
@@ -764,7 +764,7 @@ def test_bad_timeout_is_rejected():
 
 
 def test_the_reducer_takes_a_spec_as_ddp_hook_does():
-    """The README's `algorithm = ... or "powersgd:rank=4"` feeds both ddp_hook and Reducer;
+    """docs/lowrank.md's `algorithm = ... or "powersgd:rank=4"` feeds both ddp_hook and Reducer;
     Reducer raised TypeError for the spec."""
     algorithm = Reducer("acpsgd:rank=3,start_iter=0").algorithm
     assert isinstance(algorithm, ACPSGD) and (algorithm.rank, algorithm.start_iter) == (3, 0)
@@ -1160,7 +1160,7 @@ def _hooked_run_resumed(rank, world_size, directory):
 
 
 def test_a_hooked_run_resumed_in_new_processes_is_the_uninterrupted_run(tmp_path):
-    """The README's promise: the hook's state_dict (factors, error feedback, step) is all a
+    """docs/lowrank.md's promise: the hook's state_dict (factors, error feedback, step) is all a
     resumed run needs, whatever DDP's buckets were in its first step."""
     uninterrupted = run_distributed(_hooked_run_saved_midway, 2, str(tmp_path), timeout=120)
     resumed = run_distributed(_hooked_run_resumed, 2, str(tmp_path), timeout=120)

@@ -287,7 +287,7 @@ def _fp16_average_whose_sum_overflows(rank, world_size):
 def test_an_fp16_average_whose_sum_overflows_fp16_is_finite_unless_partial_sums_travel_in_fp16(
     world_size,
 ):
-    """README: torch's gloo sums fp16 in fp16 (Inf); the compressed paths sum in fp32 and
+    """docs/codecs.md: torch's gloo sums fp16 in fp16 (Inf); the compressed paths sum in fp32 and
     give the average, but for a ring with fp16 partial sums on the wire (3 ranks or more)."""
     for results in run_distributed(_fp16_average_whose_sum_overflows, world_size):
         for (algorithm, codec), reduced in results.items():

@@ -405,7 +405,7 @@ def _run_script(folder, call: str, *how: str):
 
 @pytest.mark.parametrize("how", [(), ("-m", "pkg.user_script")])
 def test_a_function_of_the_script_being_run_reaches_the_hosts(tmp_path, how):
-    """``Emulated(...).run(fn, ...)`` with ``fn`` defined in the user's script, as the README
+    """``Emulated(...).run(fn, ...)`` with ``fn`` defined in the user's script, as docs/cluster.md
     shows it, run as a file or as a module: before, each rank failed with "Can't get
     attribute 'add_rank' on <module 'commpress.cluster.jobs'>"."""
     done = _run_script(tmp_path, GUARDED, *how)

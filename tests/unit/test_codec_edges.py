@@ -348,7 +348,7 @@ def test_a_non_finite_block_decodes_to_one_nan_and_encodes_again_to_its_payload(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "zfp:rate=16"])
 def test_a_non_finite_block_decodes_to_a_16_bit_type_as_torch_casts_the_canonical_nan(spec, dtype):
-    """README: the NaN of a 16-bit collective's output is torch's cast of 0x7fc00000 (bf16:
+    """docs/codecs.md: the NaN of a 16-bit collective's output is torch's cast of 0x7fc00000 (bf16:
     0xffff, not 0x7fc0, on a vectorised CPU), and its block, decoded so and encoded again
     (``ring-hop``, which refuses codecs that are not idempotent), gives the same payload."""
     codec = cp.get_codec(spec)
@@ -561,7 +561,7 @@ def test_a_float64_default_dtype_changes_no_bit(spec, dtype):
 
 def test_bf16_rounds_fp32_subnormals_to_its_own_spacing():
     """bf16's subnormals are 2**-133 apart, fp32's 2**-149: the error of an fp32 subnormal
-    is not within |x| * 2**-8 (as README's table said) but within half that spacing."""
+    is not within |x| * 2**-8 (as docs/codecs.md's table said) but within half that spacing."""
     codec = cp.get_codec("bf16")
     x = torch.tensor([1e-40, -3e-39, 2.0**-140])
     error = (codec.decode(codec.encode(x), 3, torch.float32) - x).abs()

@@ -71,7 +71,7 @@ HALF_ULP = {torch.bfloat16: (2.0**-8, 2.0**-134), torch.float16: (2.0**-11, 2.0*
 @pytest.mark.parametrize("spec", LOSSY_SPECS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_to_a_16_bit_type_errs_by_the_bound_plus_one_rounding(spec, dtype):
-    """README: ``error_bound`` is the fp32 decode's; the decode to the input's own 16-bit
+    """docs/codecs.md: ``error_bound`` is the fp32 decode's; the decode to the input's own 16-bit
     type that a collective makes rounds once more, by half an ulp of the decoded value
     (int8 on bf16 data: about 1.2 times ``error_bound`` alone)."""
     codec = cp.get_codec(spec)
@@ -153,7 +153,7 @@ def test_error_bound_is_the_bit_width_bound_for_int8():
 
 
 def _documented_bound(spec: str, x: torch.Tensor) -> torch.Tensor:
-    """README's codec table, written out independently of the codecs' own arithmetic."""
+    """docs/codecs.md's codec table, written out independently of the codecs' own arithmetic."""
     magnitude = x.float().abs()
     name, _, options = spec.partition(":")
     block = 4
@@ -191,7 +191,7 @@ def _documented_bound(spec: str, x: torch.Tensor) -> torch.Tensor:
 )
 def test_error_bound_is_the_documented_one(spec):
     """The property tests above hold each codec to its own ``error_bound``: this holds that
-    to README's table, so that a looser bound cannot pass for a correct codec (fp8's
+    to docs/codecs.md's table, so that a looser bound cannot pass for a correct codec (fp8's
     relative error doubled, say, passed every other test)."""
     x = torch.tensor([0.1, -2.54, 1.0, 0.0, 3.0, 3.0, -3.0, 3.0, 1e-3, 7e4, -6e4, 2.0])
     assert torch.allclose(

@@ -674,7 +674,7 @@ def test_bad_options_name_the_argument(options, message):
 
 
 def test_configure_on_a_rank_outside_the_group_sets_nothing():
-    """Called on every rank as the README says, it raised "TypeError: cannot create weak
+    """Called on every rank as docs/multicast.md says, it raised "TypeError: cannot create weak
     reference to 'int' object" on those that new_group gave NON_GROUP_MEMBER."""
     import torch.distributed as dist
 

@@ -50,7 +50,8 @@ def test_json_holds_a_number_that_is_not_finite_as_null(tmp_path):
 
 def test_tables_show_an_infinity_as_the_json_does():
     """bench's ``rel_err`` of an output holding an infinity is inf: the JSON wrote null
-    (as for NaN) and the README promises ``-``, but the table and markdown showed ``inf``."""
+    (as for NaN) and docs/benchmarks.md promises ``-``, but the table and markdown showed
+    ``inf``."""
     rows = [{"run": "ring", "ms": float("inf"), "hidden": float("-inf")}]
     assert format_table(rows, COLUMNS).splitlines()[1].split() == ["ring", "-", "-"]
     assert markdown_table(rows, COLUMNS).splitlines()[2] == "| ring | - | - |"
