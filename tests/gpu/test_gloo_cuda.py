@@ -78,3 +78,54 @@ def test_cuda_tensors_on_gloo_match_the_cpu_run(algorithm):
             else:  # last-bit differences of the decode, summed: far below the codec's error
                 scale = on_cpu.abs().max()
                 assert (on_gpu - on_cpu).abs().max() <= 1e-5 * scale, case
+
+
+def _native_through_the_fsdp_adapters(rank, world_size):
+    """FSDP2's custom collectives with ``none@native`` (torch's own) on CUDA tensors: gloo
+    moves them, and gloo's reduce-scatter Work has no future (the adapters took every
+    CUDA ``native`` Work for NCCL's, whose future they chain on)."""
+    import torch.distributed as dist
+
+    from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
+    from commpress.integrations import fsdp
+    from commpress.integrations.groups import OwnGroups
+    from commpress.integrations.spec import CollectiveSpec
+    from commpress.integrations.stats import CommStats
+
+    torch.cuda.set_device(0)
+    world = dist.group.WORLD
+    own = OwnGroups([world])
+    gather_spec = CollectiveSpec.parse(
+        "none@native", ALL_GATHER_ALGORITHMS, "all_gather", gathers=True
+    )
+    scatter_spec = CollectiveSpec.parse(
+        "none@native", REDUCE_SCATTER_ALGORITHMS, "reduce_scatter", gathers=False
+    )
+    gather = fsdp.CompressedAllGather(gather_spec, CommStats(), None, "m", own)
+    scatter = fsdp.CompressedReduceScatter(scatter_spec, CommStats(), None, "m", False, own)
+    shard = _inputs("all_gather", world_size)[rank].cuda()
+    full = _inputs("reduce_scatter", world_size)[rank].cuda()
+    results = {}
+    for async_op in (False, True):
+        out = torch.full((world_size * SHARD,), float("nan"), device="cuda")
+        work = gather(out, shard, world, async_op=async_op)
+        if async_op:
+            work.wait()
+        results["all_gather", async_op] = out.cpu()  # read on the caller's stream
+    part = torch.full((SHARD,), float("nan"), device="cuda")
+    scatter(part, full, world, dist.ReduceOp.SUM)
+    results["reduce_scatter", False] = part.cpu()
+    return results
+
+
+def test_torch_own_collectives_through_the_fsdp_adapters_on_gloo():
+    world_size = 2
+    ranks = run_distributed(_native_through_the_fsdp_adapters, world_size, backend="gloo",
+                            timeout=240)  # fmt: skip
+    gathered = torch.cat(_inputs("all_gather", world_size))
+    summed = torch.stack(_inputs("reduce_scatter", world_size)).sum(0)
+    for rank, results in enumerate(ranks):
+        assert torch.equal(results["all_gather", False], gathered), rank
+        assert torch.equal(results["all_gather", True], gathered), rank
+        expected = summed[rank * SHARD : (rank + 1) * SHARD]
+        assert torch.equal(results["reduce_scatter", False], expected), rank  # a + b, once

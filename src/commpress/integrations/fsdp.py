@@ -558,22 +558,25 @@ def _wait_native(name: str, codec, group, timeout, issued: float, work) -> None:
         wait_work(work, timeout)
 
 
-def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor, wait_native):
+def _finish(work, watch: Stopwatch, async_op: bool, tensor: torch.Tensor, wait_native, group):
     """Time the collective to completion; block, or hand FSDP a ``Work`` to wait on; torch's
-    own (``native``) is waited for by ``wait_native(work)`` on a gloo group.
+    own (``native``) on ``group`` is waited for by ``wait_native(work)`` where gloo moves it.
 
     Waiting on either makes the waiter's current CUDA stream wait for the collective
     (``tensor``, the output, is the future's value: on CUDA its device is what is waited for).
     """
     if not isinstance(work, CollectiveWork):  # torch's own ("native")
-        if tensor.is_cuda:  # NCCL's Work keeps the stream contract itself
+        if tensor.is_cuda and backends.moves(group, "cuda") == "nccl":
+            # NCCL's Work keeps the stream contract itself, and has a future (gloo's
+            # reduce-scatter has none, CUDA tensors or not)
             work.get_future().then(watch.stop)
             if async_op:
                 return work
             work.wait()
             return None
         native = work
-        work = launch(lambda: wait_native(native), async_op=True)  # gloo's has no future
+        # gloo's Work waited on the comm stream (CUDA tensors) orders that stream after it
+        work = launch(lambda: wait_native(native), async_op=True, tensors=(tensor,))
     future = work.torch_future(tensor, before=watch.stop)
     if not async_op:
         future.wait()
@@ -652,7 +655,7 @@ class CompressedAllGather(AllGather):
         wait_native = partial(
             _wait_native, "all_gather_into_tensor", codec, own, self.timeout, issued
         )
-        return _finish(work, watch, async_op, output_tensor, wait_native)
+        return _finish(work, watch, async_op, output_tensor, wait_native, own)
 
     def __repr__(self) -> str:
         return f"CompressedAllGather({self.spec.text!r}, module={self.module_name!r})"
@@ -708,7 +711,7 @@ class CompressedReduceScatter(ReduceScatter):
         wait_native = partial(
             _wait_native, "reduce_scatter_tensor", codec, own, self.timeout, issued
         )
-        return _finish(work, watch, async_op, output_tensor, wait_native)
+        return _finish(work, watch, async_op, output_tensor, wait_native, own)
 
     def discard_step(self) -> None:
         """FSDP2 discarded the gradients in flight (``reset_iter_state()`` after an
