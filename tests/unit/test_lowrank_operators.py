@@ -403,3 +403,14 @@ def test_a_small_independent_part_is_kept_as_a_direction(apart):
         q = orthogonalize(matrices, method)
         assert q[0, :, 1].norm() == pytest.approx(1.0, abs=1e-3), method
         assert abs(float(q[0, :, 1] @ b)) == pytest.approx(1.0, abs=1e-2), method
+
+
+@pytest.mark.parametrize(
+    "spec", ["powersgd:rank=4@ring", "powersgd@alltoall", "acpsgd:rank=2@serial"]
+)
+def test_an_algorithm_after_an_at_sign_is_refused_as_such(spec):
+    """A codec spec's ``@ALGORITHM`` (README: ``CODEC[:options][@ALGORITHM]``) on a low-rank
+    spec was read into its last option or its name: "option rank='4@ring' ... must be an
+    int", "unknown low-rank algorithm 'powersgd@alltoall'", saying nothing of the '@'."""
+    with pytest.raises(ValueError, match=f"low-rank spec '{spec}' takes no '@ALGORITHM'"):
+        get_algorithm(spec)

@@ -15,6 +15,12 @@ _TYPES = {"rank": int, "start_iter": int, "min_compression_rate": float, "seed":
 def get_algorithm(spec: str) -> LowRankAlgorithm:
     if not isinstance(spec, str):
         raise TypeError(f"low-rank spec must be a string such as 'powersgd:rank=4', got {spec!r}")
+    if "@" in spec:
+        raise ValueError(
+            f"low-rank spec {spec!r} takes no '@ALGORITHM' (a codec spec's): write "
+            f"{spec.partition('@')[0]!r} (ddp_hook(..., scheduler=False) is what "
+            "'@serial' means to commpress train)"
+        )
     name, options = split_spec(spec)
     if name not in ALGORITHMS:
         raise ValueError(f"unknown low-rank algorithm {name!r}; known: {sorted(ALGORITHMS)}")
