@@ -107,6 +107,19 @@ def test_unknown_codec_lists_known_names():
         cp.get_codec("int3")
 
 
+@pytest.mark.parametrize(
+    ("spec", "algorithm"), [("int8@ring", "ring"), ("int4:block=64@alltoall", "alltoall")]
+)
+def test_a_codec_spec_with_an_algorithm_says_where_the_algorithm_goes(spec, algorithm):
+    """``cp.all_reduce(t, codec="int8@ring")`` (README: a spec is
+    ``CODEC[:options][@ALGORITHM]``) said "unknown codec 'int8@ring'", or for a spec with
+    options that the option's value was bad ("block='64@alltoall' ... must be an int"),
+    nothing of the '@'."""
+    with pytest.raises(ValueError, match=f"codec spec '{spec}' names an algorithm") as got:
+        cp.get_codec(spec)
+    assert f"algorithm='{algorithm}'" in str(got.value), got.value
+
+
 def test_unknown_option_lists_known_options():
     with pytest.raises(ValueError, match=r"unknown option 'bits'.*'block'.*'stochastic'"):
         cp.get_codec("int8:bits=4")

@@ -60,6 +60,13 @@ def get_codec(spec: str | Codec) -> Codec:
 
 
 def _build(spec: str) -> Codec:
+    if "@" in spec:  # the whole CODEC[:options][@ALGORITHM] of an integration's spec
+        codec, _, algorithm = spec.partition("@")
+        raise ValueError(
+            f"codec spec {spec!r} names an algorithm after '@': a codec is "
+            f"NAME[:key=value,...]; give the algorithm on its own: codec={codec.strip()!r}, "
+            f"algorithm={algorithm.strip()!r}"
+        )
     name, option_text = split_spec(spec)
     cls = _REGISTRY.get(name)
     if cls is None:
