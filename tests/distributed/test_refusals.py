@@ -491,6 +491,35 @@ def test_an_algorithm_of_another_collective_is_not_called_unknown():
         checks.check_algorithm("auto", ("native", "ring"))  # all_reduce's (no tuner there)
 
 
+def _algorithms_of_another_collective(rank, world_size):
+    out, inp = torch.empty(8 * world_size), torch.ones(8)
+    calls = {
+        "all_gather_into_tensor": lambda: cp.all_gather_into_tensor(out, inp, algorithm="alltoall"),
+        "reduce_scatter_tensor": lambda: cp.reduce_scatter_tensor(inp, out, algorithm="multicast"),
+        "all_reduce": lambda: cp.all_reduce(inp, algorithm="multicast"),
+    }
+    errors = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except ValueError as error:
+            errors[name] = str(error)
+    return errors
+
+
+def test_a_collective_given_another_collectives_algorithm_names_itself():
+    """``cp.all_gather_into_tensor(..., algorithm="alltoall")`` said "does not run this
+    collective", which the reader had to work out."""
+    (errors,) = run_distributed(_algorithms_of_another_collective, 1, timeout=60)
+    assert errors["all_gather_into_tensor"].startswith(
+        "algorithm 'alltoall' does not run all_gather_into_tensor; known: ("
+    )
+    assert (
+        "'multicast' does not run reduce_scatter_tensor; known:" in errors["reduce_scatter_tensor"]
+    )
+    assert "'multicast' does not run all_reduce; known:" in errors["all_reduce"]
+
+
 def _auto_codec_on_all_reduce(rank, world_size):
     tensor = torch.ones(8)
     return _errors_without_communication(

@@ -85,7 +85,7 @@ def all_gather_into_tensor(
     if auto.requested(codec, algorithm):  # its choice is agreed on over the group: first
         check_moved(inp, group)
         algorithm, codec = auto.resolve("all_gather", inp, group, codec, algorithm, timeout=timeout)
-    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, tunable=True)
+    check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, True, "all_gather_into_tensor")
     check_device(algorithm, "all_gather", inp, group)
     if algorithm == "native":
         shard, (gathered, copy_back) = inp.contiguous(), staged(out)

@@ -56,7 +56,7 @@ def all_reduce(
     group = backends.or_world(group)  # the default group now, not when the call runs
     check_timeout(timeout)
     check_flag(async_op, "async_op")
-    check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS)
+    check_algorithm(algorithm, ALL_REDUCE_ALGORITHMS, collective="all_reduce")
     op = check_op(op, algorithm)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")

@@ -98,9 +98,12 @@ def check_timeout(timeout, argument: str = "timeout") -> None:
         )
 
 
-def check_algorithm(algorithm: str, known: tuple[str, ...], tunable: bool = False) -> None:
-    """``algorithm`` must be one of ``known``; the message lists ``auto`` too where the
-    call is ``tunable`` (the tuner chooses for it)."""
+def check_algorithm(
+    algorithm: str, known: tuple[str, ...], tunable: bool = False, collective: str = ""
+) -> None:
+    """``algorithm`` must be one of ``known``, those of ``collective`` (named in the
+    message); the message lists ``auto`` too where the call is ``tunable`` (the tuner
+    chooses for it)."""
     if algorithm not in known:
         if tunable:
             known = (*known, "auto")
@@ -111,7 +114,8 @@ def check_algorithm(algorithm: str, known: tuple[str, ...], tunable: bool = Fals
             )
         if isinstance(algorithm, str) and algorithm in every_algorithm():  # another op's
             raise ValueError(
-                f"algorithm {algorithm!r} does not run this collective; known: {known}"
+                f"algorithm {algorithm!r} does not run {collective or 'this collective'}; "
+                f"known: {known}"
             )
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {known}")
 
@@ -263,12 +267,15 @@ def check_dense(tensor: torch.Tensor, argument: str) -> None:
         )
 
 
-def check_reduction_dtype(dtype: torch.dtype, argument: str) -> None:
-    """Compressed reductions add in fp32, so only dtypes fp32 holds exactly may be summed."""
+def check_reduction_dtype(
+    dtype: torch.dtype, argument: str, torch_own: str = "algorithm='native'"
+) -> None:
+    """Compressed reductions add in fp32, so only dtypes fp32 holds exactly may be summed;
+    ``torch_own`` says how the caller asks for torch's own collective instead."""
     if dtype not in REDUCTION_DTYPES:
         raise TypeError(
             f"{argument}={dtype}: commpress reductions accumulate in float32, which cannot "
-            f"hold {dtype} exactly; use float32, bfloat16 or float16, or algorithm='native'"
+            f"hold {dtype} exactly; use float32, bfloat16 or float16, or {torch_own}"
         )
 
 

@@ -99,7 +99,7 @@ def reduce_scatter_tensor(
         algorithm, codec = auto.resolve(
             "reduce_scatter", inp, group, codec, algorithm, feedback, chunk_bytes, op, timeout
         )
-    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS, tunable=True)
+    check_algorithm(algorithm, REDUCE_SCATTER_ALGORITHMS, True, "reduce_scatter_tensor")
     check_residual(residual, inp, algorithm)
     check_device(algorithm, "reduce_scatter", inp, group)
     if algorithm == "native":
