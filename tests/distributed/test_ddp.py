@@ -557,6 +557,31 @@ def test_a_sparse_gradient_is_refused_saying_so_not_as_not_contiguous():
         assert errors[name].startswith("TypeError: ") and "sparse_coo" in errors[name]
 
 
+def _float64_gradients(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).double()
+    inputs = torch.randn(3, 4, dtype=torch.float64)
+    errors = {}
+    for spec in ("int8", "none", "none@native"):
+        ddp, _ = wrap(copy.deepcopy(model), spec)
+        try:
+            ddp(inputs).sum().backward()
+            errors[spec] = None
+        except (TypeError, ValueError) as error:
+            errors[spec] = f"{type(error).__name__}: {error}"
+    return errors
+
+
+def test_a_float64_bucket_is_refused_naming_the_hooks_way_out():
+    """A float64 model under the compressed hook was told to use "algorithm='native'",
+    which the hook takes as the spec 'none@native'."""
+    errors = run_distributed(_float64_gradients, 2, timeout=60)[0]
+    for spec in ("int8", "none"):
+        assert errors[spec].startswith("TypeError: the bucket's dtype=torch.float64: "), spec
+        assert errors[spec].endswith("or cp.ddp.hook('none@native')"), spec
+    assert errors["none@native"] is None  # torch's all-reduce sums float64
+
+
 def _hooked_in_a_world_with_a_short_timeout(rank, world_size, store, lowrank, directory):
     from commpress.testing.stall import stall, timed_outcome
 

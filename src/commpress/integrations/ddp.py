@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
-from commpress.collectives.checks import check_group, check_timeout
+from commpress.collectives.checks import check_group, check_reduction_dtype, check_timeout
 from commpress.collectives.failures import named_failures
 from commpress.collectives.inband import call_wire_bytes
 from commpress.collectives.work import for_ddp, launch
@@ -119,6 +119,8 @@ def compressed_allreduce_hook(state: HookState, bucket) -> torch.futures.Future[
     spec, world_size = state.spec, state.group.size()
     if tensor.layout != torch.strided and spec.algorithm != "native":
         raise TypeError(_not_dense(bucket, spec))
+    if spec.algorithm != "native":
+        check_reduction_dtype(tensor.dtype, "the bucket's dtype", "cp.ddp.hook('none@native')")
     numel, dtype = tensor.numel(), tensor.dtype
     raw = wire_bytes("all_reduce", "native", "none", numel, world_size, dtype)
     wire = call_wire_bytes("all_reduce", spec.algorithm, spec.codec, tensor, state.group)
