@@ -1234,6 +1234,24 @@ def test_a_hook_checkpoint_of_another_model_is_refused():
         assert "state for parameters this model does not have: '1.weight'" in other
 
 
+def _named_through_the_wrapper(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    ddp = DistributedDataParallel(model)
+    by_wrapper, _ = cp.lowrank.ddp_hook("powersgd:rank=2", model=ddp)
+    by_module, _ = cp.lowrank.ddp_hook("powersgd:rank=2", model=model)
+    return sorted(by_wrapper.names.values()), sorted(by_module.names.values())
+
+
+def test_model_given_as_the_ddp_wrapper_names_the_state_as_the_module_does():
+    """``ddp_hook(..., model=ddp)`` named every state ``module.*`` (and so drew other
+    initial factors, seeded by name): its checkpoints did not load into a hook given the
+    module DDP wraps, as the docs ask."""
+    for by_wrapper, by_module in run_distributed(_named_through_the_wrapper, 1, timeout=60):
+        assert by_module == ["0.bias", "0.weight", "1.bias", "1.weight"]
+        assert by_wrapper == by_module
+
+
 def _loaded_from_the_wrong_entry(rank, world_size):
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
     ddp = DistributedDataParallel(model)

@@ -27,6 +27,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.weak import WeakIdKeyDictionary
 
 from commpress.collectives.checks import check_flag, check_group
@@ -154,6 +155,8 @@ def ddp_hook(
     check_flag(scheduler, "scheduler")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel):  # its names are the wrapped module's
+        model = model.module
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
         request = ("low-rank hook", None, None, standing_in_for(None, timeout))
