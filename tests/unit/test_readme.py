@@ -247,19 +247,23 @@ def test_the_exit_statuses_are_those_commpress_help_lists():
 
 
 #: A markdown link to a page of the repository: ``[text](docs/codecs.md)``,
-#: ``[text](../README.md#results)``; web addresses are not checked.
-LINK = re.compile(r"\]\(([^)\s:]+)\)")
+#: ``[text](../README.md#results "title")``, a reference ``[ref]: docs/codecs.md``; web
+#: addresses (a scheme's ``:``) are not checked.
+LINK = re.compile(r"\]\(([^)\s:]+)(?:\s+\"[^\"]*\")?\)|^ *\[[^\]]+\]: *([^\s:]+)\s*$", re.M)
+#: Any fenced block, with or without a language: its lines are no headings.
+ANY_FENCE = re.compile(r"^ *```.*?^ *```", re.S | re.M)
 
 
 def anchors(page: Path) -> set[str]:
     """The anchors a markdown renderer gives ``page``'s headings: ``## What has run on a
     GPU`` is ``#what-has-run-on-a-gpu``."""
-    titles = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), re.M)
+    titles = re.findall(r"^#+ (.+)$", ANY_FENCE.sub("", page.read_text()), re.M)
     return {re.sub(r"[^\w -]", "", title.lower()).replace(" ", "-") for title in titles}
 
 
 def page_links() -> list[tuple[str, str]]:
-    return [(page.name, link) for page in PAGES for link in LINK.findall(page.read_text())]
+    text = {page: ANY_FENCE.sub("", page.read_text()) for page in PAGES}
+    return [(page.name, a or b) for page in PAGES for a, b in LINK.findall(text[page])]
 
 
 def test_the_pages_link_to_each_other():

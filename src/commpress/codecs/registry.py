@@ -65,7 +65,8 @@ def _build(spec: str) -> Codec:
         raise ValueError(
             f"codec spec {spec!r} names an algorithm after '@': a codec is "
             f"NAME[:key=value,...]; give the algorithm on its own: codec={codec.strip()!r}, "
-            f"algorithm={algorithm.strip()!r}"
+            f"algorithm={algorithm.strip()!r} (on the command line --codec "
+            f"{codec.strip()} --algorithm {algorithm.strip()})"
         )
     name, option_text = split_spec(spec)
     cls = _REGISTRY.get(name)
