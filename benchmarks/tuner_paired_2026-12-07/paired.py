@@ -40,26 +40,18 @@ ALGORITHMS = {"all_gather": ("ring", "backend"), "reduce_scatter": ("ring", "all
 def _calls(op: str, numel: int, rank: int, world_size: int) -> dict:
     generator = torch.Generator().manual_seed(rank)
     if op == "all_gather":
-        inp = torch.randn(numel // world_size, generator=generator)
-        out = torch.empty(numel)
-        native = lambda: dist.all_gather_single(out, inp)  # noqa: E731
-        ours = lambda algorithm: (
-            lambda: cp.all_gather_into_tensor(  # noqa: E731
-                out, inp, codec=CODEC, algorithm=algorithm
-            )
-        )
+        inp, out = torch.randn(numel // world_size, generator=generator), torch.empty(numel)
+        torch_own, ours = dist.all_gather_single, cp.all_gather_into_tensor
     else:
-        inp = torch.randn(numel, generator=generator)
-        out = torch.empty(numel // world_size)
-        native = lambda: dist.reduce_scatter_single(out, inp)  # noqa: E731
-        ours = lambda algorithm: (
-            lambda: cp.reduce_scatter_tensor(  # noqa: E731
-                out, inp, codec=CODEC, algorithm=algorithm
-            )
-        )
-    calls = {"native": native}
+        inp, out = torch.randn(numel, generator=generator), torch.empty(numel // world_size)
+        torch_own, ours = dist.reduce_scatter_single, cp.reduce_scatter_tensor
+
+    def compressed(algorithm: str):
+        return lambda: ours(out, inp, codec=CODEC, algorithm=algorithm)
+
+    calls = {"native": lambda: torch_own(out, inp)}
     for algorithm in (*ALGORITHMS[op], "auto"):
-        calls[algorithm] = ours(algorithm)
+        calls[algorithm] = compressed(algorithm)
     return calls
 
 
