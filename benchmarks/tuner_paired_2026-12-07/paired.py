@@ -13,8 +13,10 @@ rounds of the per-round ratio chosen / fastest, with a 95% bootstrap interval.
 
 Variants, per operation, with codec int8 (the request `algorithm="auto", codec="int8"`):
 torch's own collective of the fp32 tensor (``native``), each compressed algorithm the
-tuner considers for it, and ``auto`` itself (the public call, which runs the tuner's
-choice). Run as root (it makes an emulated cluster), nothing else running.
+tuner considers for it (its defaults: ring, backend, alltoall; ``--candidates`` gives
+others, ring-hop and multicast, which the tuner is then configured to consider too), and
+``auto`` itself (the public call, which runs the tuner's choice). 3 warm-up rounds are not
+kept. Run as root (it makes an emulated cluster), nothing else running.
 """
 
 from __future__ import annotations
@@ -29,15 +31,24 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.bench.paired import interleaved_calls, paired_arguments
 from commpress.bench.report import write_json
-from commpress.cluster.commands import cluster_from, tuner_network
+from commpress.cluster.commands import cluster_from, multicast_options, tuner_network
 from commpress.cluster.jobs import main_of_script
+from commpress.collectives.auto import recording
+from commpress.schedules import algorithms
 from commpress.sim import tuner
+from commpress.transport import multicast
 
 CODEC = "int8"
-ALGORITHMS = {"all_gather": ("ring", "backend"), "reduce_scatter": ("ring", "alltoall")}
+OPS = ("all_gather", "reduce_scatter")
+DEFAULT_CANDIDATES = ("ring", "backend", "alltoall")  # the tuner's own, but native
 
 
-def _calls(op: str, numel: int, rank: int, world_size: int) -> dict:
+def candidates_of(op: str, candidates) -> tuple[str, ...]:
+    return tuple(name for name in candidates if name in algorithms(op))
+
+
+def _calls(op: str, numel: int, rank: int, world_size: int, candidates, ran: set) -> dict:
+    """Each variant's call; what the ``auto`` calls ran is added to ``ran``."""
     generator = torch.Generator().manual_seed(rank)
     if op == "all_gather":
         inp, out = torch.randn(numel // world_size, generator=generator), torch.empty(numel)
@@ -49,23 +60,34 @@ def _calls(op: str, numel: int, rank: int, world_size: int) -> dict:
     def compressed(algorithm: str):
         return lambda: ours(out, inp, codec=CODEC, algorithm=algorithm)
 
+    def tuned() -> None:
+        with recording() as record:
+            ours(out, inp, codec=CODEC, algorithm="auto")
+        ran.update(f"{codec}@{algorithm}" for algorithm, codec in record)
+
     calls = {"native": lambda: torch_own(out, inp)}
-    for algorithm in (*ALGORITHMS[op], "auto"):
+    for algorithm in candidates_of(op, candidates):
         calls[algorithm] = compressed(algorithm)
+    calls["auto"] = tuned
     return calls
 
 
-def _worker(rank, world_size, sizes, rounds, tune):
-    tuner.configure(**tune)
+def _worker(rank, world_size, sizes, rounds, tune, candidates, options):
+    tuner.configure(**tune, algorithms=("native", *candidates))
+    multicast.configure(None, multicast.Options(**options))
     rows = []
-    for op in ALGORITHMS:
+    for op in OPS:
         for size in sizes:
             numel = size // 4  # an all-gather's output, a reduce-scatter's input: fp32
             chosen = tuner.choose(op, numel if op == "reduce_scatter" else numel // world_size,
-                                  torch.float32, world_size, CODEC)  # fmt: skip
-            seconds = interleaved_calls(_calls(op, numel, rank, world_size), rounds)
+                                  torch.float32, world_size, CODEC,
+                                  multicast=multicast.options_of(None))  # fmt: skip
+            ran = set()
+            calls = _calls(op, numel, rank, world_size, candidates, ran)
+            seconds = interleaved_calls(calls, rounds)
             rows.append({"op": op, "size_bytes": size, "chosen": str(chosen),
-                         "chosen_algorithm": chosen.algorithm, "seconds": seconds})  # fmt: skip
+                         "chosen_algorithm": chosen.algorithm, "auto_ran": sorted(ran),
+                         "seconds": seconds})  # fmt: skip
     return rows if rank == 0 else None
 
 
@@ -84,23 +106,22 @@ def _table(rows, rounds: int, where: str) -> list[str]:
     lines = [
         f"# int8 requests on {where}: medians of {rounds} interleaved rounds, ms (slowest rank)",
         "",
-        "| op | size | native | ring | backend / alltoall | auto | fastest | tuner chose | "
+        "| op | size | medians | fastest | tuner chose | auto ran | "
         "chosen / fastest, per round (95%) | auto / fastest (95%) |",
-        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|",
     ]
     for row in rows:
         seconds = row["seconds"]
         medians = {variant: statistics.median(times) * 1e3 for variant, times in seconds.items()}
         explicit = [variant for variant in medians if variant != "auto"]
         fastest = min(explicit, key=medians.get)
-        chosen = row["chosen_algorithm"]
-        ratio = ratio_of_medians_interval(seconds[chosen], seconds[fastest])
+        ratio = ratio_of_medians_interval(seconds[row["chosen_algorithm"]], seconds[fastest])
         auto = ratio_of_medians_interval(seconds["auto"], seconds[fastest])
-        other = ALGORITHMS[row["op"]][1]
+        shown = ", ".join(f"{variant} {ms:.1f}" for variant, ms in medians.items())
         lines.append(
-            f"| {row['op']} | {row['size_bytes'] >> 20} MiB | {medians['native']:.1f} | "
-            f"{medians['ring']:.1f} | {medians[other]:.1f} | {medians['auto']:.1f} | "
-            f"{fastest} | {row['chosen']} | {ratio[0]:.3f} ({ratio[1]:.3f}-{ratio[2]:.3f}) | "
+            f"| {row['op']} | {row['size_bytes'] >> 20} MiB | {shown} | {fastest} | "
+            f"{row['chosen']} | {', '.join(row['auto_ran'])} | "
+            f"{ratio[0]:.3f} ({ratio[1]:.3f}-{ratio[2]:.3f}) | "
             f"{auto[0]:.3f} ({auto[1]:.3f}-{auto[2]:.3f}) |"
         )
     return lines
@@ -110,10 +131,15 @@ def main() -> int:
     defaults = dict(prefix="cptp", sizes="1M,4M,16M,64M", codecs=CODEC, rounds=20)
     parser = paired_arguments(__doc__.splitlines()[0], **defaults)
     parser.add_argument("--tune-fit", required=True)
+    parser.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES))
     args = parser.parse_args()
+    candidates = tuple(args.candidates.split(","))
     with cluster_from(args) as cluster:
         tune = tuner_network(cluster, args.tune_fit)
-        rows = cluster.run(_worker, args.sizes, args.rounds, tune, timeout=3600)[0]
+        options = multicast_options(cluster)
+        rows = cluster.run(
+            _worker, args.sizes, args.rounds, tune, candidates, options, timeout=3600
+        )[0]
         where = cluster.describe()
     print("\n".join(_table(rows, args.rounds, where)))
     if args.json:
