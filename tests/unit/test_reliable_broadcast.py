@@ -230,7 +230,9 @@ def test_at_most_k_roots_send_at_once(concurrent_roots):
     engines_ = engines(hub, concurrent_roots=concurrent_roots, rate_bits=10**8, burst_s=0.001)
     order = [0, 2, 1, 3]
     try:
-        shards = random_shards(world_size, 60_000)
+        # large enough that a root's thread scheduled late on a loaded machine (CI failed
+        # once with 60 KB: root 2 began after root 0's last datagram) still overlaps
+        shards = random_shards(world_size, 400_000)
         check_exact(all_gather(engines_, shards, order=order), shards)
     finally:
         close_all(engines_)
@@ -243,7 +245,7 @@ def test_at_most_k_roots_send_at_once(concurrent_roots):
         before = order[position - concurrent_roots]
         assert first[root] > last[before], (root, before, first, last)
     if concurrent_roots > 1:  # and K roots do send at once: their datagrams interleave
-        assert first[order[1]] < last[order[0]]
+        assert any(first[root] < last[order[0]] for root in order[1:concurrent_roots])
 
 
 def test_consecutive_operations_at_loss():
