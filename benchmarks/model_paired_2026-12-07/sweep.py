@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import statistics
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-import commpress as cp
+from commpress.bench.collectives import output_for, run_collective
 from commpress.bench.paired import interleaved_calls, paired_arguments
 from commpress.bench.report import write_json
 from commpress.cluster.commands import cluster_from, multicast_options
 from commpress.cluster.jobs import main_of_script
 from commpress.cluster.link import format_rate
+from commpress.schedules import input_numel
 from commpress.transport import multicast
 
 ALGORITHMS = {
@@ -41,23 +43,16 @@ ALGORITHMS = {
 WARMUP = 2
 
 
-def _calls(op: str, numel: int, codecs, rank: int, world_size: int) -> dict:
-    """``numel``: an all-gather's output, a reduce-scatter's input (as bench counts size)."""
-    generator = torch.Generator().manual_seed(rank)
-    if op == "all_gather":
-        inp, out = torch.randn(numel // world_size, generator=generator), torch.empty(numel)
-        torch_own, ours = dist.all_gather_single, cp.all_gather_into_tensor
-    else:
-        inp, out = torch.randn(numel, generator=generator), torch.empty(numel // world_size)
-        torch_own, ours = dist.reduce_scatter_single, cp.reduce_scatter_tensor
-
-    def compressed(codec: str, algorithm: str):
-        return lambda: ours(out, inp, codec=codec, algorithm=algorithm)
-
+def _calls(op: str, size: int, codecs, rank: int, world_size: int) -> dict:
+    """Each variant's call on one input of ``size`` bytes as `commpress bench` counts it."""
+    numel = input_numel(op, size, world_size, torch.float32)
+    inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    out = output_for(op, inp, world_size)
+    torch_own = dist.all_gather_single if op == "all_gather" else dist.reduce_scatter_single
     calls = {"native@none": lambda: torch_own(out, inp)}
     for codec in codecs:
         for algorithm in ALGORITHMS[op]:
-            calls[f"{algorithm}@{codec}"] = compressed(codec, algorithm)
+            calls[f"{algorithm}@{codec}"] = partial(run_collective, op, algorithm, codec, inp, out)
     return calls
 
 
@@ -66,7 +61,7 @@ def _worker(rank, world_size, ops, sizes, codecs, rounds, options):
     measured = []
     for op in ops:
         for size in sizes:
-            calls = _calls(op, size // 4, codecs, rank, world_size)
+            calls = _calls(op, size, codecs, rank, world_size)
             seconds = interleaved_calls(calls, rounds, WARMUP)
             measured.append((op, size, seconds))
     return measured if rank == 0 else None

@@ -24,17 +24,18 @@ from __future__ import annotations
 import random
 import statistics
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-import commpress as cp
+from commpress.bench.collectives import output_for, run_collective
 from commpress.bench.paired import interleaved_calls, paired_arguments
 from commpress.bench.report import write_json
 from commpress.cluster.commands import cluster_from, multicast_options, tuner_network
 from commpress.cluster.jobs import main_of_script
 from commpress.collectives.auto import recording
-from commpress.schedules import algorithms
+from commpress.schedules import algorithms, input_numel
 from commpress.sim import tuner
 from commpress.transport import multicast
 
@@ -47,27 +48,18 @@ def candidates_of(op: str, candidates) -> tuple[str, ...]:
     return tuple(name for name in candidates if name in algorithms(op))
 
 
-def _calls(op: str, numel: int, rank: int, world_size: int, candidates, ran: set) -> dict:
+def _calls(op: str, inp, out, candidates, ran: set) -> dict:
     """Each variant's call; what the ``auto`` calls ran is added to ``ran``."""
-    generator = torch.Generator().manual_seed(rank)
-    if op == "all_gather":
-        inp, out = torch.randn(numel // world_size, generator=generator), torch.empty(numel)
-        torch_own, ours = dist.all_gather_single, cp.all_gather_into_tensor
-    else:
-        inp, out = torch.randn(numel, generator=generator), torch.empty(numel // world_size)
-        torch_own, ours = dist.reduce_scatter_single, cp.reduce_scatter_tensor
-
-    def compressed(algorithm: str):
-        return lambda: ours(out, inp, codec=CODEC, algorithm=algorithm)
+    torch_own = dist.all_gather_single if op == "all_gather" else dist.reduce_scatter_single
 
     def tuned() -> None:
         with recording() as record:
-            ours(out, inp, codec=CODEC, algorithm="auto")
+            run_collective(op, "auto", CODEC, inp, out)
         ran.update(f"{codec}@{algorithm}" for algorithm, codec in record)
 
     calls = {"native": lambda: torch_own(out, inp)}
     for algorithm in candidates_of(op, candidates):
-        calls[algorithm] = compressed(algorithm)
+        calls[algorithm] = partial(run_collective, op, algorithm, CODEC, inp, out)
     calls["auto"] = tuned
     return calls
 
@@ -78,12 +70,13 @@ def _worker(rank, world_size, sizes, rounds, tune, candidates, options):
     rows = []
     for op in OPS:
         for size in sizes:
-            numel = size // 4  # an all-gather's output, a reduce-scatter's input: fp32
-            chosen = tuner.choose(op, numel if op == "reduce_scatter" else numel // world_size,
-                                  torch.float32, world_size, CODEC,
+            numel = input_numel(op, size, world_size, torch.float32)
+            inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+            out = output_for(op, inp, world_size)
+            chosen = tuner.choose(op, numel, torch.float32, world_size, CODEC,
                                   multicast=multicast.options_of(None))  # fmt: skip
             ran = set()
-            calls = _calls(op, numel, rank, world_size, candidates, ran)
+            calls = _calls(op, inp, out, candidates, ran)
             seconds = interleaved_calls(calls, rounds)
             rows.append({"op": op, "size_bytes": size, "chosen": str(chosen),
                          "chosen_algorithm": chosen.algorithm, "auto_ran": sorted(ran),
