@@ -61,12 +61,12 @@ def get_codec(spec: str | Codec) -> Codec:
 
 def _build(spec: str) -> Codec:
     if "@" in spec:  # the whole CODEC[:options][@ALGORITHM] of an integration's spec
-        codec, _, algorithm = spec.partition("@")
+        codec, algorithm = (part.strip() for part in spec.split("@", 1))
         raise ValueError(
             f"codec spec {spec!r} names an algorithm after '@': a codec is "
-            f"NAME[:key=value,...]; give the algorithm on its own: codec={codec.strip()!r}, "
-            f"algorithm={algorithm.strip()!r} (on the command line --codec "
-            f"{codec.strip()} --algorithm {algorithm.strip()})"
+            f"NAME[:key=value,...]; give the algorithm on its own: codec={codec!r}, "
+            f"algorithm={algorithm!r} (on the command line --codec {codec} --algorithm "
+            f"{algorithm})"
         )
     name, option_text = split_spec(spec)
     cls = _REGISTRY.get(name)
