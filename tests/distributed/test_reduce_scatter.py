@@ -8,9 +8,11 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
+from commpress.codecs import get_codec
 from commpress.collectives import all_reduce, reduce_scatter_tensor
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.testing.silence import forbid_communication
+from commpress.transport import p2p
 
 WORLD_SIZES = [2, 3, 4]
 CHUNKS = [1, 255, 1000, 4097]  # elements each rank keeps
@@ -415,3 +417,52 @@ def test_an_empty_reduce_scatter_works_with_every_algorithm():
     """ring-hop once cut an empty chunk into pieces of 0 elements (range step 0)."""
     for finished in run_distributed(_empty, 2, timeout=60):
         assert finished == ["ring", "ring-hop", "alltoall"]
+
+
+def _alltoall_posts(rank, world_size, codec):
+    """Every point-to-point post of one ``alltoall`` reduce-scatter on gloo, in order:
+    ``(kind, peer, bytes)``; and its output against the sum of the contributions."""
+    posted, post_each = [], p2p.post_each
+
+    def recording(group, sends, receives):
+        posted.extend(("receive", peer, t.numel()) for t, peer in receives)
+        posted.extend(("send", peer, t.numel()) for t, peer in sends)
+        return post_each(group, sends, receives)
+
+    chunk = 50_000
+    inp = contribution(rank, chunk * world_size, integers=True)
+    out = torch.empty(chunk)
+    p2p.post_each = recording
+    try:
+        cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm="alltoall")
+    finally:
+        p2p.post_each = post_each
+    mine = [contribution(r, chunk * world_size, integers=True).view(world_size, chunk)[rank]
+            for r in range(world_size)]  # fmt: skip
+    return posted, out, mine
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_an_alltoall_on_gloo_posts_every_receive_before_any_send(world_size):
+    """gloo's own all-to-all posts each round's send before its receive, and gloo
+    serialises an exchange whose sends are posted first: on two emulated hosts it took
+    about twice as long (``benchmarks/alltoall_p2p_2026-12-07/``). The payloads go point
+    to point instead, every receive posted before any send (after the argument check's
+    header, which travels alone), one to and from each peer."""
+    codec = get_codec("int8")
+    wire = codec.wire_bytes(50_000, torch.float32)
+    for rank, (posted, out, mine) in enumerate(
+        run_distributed(_alltoall_posts, world_size, "int8", timeout=60)
+    ):
+        expected = sum(mine)
+        payloads = [(kind, peer) for kind, peer, size in posted if size == wire]
+        peers = sorted(p for p in range(world_size) if p != rank)
+        kinds = [kind for kind, _ in payloads]
+        assert kinds == ["receive"] * len(peers) + ["send"] * len(peers), posted
+        assert sorted(peer for kind, peer in payloads if kind == "send") == peers
+        assert sorted(peer for kind, peer in payloads if kind == "receive") == peers
+        bound = sum(codec.error_bound(x) for x in mine)  # one rounding per contribution
+        assert bool(((out - expected).abs() <= bound).all())
+        assert (bound < expected.abs() / 2).float().mean() > 0.9  # zeroed or negated fails
+    for _, out, mine in run_distributed(_alltoall_posts, world_size, "none", timeout=60):
+        assert torch.equal(out, sum(mine))  # small integers: exact

@@ -1,0 +1,110 @@
+"""The ``alltoall`` reduce-scatter on gloo: its all-to-all posted as point-to-point sends
+and receives (receives first), against gloo's own ``all_to_all_single``, interleaved call
+by call in the same rounds.
+
+``python benchmarks/alltoall_p2p_2026-12-07/paired.py HOSTS ROUNDS SIZE...`` (root;
+HOSTS emulated hosts at 1 Gbit/s, MTU 1500, prefix ``cpaa``). SIZE: bytes of the fp32
+reduce-scatter input. Variants, each timed as the slowest rank's seconds per call, their
+order rotated round by round, 3 warm-up rounds not kept:
+
+* ``alltoall CODEC p2p``: ``cp.reduce_scatter_tensor(..., codec=CODEC,
+  algorithm="alltoall")`` as it runs now
+  (``commpress.collectives.executor.ALL_TO_ALL_BY_POINT_TO_POINT`` True);
+* ``alltoall CODEC gloo``: the same call with that switch off (gloo's all-to-all, as
+  before this change);
+* ``ring CODEC``: the ring reduce-scatter, and ``native``: torch's own reduce-scatter of
+  the fp32 tensor, for reference.
+
+Prints each variant's median and quartiles (ms) and, per codec, the median over rounds of
+the per-round ratio gloo / p2p with a 95% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+import commpress as cp
+from commpress.bench.paired import interleaved_calls
+from commpress.cluster import cluster_for
+from commpress.cluster.jobs import main_of_script
+from commpress.collectives import executor
+
+CODECS = ("none", "int8")
+WARMUP = 3
+
+
+def _variants() -> list[str]:
+    return [f"alltoall {c} {t}" for c in CODECS for t in ("p2p", "gloo")] + [
+        *(f"ring {c}" for c in CODECS),
+        "native",
+    ]
+
+
+def _calls(size: int, world_size: int) -> dict:
+    numel = size // 4 // world_size * world_size
+    inp, out = torch.randn(numel), torch.empty(numel // world_size)
+
+    def alltoall(codec: str, by_point_to_point: bool):
+        def call():
+            executor.ALL_TO_ALL_BY_POINT_TO_POINT = by_point_to_point
+            try:
+                cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm="alltoall")
+            finally:
+                executor.ALL_TO_ALL_BY_POINT_TO_POINT = True
+
+        return call
+
+    calls = {}
+    for codec in CODECS:
+        calls[f"alltoall {codec} p2p"] = alltoall(codec, True)
+        calls[f"alltoall {codec} gloo"] = alltoall(codec, False)
+        calls[f"ring {codec}"] = lambda codec=codec: cp.reduce_scatter_tensor(
+            out, inp, codec=codec, algorithm="ring"
+        )
+    calls["native"] = lambda: dist.reduce_scatter_tensor(out, inp)
+    return {variant: calls[variant] for variant in _variants()}
+
+
+def worker(rank, world_size, sizes, rounds):
+    return {size: interleaved_calls(_calls(size, world_size), rounds, WARMUP) for size in sizes}
+
+
+def _ratio(a: list[float], b: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """Median over rounds of a / b, and a 95% percentile-bootstrap interval of it."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    draw = random.Random(0)
+    medians = sorted(
+        statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples)
+    )
+    return statistics.median(ratios), medians[resamples // 40], medians[-resamples // 40 - 1]
+
+
+def main() -> None:
+    hosts, rounds = int(sys.argv[1]), int(sys.argv[2])
+    sizes = [int(s) for s in sys.argv[3:]]
+    with cluster_for(hosts, "1gbit", prefix="cpaa") as cluster:
+        results = cluster.run(worker, sizes, rounds, timeout=3600)[0]
+    print(f"{hosts} hosts at 1 Gbit/s, {rounds} rounds, the slowest rank's ms per call")
+    print("| input (B) | variant | median | p25 | p75 |")
+    print("|---:|---|---:|---:|---:|")
+    for size, times in results.items():
+        for variant in _variants():
+            q = statistics.quantiles([t * 1e3 for t in times[variant]], n=4)
+            print(f"| {size} | {variant} | {q[1]:.2f} | {q[0]:.2f} | {q[2]:.2f} |")
+    print("\n| input (B) | codec | gloo / p2p, median per round (95% interval) |")
+    print("|---:|---|---:|")
+    for size, times in results.items():
+        for codec in CODECS:
+            middle, low, high = _ratio(
+                times[f"alltoall {codec} gloo"], times[f"alltoall {codec} p2p"]
+            )
+            print(f"| {size} | {codec} | {middle:.2f} ({low:.2f}-{high:.2f}) |")
+
+
+if __name__ == "__main__":  # run as a module, so that the ranks can import its functions
+    sys.exit(main_of_script(__file__))
