@@ -9,7 +9,7 @@ import torch.distributed as dist
 import commpress as cp
 from commpress.cluster.local import run_distributed
 from commpress.codecs import get_codec
-from commpress.collectives import all_reduce, reduce_scatter_tensor
+from commpress.collectives import all_reduce, executor, reduce_scatter_tensor
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
 from commpress.testing.silence import forbid_communication
 from commpress.transport import p2p
@@ -419,7 +419,7 @@ def test_an_empty_reduce_scatter_works_with_every_algorithm():
         assert finished == ["ring", "ring-hop", "alltoall"]
 
 
-def _alltoall_posts(rank, world_size, codec):
+def _alltoall_posts(rank, world_size, codec, chunk):
     """Every point-to-point post of one ``alltoall`` reduce-scatter on gloo, in order:
     ``(kind, peer, bytes)``; and its output against the sum of the contributions."""
     posted, post_each = [], p2p.post_each
@@ -429,7 +429,6 @@ def _alltoall_posts(rank, world_size, codec):
         posted.extend(("send", peer, t.numel()) for t, peer in sends)
         return post_each(group, sends, receives)
 
-    chunk = 50_000
     inp = contribution(rank, chunk * world_size, integers=True)
     out = torch.empty(chunk)
     p2p.post_each = recording
@@ -443,26 +442,36 @@ def _alltoall_posts(rank, world_size, codec):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_an_alltoall_on_gloo_posts_every_receive_before_any_send(world_size):
+def test_a_large_alltoall_on_gloo_posts_every_receive_before_any_send(world_size):
     """gloo's own all-to-all posts each round's send before its receive, and gloo
-    serialises an exchange whose sends are posted first: on two emulated hosts it took
-    about twice as long (``benchmarks/alltoall_p2p_2026-12-07/``). The payloads go point
-    to point instead, every receive posted before any send (after the argument check's
-    header, which travels alone), one to and from each peer."""
+    serialises an exchange whose sends are posted first: on two emulated hosts it took up
+    to 1.8x as long (``benchmarks/alltoall_p2p_2026-12-07/``). From
+    ``ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`` per peer the payloads go point to point
+    instead, every receive posted before any send (after the argument check's header,
+    which travels alone), one to and from each peer; below it, gloo's own."""
     codec = get_codec("int8")
-    wire = codec.wire_bytes(50_000, torch.float32)
-    for rank, (posted, out, mine) in enumerate(
-        run_distributed(_alltoall_posts, world_size, "int8", timeout=60)
-    ):
-        expected = sum(mine)
-        payloads = [(kind, peer) for kind, peer, size in posted if size == wire]
-        peers = sorted(p for p in range(world_size) if p != rank)
-        kinds = [kind for kind, _ in payloads]
-        assert kinds == ["receive"] * len(peers) + ["send"] * len(peers), posted
-        assert sorted(peer for kind, peer in payloads if kind == "send") == peers
-        assert sorted(peer for kind, peer in payloads if kind == "receive") == peers
-        bound = sum(codec.error_bound(x) for x in mine)  # one rounding per contribution
-        assert bool(((out - expected).abs() <= bound).all())
-        assert (bound < expected.abs() / 2).float().mean() > 0.9  # zeroed or negated fails
-    for _, out, mine in run_distributed(_alltoall_posts, world_size, "none", timeout=60):
-        assert torch.equal(out, sum(mine))  # small integers: exact
+    large = 300_000
+    threshold = executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
+    assert (
+        codec.wire_bytes(1000, torch.float32) < threshold <= codec.wire_bytes(large, torch.float32)
+    )
+    for chunk in (large, 1000):
+        wire = codec.wire_bytes(chunk, torch.float32)
+        for rank, (posted, out, mine) in enumerate(
+            run_distributed(_alltoall_posts, world_size, "int8", chunk, timeout=60)
+        ):
+            expected = sum(mine)
+            bound = sum(codec.error_bound(x) for x in mine)  # one rounding per contribution
+            assert bool(((out - expected).abs() <= bound).all())
+            assert (bound < expected.abs() / 2).float().mean() > 0.9  # zeroed or negated fails
+            payloads = [(kind, peer) for kind, peer, size in posted if size == wire]
+            if chunk < large:
+                assert payloads == [], posted  # below the threshold: gloo's own all-to-all
+                continue
+            peers = sorted(p for p in range(world_size) if p != rank)
+            kinds = [kind for kind, _ in payloads]
+            assert kinds == ["receive"] * len(peers) + ["send"] * len(peers), posted
+            assert sorted(peer for kind, peer in payloads if kind == "send") == peers
+            assert sorted(peer for kind, peer in payloads if kind == "receive") == peers
+        for _, out, mine in run_distributed(_alltoall_posts, world_size, "none", chunk, timeout=60):
+            assert torch.equal(out, sum(mine))  # small integers: exact

@@ -64,13 +64,15 @@ SPLIT_LAST_BYTES = 3 << 20
 #: non-chain schedule's.
 CHECK_BESIDE_BROADCASTS = True
 
-#: On gloo (CPU tensors, a backend other than NCCL), an all-to-all step is posted as
-#: point-to-point sends and receives, every receive before any send; False: gloo's own
-#: ``all_to_all_single``, which posts each of its rounds' send before its receive, and
-#: gloo serialises an exchange between two ranks whose sends are posted first
-#: (``benchmarks/two_ranks_2026-11-27/README.md``): on two emulated hosts at 1 Gbit/s it
-#: took about twice as long (``benchmarks/alltoall_p2p_2026-12-07/README.md``).
-ALL_TO_ALL_BY_POINT_TO_POINT = True
+#: Payload bytes per peer from which an all-to-all step on gloo (CPU tensors, a backend
+#: other than NCCL) is posted as point-to-point sends and receives, every receive before
+#: any send; below it, and where this is None, gloo's own ``all_to_all_single``. gloo posts
+#: each of its rounds' send before its receive (``gloo/alltoall.cc``), and it serialises an
+#: exchange between two ranks whose sends are posted first
+#: (``benchmarks/two_ranks_2026-11-27/README.md``): from this size, point to point was up to
+#: 1.8x faster on two emulated hosts and 1.4x on four, and below it slower, by the 2(n - 1)
+#: posts from Python (``benchmarks/alltoall_p2p_2026-12-07/README.md``).
+ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
@@ -523,7 +525,9 @@ def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
 
 
 def _start(transport: Transport, step: Step, payloads: Payloads, group):
-    if transport is Transport.P2P or _all_to_all_by_point_to_point(transport, payloads, group):
+    if transport is Transport.ALL_TO_ALL and _all_to_all_by_point_to_point(step, payloads, group):
+        transport = Transport.P2P
+    if transport is Transport.P2P:
         return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
     if transport is Transport.ALL_GATHER:
         (own,) = step.sends
@@ -533,12 +537,13 @@ def _start(transport: Transport, step: Step, payloads: Payloads, group):
     return p2p.Pending(collective.all_to_all(received, sent, group))
 
 
-def _all_to_all_by_point_to_point(transport: Transport, payloads: Payloads, group) -> bool:
+def _all_to_all_by_point_to_point(step: Step, payloads: Payloads, group) -> bool:
     """Whether an all-to-all step is posted as point-to-point sends and receives
-    (:data:`ALL_TO_ALL_BY_POINT_TO_POINT`)."""
+    (:data:`ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`)."""
+    least = ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
     return (
-        transport is Transport.ALL_TO_ALL
-        and ALL_TO_ALL_BY_POINT_TO_POINT
+        least is not None
+        and step.sends[0].wire_bytes >= least
         and payloads.device.type == "cpu"
         and p2p.sends_may_go_alone(group)
     )

@@ -8,7 +8,7 @@
 * ``ring-hop``: the point-to-point compression baseline of MPI libraries: the same
   ring with whole chunks and no overlap (encode, send, wait, decode, add).
 * ``alltoall`` (``backend`` is the same): each rank encodes each destination's slice
-  once; the backend's all-to-all; each destination decodes and sums in fp32. One
+  once; one all-to-all (on gloo point to point); each destination decodes and sums in fp32. One
   rounding per contribution instead of n - 1 re-quantizations of a partial sum.
 
 What a ring hop sends (:func:`~commpress.schedules.partial_sum_dtype`): a lossy codec
