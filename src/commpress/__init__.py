@@ -57,8 +57,12 @@ def __getattr__(name: str):
     return value
 
 
+#: what this file imports for itself, not for its users
+_OWN_IMPORTS = {"TYPE_CHECKING", "annotations", "importlib"}
+
+
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC})
+    return sorted({*globals(), *_PUBLIC} - _OWN_IMPORTS)
 
 
 __all__ = [  # the names of _PUBLIC, written out for the tools that read __all__ statically

@@ -223,6 +223,22 @@ def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
         Fingerprint("gather", "ring", 10, "float32", "int8")
 
 
+def test_a_piece_size_is_named_only_where_it_is_the_difference():
+    """An all-gather has no piece size (0): beside a reduce-scatter's, "chunk_bytes=0"
+    would only confuse. Between two calls of one operation it is the difference."""
+    from commpress.collectives.fingerprint import mismatch_message
+
+    gather = Fingerprint("all_gather", "ring", 1000, "float32", "int8")
+    reduce = Fingerprint("reduce_scatter", "ring", 1000, "float32", "int8", "sum", 2 << 20)
+    smaller = Fingerprint("reduce_scatter", "ring", 1000, "float32", "int8", "sum", 1 << 20)
+    message = mismatch_message([gather.to_bytes(0), reduce.to_bytes(0)], 0, 2)
+    assert "rank 1 called reduce_scatter (ring, sum) with 1000 float32 elements" in message
+    assert "this rank: all_gather (ring)" in message
+    assert "chunk_bytes" not in message
+    message = mismatch_message([smaller.to_bytes(0), reduce.to_bytes(0)], 0, 2)
+    assert f"chunk_bytes={2 << 20}; this rank: chunk_bytes={1 << 20}" in message
+
+
 def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
     """What each rank all-reduces on NCCL: ``[d, -d]``; the elementwise maximum over ranks
     holds ``[max d, -min d]``, so the ranks agree exactly when the two are negations."""

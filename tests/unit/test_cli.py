@@ -619,6 +619,9 @@ for name, (module, attribute) in commpress._PUBLIC.items():
     expected = expected if attribute is None else getattr(expected, attribute)
     assert getattr(commpress, name) is expected, name
 assert sorted(commpress.__all__) == sorted(["__version__", *commpress._PUBLIC])
+listed = dir(commpress)
+assert set(commpress._PUBLIC) <= set(listed) and "__version__" in listed
+assert not {"TYPE_CHECKING", "annotations", "importlib"} & set(listed), listed
 assert commpress.sim.tuner is importlib.import_module("commpress.sim.tuner")
 assert not hasattr(commpress, "sim.tuner") and not hasattr(commpress, "no_such_module")
 try:
