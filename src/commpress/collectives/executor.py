@@ -70,8 +70,8 @@ CHECK_BESIDE_BROADCASTS = True
 #: each of its rounds' send before its receive (``gloo/alltoall.cc``), and it serialises an
 #: exchange between two ranks whose sends are posted first
 #: (``benchmarks/two_ranks_2026-11-27/README.md``): from this size, point to point was up to
-#: 1.8x faster on two emulated hosts and 1.4x on four, and below it slower, by the 2(n - 1)
-#: posts from Python (``benchmarks/alltoall_p2p_2026-12-07/README.md``).
+#: 1.8x faster on two emulated hosts and 1.4x on four; below it, at times slower (one call
+#: against 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
 ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
