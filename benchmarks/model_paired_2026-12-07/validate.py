@@ -3,6 +3,9 @@
     python benchmarks/model_paired_2026-12-07/validate.py \
         > benchmarks/model_paired_2026-12-07/validation.md
 
+(``validate.py DIR > DIR/validation.md`` reads and writes another run's folder, as
+``measure.sh DIR`` makes it.)
+
 The fit (`fit.json`) reads run 1's int8 and torch's own rows (2 and 4 hosts on one switch,
 8 hosts in 2 racks; 1-64 MiB) and this VM's codec speeds (`codecs.json`), as
 `commpress sim --calibrate` reads bench rows. Then, rows of 4 MiB and above within 10%:
@@ -21,7 +24,7 @@ import validate  # noqa: E402
 
 from commpress.sim import calibrate  # noqa: E402
 
-HERE = "benchmarks/model_paired_2026-12-07"
+HERE = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/model_paired_2026-12-07"
 FITTED_CODECS = ("int8", "none")  # int8 rows and torch's own ("none", algorithm native)
 
 
