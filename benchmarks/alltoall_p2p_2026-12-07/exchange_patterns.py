@@ -1,6 +1,7 @@
 """Raw uint8 all-to-all exchanges on gloo, interleaved call by call: every point-to-point
-receive posted first, then every send, all peers at once (what the executor posts from
-the size threshold); in n - 1 rounds of one peer each way (round i: from rank - i, to
+receive posted first, then every send, all peers at once (as the executor posts from
+the size threshold, here in rotated order: from rank - i, to rank + i; the executor
+posts in ascending rank order); in n - 1 rounds of one peer each way (round i: from rank - i, to
 rank + i), waiting each round out; the same with the next round's receive posted ahead;
 and gloo's own ``all_to_all_single``.
 

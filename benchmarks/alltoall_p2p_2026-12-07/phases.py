@@ -8,7 +8,10 @@ post``) and verdict (``check settle``); the encodes; the own contribution's fp32
 (``begin``, while the transfer is in flight); waiting for the point-to-point transfers
 (``p2p wait``) or a collective (the check's all-reduce: ``collective wait``); each
 received payload's decode and sum. The parts overlap only where the executor overlaps
-them (``begin`` with the transfer); the rest add up to about the call.
+them (``begin`` with the transfer); the rest add up to about the call, but for the
+check's header, whose wait ``p2p wait`` counts and ``check settle`` includes, and its
+verdict's all-reduce (``collective wait``, inside ``check settle`` too). The parts are
+means over the calls, the call a median.
 """
 
 from __future__ import annotations

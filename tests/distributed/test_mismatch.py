@@ -225,7 +225,8 @@ def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
 
 def test_a_piece_size_is_named_only_where_it_is_the_difference():
     """An all-gather has no piece size (0): beside a reduce-scatter's, "chunk_bytes=0"
-    would only confuse. Between two calls of one operation it is the difference."""
+    would only confuse. Between two calls of one operation and algorithm it is a
+    difference, whatever else differs (here the reduction too)."""
     from commpress.collectives.fingerprint import mismatch_message
 
     gather = Fingerprint("all_gather", "ring", 1000, "float32", "int8")
@@ -237,6 +238,9 @@ def test_a_piece_size_is_named_only_where_it_is_the_difference():
     assert "chunk_bytes" not in message
     message = mismatch_message([smaller.to_bytes(0), reduce.to_bytes(0)], 0, 2)
     assert f"chunk_bytes={2 << 20}; this rank: chunk_bytes={1 << 20}" in message
+    averaged = Fingerprint("reduce_scatter", "ring", 1000, "float32", "int8", "avg", 1 << 20)
+    message = mismatch_message([averaged.to_bytes(0), reduce.to_bytes(0)], 0, 2)
+    assert "reduce_scatter (ring, avg)" in message and f"chunk_bytes={1 << 20}" in message
 
 
 def test_the_digests_reduced_with_max_agree_only_when_every_rank_agrees():
@@ -408,6 +412,36 @@ def _threshold_on_one_rank(rank, world_size, setting):
 )
 def test_ranks_that_differ_only_in_a_threshold_of_the_check_raise(setting):
     results = run_distributed(_threshold_on_one_rank, 3, setting, timeout=60)
+    _every_rank_says_the_messages_differ(results)
+
+
+def _all_to_all_transport_on_one_rank(rank, world_size):
+    """Same arguments everywhere, but rank 0 alone posts an ``alltoall`` reduce-scatter's
+    all-to-all point to point (``ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`` 0), the others
+    through gloo's own: the two never meet. The choice is part of the digest, so every
+    rank raises and the group stays usable, instead of every rank timing out with rank
+    0's messages left unmatched."""
+    from commpress.collectives import executor
+
+    default = executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
+
+    def call(rank):
+        executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES = 0 if rank == 0 else default
+        out = torch.full((1000,), SENTINEL)
+        try:
+            inp = torch.ones(1000 * world_size)
+            cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", timeout=TIMEOUT)
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        finally:
+            executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES = default
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_ranks_that_differ_in_how_an_all_to_all_is_posted_raise():
+    results = run_distributed(_all_to_all_transport_on_one_rank, 3, timeout=60)
     _every_rank_says_the_messages_differ(results)
 
 

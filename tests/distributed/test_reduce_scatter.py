@@ -443,7 +443,7 @@ def _alltoall_posts(rank, world_size, codec, chunk):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_a_large_alltoall_on_gloo_posts_every_receive_before_any_send(world_size):
-    """gloo's own all-to-all posts each round's send before its receive, and gloo
+    """gloo's own all-to-all posts each peer's send before its receive, and gloo
     serialises an exchange whose sends are posted first: on two emulated hosts it took up
     to 1.8x as long (``benchmarks/alltoall_p2p_2026-12-07/``). From
     ``ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`` per peer the payloads go point to point

@@ -66,12 +66,13 @@ CHECK_BESIDE_BROADCASTS = True
 
 #: Payload bytes per peer from which an all-to-all step on gloo (CPU tensors, a backend
 #: other than NCCL) is posted as point-to-point sends and receives, every receive before
-#: any send; below it, and where this is None, gloo's own ``all_to_all_single``. gloo posts
-#: each of its rounds' send before its receive (``gloo/alltoall.cc``), and it serialises an
-#: exchange between two ranks whose sends are posted first
-#: (``benchmarks/two_ranks_2026-11-27/README.md``): from this size, point to point was up to
-#: 1.8x faster on two emulated hosts and 1.4x on four; below it, at times slower (one call
-#: against 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
+#: any send; below it, and where this is None, gloo's own ``all_to_all_single``. gloo's
+#: posts, peer by peer, a send before the receive (``gloo/alltoall.cc``): on two ranks both
+#: post their send first, an exchange gloo serialises
+#: (``benchmarks/two_ranks_2026-11-27/README.md``). From this size, point to point was up to
+#: 1.8x faster on two emulated hosts and 1.4x on four (why on more than two was not
+#: established), on eight within the noise; below it, at times slower (one call against
+#: 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
 ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
@@ -148,8 +149,21 @@ def execute(
         )
         split = chains and several and not early and payloads.held_bytes >= SPLIT_LAST_BYTES
         sizes = schedule.wire_sizes
+        point_to_point = any(
+            schedule.transport is Transport.ALL_TO_ALL
+            and _all_to_all_by_point_to_point(step, payloads, group)
+            for step in schedule.steps
+        )
         check = inband.Check(
-            group, fingerprint, timeout, payloads.device, chains, early, sizes, split
+            group,
+            fingerprint,
+            timeout,
+            payloads.device,
+            chains,
+            early,
+            sizes,
+            split,
+            point_to_point=point_to_point,
         )
         if chains:
             _execute_in_band(schedule, payloads, group, timeout, check)

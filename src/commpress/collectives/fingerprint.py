@@ -301,7 +301,7 @@ def _difference(who: str, theirs: _Received, own: _Received) -> str:
     if a.codec != b.codec or (theirs.digest != own.digest and not mine):
         mine.append(f"codec {b.codec}")
     said = f"{who} called {a.describe()}"
-    if a.chunk_bytes != b.chunk_bytes and a.call() == b.call():  # else the call says it
+    if a.chunk_bytes != b.chunk_bytes and (a.op, a.algorithm) == (b.op, b.algorithm):
         said += f", chunk_bytes={a.chunk_bytes}"
         mine.append(f"chunk_bytes={b.chunk_bytes}")
     if theirs.sequence != own.sequence:

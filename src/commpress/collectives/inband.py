@@ -144,15 +144,18 @@ class Check:
         sizes: tuple[int, ...] = (),
         split_last: bool = False,
         said: int | None = None,
+        point_to_point: bool = False,
     ):
         """``chains``: whether this rank's schedule carries the check in its messages;
         ``early``: whether a chain also takes every rank's verdict from an all-reduce in
         flight (:meth:`post_early_verdict`); ``sizes``: the bytes of every message this
         rank's schedule sends; ``split_last``: whether a chain sends the header of its last
         message alone, ahead of the rest (:meth:`wire`), so that the verdict it completes
-        is known while the rest is on the wire. All four, and :data:`FIRST_MESSAGE_BYTES`,
-        are part of the digest: ranks whose digests agree exchange messages of the sizes
-        each expects, so no poison can follow. ``said``: the digest sent instead, by a step
+        is known while the rest is on the wire; ``point_to_point``: whether a schedule
+        that names one of the backend's collectives posts it point to point instead. All
+        five, and :data:`FIRST_MESSAGE_BYTES`, are part of the digest: ranks whose digests
+        agree exchange messages of the sizes each expects, and in the same way, so no
+        poison can follow. ``said``: the digest sent instead, by a step
         that is no collective but must meet one (:func:`~commpress.collectives.auto.resolve`'s
         exchange: its ranks agree on it whatever their calls, and a rank that runs a
         collective in its place disagrees); ``mine`` still names this rank's call."""
@@ -163,9 +166,8 @@ class Check:
         self.sequence = fingerprints.next_sequence(self.group)  # this call's, on the group
         self.row = mine.to_bytes(self.sequence)
         # FIRST_MESSAGE_BYTES too: where a long first message is cut changes what is sent
-        layout = struct.pack(
-            f"<???Q{len(sizes)}Q", chains, early, split_last, FIRST_MESSAGE_BYTES, *sizes
-        )
+        flags = (chains, early, split_last, point_to_point)
+        layout = struct.pack(f"<????Q{len(sizes)}Q", *flags, FIRST_MESSAGE_BYTES, *sizes)
         self.digest = fingerprints.digest(self.row + layout) if said is None else said
         self.early, self.split_last = early, split_last and chains  # only a chain splits
         self.poisoned = False

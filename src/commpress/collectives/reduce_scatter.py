@@ -8,8 +8,9 @@
 * ``ring-hop``: the point-to-point compression baseline of MPI libraries: the same
   ring with whole chunks and no overlap (encode, send, wait, decode, add).
 * ``alltoall`` (``backend`` is the same): each rank encodes each destination's slice
-  once; one all-to-all (on gloo point to point); each destination decodes and sums in fp32. One
-  rounding per contribution instead of n - 1 re-quantizations of a partial sum.
+  once; one all-to-all (on gloo, CPU tensors, large payloads: point to point); each
+  destination decodes and sums in fp32. One rounding per contribution instead of n - 1
+  re-quantizations of a partial sum.
 
 What a ring hop sends (:func:`~commpress.schedules.partial_sum_dtype`): a lossy codec
 encodes the fp32 partial sum (its payload size does not depend on the dtype, so it never

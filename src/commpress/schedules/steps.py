@@ -44,7 +44,8 @@ class Transport(enum.Enum):
 
     P2P = "p2p"  # one batch of point-to-point sends and receives per step
     ALL_GATHER = "the backend's all-gather"  # one per step: every rank broadcasts a payload
-    #: one per step: a payload for every peer (on gloo, posted point to point by the executor)
+    #: one per step: a payload for every peer (on gloo, CPU tensors and large payloads, the
+    #: executor posts it point to point)
     ALL_TO_ALL = "the backend's all-to-all"
     MULTICAST = "reliable multicast"  # one broadcast per step, replicated by the network
 
