@@ -22,7 +22,6 @@ the per-round ratios gloo / p2p and gloo / chosen with 95% bootstrap intervals.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import commpress as cp
-from commpress.bench.paired import interleaved_calls
+from commpress.bench.paired import interleaved_calls, paired_ratio
 from commpress.cluster import cluster_for
 from commpress.cluster.jobs import main_of_script
 from commpress.collectives import executor
@@ -77,16 +76,6 @@ def worker(rank, world_size, sizes, rounds):
     return {size: interleaved_calls(_calls(size, world_size), rounds, WARMUP) for size in sizes}
 
 
-def _ratio(a: list[float], b: list[float], resamples: int = 2000) -> tuple[float, float, float]:
-    """Median over rounds of a / b, and a 95% percentile-bootstrap interval of it."""
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    draw = random.Random(0)
-    medians = sorted(
-        statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples)
-    )
-    return statistics.median(ratios), medians[resamples // 40], medians[-resamples // 40 - 1]
-
-
 def main() -> None:
     hosts, rounds = int(sys.argv[1]), int(sys.argv[2])
     sizes = [int(s) for s in sys.argv[3:]]
@@ -107,7 +96,7 @@ def main() -> None:
             gloo = times[f"alltoall {codec} gloo"]
             cells = []
             for other in ("p2p", "chosen"):
-                middle, low, high = _ratio(gloo, times[f"alltoall {codec} {other}"])
+                middle, low, high = paired_ratio(gloo, times[f"alltoall {codec} {other}"])
                 cells.append(f"{middle:.2f} ({low:.2f}-{high:.2f})")
             print(f"| {size} | {codec} | {' | '.join(cells)} |")
 

@@ -21,7 +21,6 @@ kept. Run as root (it makes an emulated cluster), nothing else running.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 from functools import partial
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from commpress.bench.collectives import output_for, run_collective
-from commpress.bench.paired import interleaved_calls, paired_arguments
+from commpress.bench.paired import interleaved_calls, paired_arguments, paired_ratio
 from commpress.bench.report import write_json
 from commpress.cluster.commands import cluster_from, multicast_options, tuner_network
 from commpress.cluster.jobs import main_of_script
@@ -84,17 +83,6 @@ def _worker(rank, world_size, sizes, rounds, tune, candidates, options):
     return rows if rank == 0 else None
 
 
-def ratio_of_medians_interval(a, b, resamples=2000, seed=0):
-    """The median over rounds of ``a[i] / b[i]`` and a 95% bootstrap interval of it."""
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    draw = random.Random(seed)
-    medians = sorted(
-        statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples)
-    )
-    tail = int(0.025 * resamples)
-    return statistics.median(ratios), medians[tail], medians[resamples - tail - 1]
-
-
 def _table(rows, rounds: int, where: str) -> list[str]:
     lines = [
         f"# int8 requests on {where}: medians of {rounds} interleaved rounds, ms (slowest rank)",
@@ -108,8 +96,8 @@ def _table(rows, rounds: int, where: str) -> list[str]:
         medians = {variant: statistics.median(times) * 1e3 for variant, times in seconds.items()}
         explicit = [variant for variant in medians if variant != "auto"]
         fastest = min(explicit, key=medians.get)
-        ratio = ratio_of_medians_interval(seconds[row["chosen_algorithm"]], seconds[fastest])
-        auto = ratio_of_medians_interval(seconds["auto"], seconds[fastest])
+        ratio = paired_ratio(seconds[row["chosen_algorithm"]], seconds[fastest])
+        auto = paired_ratio(seconds["auto"], seconds[fastest])
         shown = ", ".join(f"{variant} {ms:.1f}" for variant, ms in medians.items())
         lines.append(
             f"| {row['op']} | {row['size_bytes'] >> 20} MiB | {shown} | {fastest} | "

@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from commpress.bench.paired import difference_deciles, paired_arguments, paired_difference
+from commpress.bench.paired import (
+    difference_deciles,
+    paired_arguments,
+    paired_difference,
+    paired_ratio,
+)
 
 
 def _rounds(shift: float, n: int = 400, seed: int = 1):
@@ -37,6 +42,19 @@ def test_the_middle_is_the_median_of_the_differences_not_their_mean():
     a = [5.0] * 19 + [105.0]
     b = [4.0] * 20
     assert paired_difference(a, b) == (1.0, 1.0, 1.0)  # the mean would be 6
+
+
+def test_a_ratio_drifting_with_the_rounds_is_found_and_its_inverse_the_other_way():
+    """Rounds whose times drift (base 5 to 9) but keep ``a`` 1.2x ``b``."""
+    a, b = _rounds(0.0)
+    a = [1.2 * t for t in b]
+    a[3] *= 3  # one disturbed round moves a median of ratios little
+    middle, low, high = paired_ratio(a, b)
+    assert middle == pytest.approx(1.2) and low <= middle <= high < 1.3
+    inverse = paired_ratio(b, a)
+    assert inverse[0] == pytest.approx(1 / 1.2) and inverse[2] < 1
+    with pytest.raises(ValueError, match="same non-zero length"):
+        paired_ratio(a, b[:-1])
 
 
 def test_identical_differences_give_an_interval_of_width_zero():

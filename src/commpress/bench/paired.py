@@ -30,13 +30,27 @@ def paired_difference(
     VM they are not quite: read single intervals with care)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"a and b must be the same non-zero length, got {len(a)} and {len(b)}")
-    differences = [x - y for x, y in zip(a, b, strict=True)]
+    return _median_interval([x - y for x, y in zip(a, b, strict=True)], resamples, seed)
+
+
+def paired_ratio(
+    a: Sequence[float], b: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(median, low, high)`` of the per-round ratios ``a / b``, as
+    :func:`paired_difference` gives the differences."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a and b must be the same non-zero length, got {len(a)} and {len(b)}")
+    return _median_interval([x / y for x, y in zip(a, b, strict=True)], resamples, seed)
+
+
+def _median_interval(values: list[float], resamples: int, seed: int) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% percentile-bootstrap interval of it."""
     draw = random.Random(seed)
     medians = sorted(
-        statistics.median(draw.choices(differences, k=len(differences))) for _ in range(resamples)
+        statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples)
     )
     tail = int(0.025 * resamples)
-    return statistics.median(differences), medians[tail], medians[resamples - tail - 1]
+    return statistics.median(values), medians[tail], medians[resamples - tail - 1]
 
 
 def difference_deciles(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
