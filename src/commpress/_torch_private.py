@@ -10,6 +10,7 @@ exists in the installed torch.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,6 +84,23 @@ def replaced_collective(module: torch.nn.Module, which: str) -> object | None:
         if type(comm) is not default:
             return comm
     return None
+
+
+def compiled_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``), or None where
+    ``module`` is no such wrapper (dynamo is not imported for the question: a wrapper
+    exists only once it has been)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return None
+    wrapper = _attribute(eval_frame, "OptimizedModule", "torch._dynamo.eval_frame.OptimizedModule")
+    if not isinstance(module, wrapper):
+        return None
+    return _attribute(module, "_orig_mod", "OptimizedModule._orig_mod")
+
+
+def _compiled_original_attribute() -> object:
+    return compiled_original(torch.compile(torch.nn.Linear(1, 1)))
 
 
 def recompile_limit_error() -> type[Exception]:
@@ -350,6 +368,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     f"{FSDP_COLLECTIVES_MODULE}.DefaultAllGather/DefaultReduceScatter": fsdp_default_comm_classes,
     "FSDPModule._get_fsdp_state": _get_fsdp_state_method,
     "FSDPParamGroup._reset_iter_state": _reset_iter_state_method,
+    "torch._dynamo.eval_frame.OptimizedModule._orig_mod": _compiled_original_attribute,
     "torch._dynamo.exc.FailOnRecompileLimitHit": recompile_limit_error,
     "torch._dynamo.utils.counters": dynamo_counters,
     "torch.cuda._sleep": _cuda_sleep,

@@ -1243,6 +1243,28 @@ def _named_through_the_wrapper(rank, world_size):
     return sorted(by_wrapper.names.values()), sorted(by_module.names.values())
 
 
+def _named_through_compile(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 10))
+    names = []
+    for wrapped in (
+        torch.compile(DistributedDataParallel(model)),  # compile the DDP model, as the docs of
+        DistributedDataParallel(torch.compile(model)),  # torch show, or DDP a compiled one
+        torch.compile(model),
+    ):
+        state, _ = cp.lowrank.ddp_hook("powersgd:rank=2", model=wrapped)
+        names.append(sorted(state.names.values()))
+    return names
+
+
+def test_model_given_through_torch_compile_names_the_state_as_the_module_does():
+    """``torch.compile`` wraps a module in one whose names start ``_orig_mod.``: given one,
+    in either order with DDP, the hook named its state ``_orig_mod.module.*`` (other
+    factors, checkpoints that load into no hook given the module)."""
+    for names in run_distributed(_named_through_compile, 1, timeout=60):
+        assert names == [["0.bias", "0.weight", "1.bias", "1.weight"]] * 3
+
+
 def test_model_given_as_the_ddp_wrapper_names_the_state_as_the_module_does():
     """``ddp_hook(..., model=ddp)`` named every state ``module.*`` (and so drew other
     initial factors, seeded by name): its checkpoints did not load into a hook given the

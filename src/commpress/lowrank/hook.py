@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.weak import WeakIdKeyDictionary
 
+from commpress._torch_private import compiled_original
 from commpress.collectives.checks import check_flag, check_group
 from commpress.collectives.work import for_ddp
 from commpress.integrations.ddp import check_bucket
@@ -126,6 +127,19 @@ class LowRankHookState:
         self.reducer.load_state_dict(state)
 
 
+def _wrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP and ``torch.compile`` wrappers, in any nesting: its
+    parameters' names are the ones the docs ask for (a wrapper prefixes ``module.`` or
+    ``_orig_mod.``, and the names seed the factors)."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif (original := compiled_original(model)) is not None:
+            model = original
+        else:
+            return model
+
+
 def ddp_hook(
     algorithm: LowRankAlgorithm | str,
     *,
@@ -155,8 +169,8 @@ def ddp_hook(
     check_flag(scheduler, "scheduler")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be the torch.nn.Module DDP wraps, got {type(model).__name__}")
-    if isinstance(model, DistributedDataParallel):  # its names are the wrapped module's
-        model = model.module
+    if model is not None:
+        model = _wrapped(model)
     reducer = Reducer(algorithm, group, timeout)  # checks its arguments before new_group
     if group is None:
         request = ("low-rank hook", None, None, standing_in_for(None, timeout))
