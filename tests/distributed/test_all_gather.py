@@ -351,3 +351,55 @@ def test_the_public_all_gather_streams_its_output_and_the_all_reduce_does_not():
     for gathered, reduced in run_distributed(_stream_requests, 2, timeout=120):
         assert gathered == [1, 1]
         assert reduced and not any(reduced)
+
+
+def _backend_posts(rank, world_size, numel):
+    """Every point-to-point post of one int8 ``backend`` all-gather, ``(kind, peer,
+    bytes)``; its output, and the output of the same call through gloo's own all-gather."""
+    from commpress.collectives import executor
+    from commpress.transport import p2p
+
+    posted, post_each = [], p2p.post_each
+
+    def recording(group, sends, receives):
+        posted.extend(("receive", peer, t.numel()) for t, peer in receives)
+        posted.extend(("send", peer, t.numel()) for t, peer in sends)
+        return post_each(group, sends, receives)
+
+    inp = shard(rank, numel, torch.float32)
+    p2p.post_each = recording
+    try:
+        out = gather("backend", "int8", inp, world_size)
+    finally:
+        p2p.post_each = post_each
+    default, executor.POINT_TO_POINT_FROM_BYTES = executor.POINT_TO_POINT_FROM_BYTES, None
+    try:
+        through_gloo = gather("backend", "int8", inp, world_size)
+    finally:
+        executor.POINT_TO_POINT_FROM_BYTES = default
+    return posted, out, through_gloo
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_large_backend_all_gather_of_two_ranks_posts_its_receive_first(world_size):
+    """On two ranks gloo's ring all-gather is one exchange with one peer, each side posting
+    its send first, which gloo serialises (``benchmarks/two_ranks_2026-11-27/``): from
+    ``POINT_TO_POINT_FROM_BYTES`` per peer the payloads go point to point instead, the
+    receive first, with the bits gloo's own gives. On three ranks gloo's ring sends and
+    receives with two different peers: left to it."""
+    from commpress.codecs import get_codec
+
+    numel = 300_000
+    wire = get_codec("int8").wire_bytes(numel, torch.float32)
+    results = run_distributed(_backend_posts, world_size, numel, timeout=60)
+    assert all(torch.equal(out, results[0][1]) for _, out, _ in results)  # every rank alike
+    for rank, (posted, out, through_gloo) in enumerate(results):
+        payloads = [(kind, peer) for kind, peer, size in posted if size == wire]
+        if world_size == 2:
+            assert payloads == [("receive", 1 - rank), ("send", 1 - rank)], posted
+        else:
+            assert payloads == [], posted
+        assert torch.equal(out, through_gloo)
+        own = shard(rank, numel, torch.float32)
+        mine = out[rank * numel : (rank + 1) * numel]
+        assert bool(((mine - own).abs() <= get_codec("int8").error_bound(own)).all())

@@ -417,16 +417,16 @@ def test_ranks_that_differ_only_in_a_threshold_of_the_check_raise(setting):
 
 def _all_to_all_transport_on_one_rank(rank, world_size):
     """Same arguments everywhere, but rank 0 alone posts an ``alltoall`` reduce-scatter's
-    all-to-all point to point (``ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`` 0), the others
+    all-to-all point to point (``POINT_TO_POINT_FROM_BYTES`` 0), the others
     through gloo's own: the two never meet. The choice is part of the digest, so every
     rank raises and the group stays usable, instead of every rank timing out with rank
     0's messages left unmatched."""
     from commpress.collectives import executor
 
-    default = executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
+    default = executor.POINT_TO_POINT_FROM_BYTES
 
     def call(rank):
-        executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES = 0 if rank == 0 else default
+        executor.POINT_TO_POINT_FROM_BYTES = 0 if rank == 0 else default
         out = torch.full((1000,), SENTINEL)
         try:
             inp = torch.ones(1000 * world_size)
@@ -434,7 +434,7 @@ def _all_to_all_transport_on_one_rank(rank, world_size):
         except CollectiveMismatchError as error:
             return out, str(error)
         finally:
-            executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES = default
+            executor.POINT_TO_POINT_FROM_BYTES = default
         return out, None
 
     return _mismatched(rank, world_size, call)

@@ -446,12 +446,12 @@ def test_a_large_alltoall_on_gloo_posts_every_receive_before_any_send(world_size
     """gloo's own all-to-all posts each peer's send before its receive, and gloo
     serialises an exchange whose sends are posted first: on two emulated hosts it took up
     to 1.8x as long (``benchmarks/alltoall_p2p_2026-12-07/``). From
-    ``ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`` per peer the payloads go point to point
+    ``POINT_TO_POINT_FROM_BYTES`` per peer the payloads go point to point
     instead, every receive posted before any send (after the argument check's header,
     which travels alone), one to and from each peer; below it, gloo's own."""
     codec = get_codec("int8")
     large = 300_000
-    threshold = executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
+    threshold = executor.POINT_TO_POINT_FROM_BYTES
     assert (
         codec.wire_bytes(1000, torch.float32) < threshold <= codec.wire_bytes(large, torch.float32)
     )

@@ -64,16 +64,18 @@ SPLIT_LAST_BYTES = 3 << 20
 #: non-chain schedule's.
 CHECK_BESIDE_BROADCASTS = True
 
-#: Payload bytes per peer from which an all-to-all step on gloo (CPU tensors, a backend
-#: other than NCCL) is posted as point-to-point sends and receives, every receive before
-#: any send; below it, and where this is None, gloo's own ``all_to_all_single``. gloo's
-#: posts, peer by peer, a send before the receive (``gloo/alltoall.cc``): on two ranks both
-#: post their send first, an exchange gloo serialises
-#: (``benchmarks/two_ranks_2026-11-27/README.md``). From this size, point to point was up to
-#: 1.8x faster on two emulated hosts and 1.4x on four (why on more than two was not
-#: established), on eight within the noise; below it, at times slower (one call against
-#: 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
-ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
+#: Payload bytes per peer from which, on gloo (CPU tensors, a backend other than NCCL), a
+#: step that names one of the backend's collectives is posted as point-to-point sends and
+#: receives, every receive before any send, where gloo's own would post a send before its
+#: receive between two ranks: every all-to-all, and the all-gather on two ranks (gloo's
+#: ring is then one exchange with one peer). Below it, and where this is None, gloo's own.
+#: gloo's all-to-all posts, peer by peer, a send before the receive (``gloo/alltoall.cc``):
+#: on two ranks both post their send first, an exchange gloo serialises
+#: (``benchmarks/two_ranks_2026-11-27/README.md``). From this size, the all-to-all point to
+#: point was up to 1.8x faster on two emulated hosts and 1.4x on four (why on more than two
+#: was not established), on eight within the noise; below it, at times slower (one call
+#: against 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
+POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
@@ -150,9 +152,7 @@ def execute(
         split = chains and several and not early and payloads.held_bytes >= SPLIT_LAST_BYTES
         sizes = schedule.wire_sizes
         point_to_point = any(
-            schedule.transport is Transport.ALL_TO_ALL
-            and _all_to_all_by_point_to_point(step, payloads, group)
-            for step in schedule.steps
+            _by_point_to_point(schedule, step, payloads, group) for step in schedule.steps
         )
         check = inband.Check(
             group,
@@ -185,10 +185,9 @@ def execute(
         # the own payloads are written to the output while the first transfer is on the wire
         _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
         return
-    transport = schedule.transport
 
     def start(k: int, step: Step) -> _Transfer:
-        transfer = _start(transport, step, payloads, group)
+        transfer = _start(schedule, step, payloads, group)
         if k == 0:
             payloads.begin()  # the own shard's decode, while the first transfer is on the wire
         return transfer
@@ -538,8 +537,9 @@ def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
     return [(payloads.receive_buffer(r), r.src) for r in step.receives]
 
 
-def _start(transport: Transport, step: Step, payloads: Payloads, group):
-    if transport is Transport.ALL_TO_ALL and _all_to_all_by_point_to_point(step, payloads, group):
+def _start(schedule: Schedule, step: Step, payloads: Payloads, group):
+    transport = schedule.transport
+    if _by_point_to_point(schedule, step, payloads, group):
         transport = Transport.P2P
     if transport is Transport.P2P:
         return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
@@ -551,12 +551,16 @@ def _start(transport: Transport, step: Step, payloads: Payloads, group):
     return p2p.Pending(collective.all_to_all(received, sent, group))
 
 
-def _all_to_all_by_point_to_point(step: Step, payloads: Payloads, group) -> bool:
-    """Whether an all-to-all step is posted as point-to-point sends and receives
-    (:data:`ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES`)."""
-    least = ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES
+def _by_point_to_point(schedule: Schedule, step: Step, payloads: Payloads, group) -> bool:
+    """Whether a step that names the backend's all-to-all, or its all-gather on two ranks,
+    is posted as point-to-point sends and receives (:data:`POINT_TO_POINT_FROM_BYTES`)."""
+    least = POINT_TO_POINT_FROM_BYTES
+    exchange = schedule.transport is Transport.ALL_TO_ALL or (
+        schedule.transport is Transport.ALL_GATHER and schedule.world_size == 2
+    )
     return (
-        least is not None
+        exchange
+        and least is not None
         and step.sends[0].wire_bytes >= least
         and payloads.device.type == "cpu"
         and p2p.sends_may_go_alone(group)

@@ -3,7 +3,7 @@
 ``alltoall`` (reduce-scatter): each rank encodes each destination's slice once, one
 all-to-all moves them (NCCL's own; on gloo with CPU tensors and large payloads,
 point-to-point sends and receives, every receive posted first:
-``commpress.collectives.executor.ALL_TO_ALL_BY_POINT_TO_POINT_FROM_BYTES``), each
+``commpress.collectives.executor.POINT_TO_POINT_FROM_BYTES``), each
 destination decodes and sums in fp32: one rounding per contribution instead of n - 1
 re-quantizations of a partial sum.
 ``backend`` (all-gather, as ZeRO++ does): each rank encodes its shard once and the
