@@ -88,10 +88,11 @@ def replaced_collective(module: torch.nn.Module, which: str) -> object | None:
 
 def compiled_original(module: torch.nn.Module) -> torch.nn.Module | None:
     """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``), or None where
-    ``module`` is no such wrapper (dynamo is not imported for the question: a wrapper
-    exists only once it has been)."""
+    ``module`` is no such wrapper. A module without an ``_orig_mod`` is none without asking
+    the private API (a plain model keeps working on a torch that renamed it), and dynamo is
+    not imported for the question (a wrapper exists only once it has been)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:
+    if eval_frame is None or not hasattr(module, "_orig_mod"):
         return None
     wrapper = _attribute(eval_frame, "OptimizedModule", "torch._dynamo.eval_frame.OptimizedModule")
     if not isinstance(module, wrapper):

@@ -415,22 +415,31 @@ def test_ranks_that_differ_only_in_a_threshold_of_the_check_raise(setting):
     _every_rank_says_the_messages_differ(results)
 
 
-def _all_to_all_transport_on_one_rank(rank, world_size):
-    """Same arguments everywhere, but rank 0 alone posts an ``alltoall`` reduce-scatter's
-    all-to-all point to point (``POINT_TO_POINT_FROM_BYTES`` 0), the others
-    through gloo's own: the two never meet. The choice is part of the digest, so every
-    rank raises and the group stays usable, instead of every rank timing out with rank
-    0's messages left unmatched."""
+def _transport_on_one_rank(rank, world_size, op):
+    """Same arguments everywhere, but rank 0 alone posts the backend's collective point to
+    point (``POINT_TO_POINT_FROM_BYTES`` 0: an ``alltoall`` reduce-scatter's all-to-all,
+    or a two-rank ``backend`` all-gather), the others through gloo's own: the two never
+    meet. The choice is part of the digest, so every rank raises and the group stays
+    usable, instead of every rank timing out with rank 0's messages left unmatched."""
     from commpress.collectives import executor
 
     default = executor.POINT_TO_POINT_FROM_BYTES
 
     def call(rank):
         executor.POINT_TO_POINT_FROM_BYTES = 0 if rank == 0 else default
-        out = torch.full((1000,), SENTINEL)
         try:
-            inp = torch.ones(1000 * world_size)
-            cp.reduce_scatter_tensor(out, inp, codec="int8", algorithm="alltoall", timeout=TIMEOUT)
+            if op == "all_gather":
+                out = torch.full((1000 * world_size,), SENTINEL)
+                inp = torch.ones(1000)
+                cp.all_gather_into_tensor(
+                    out, inp, codec="int8", algorithm="backend", timeout=TIMEOUT
+                )
+            else:
+                out = torch.full((1000,), SENTINEL)
+                inp = torch.ones(1000 * world_size)
+                cp.reduce_scatter_tensor(
+                    out, inp, codec="int8", algorithm="alltoall", timeout=TIMEOUT
+                )
         except CollectiveMismatchError as error:
             return out, str(error)
         finally:
@@ -440,8 +449,9 @@ def _all_to_all_transport_on_one_rank(rank, world_size):
     return _mismatched(rank, world_size, call)
 
 
-def test_ranks_that_differ_in_how_an_all_to_all_is_posted_raise():
-    results = run_distributed(_all_to_all_transport_on_one_rank, 3, timeout=60)
+@pytest.mark.parametrize("op, world_size", [("reduce_scatter", 3), ("all_gather", 2)])
+def test_ranks_that_differ_in_how_the_backends_collective_is_posted_raise(op, world_size):
+    results = run_distributed(_transport_on_one_rank, world_size, op, timeout=60)
     _every_rank_says_the_messages_differ(results)
 
 

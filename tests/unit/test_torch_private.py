@@ -27,6 +27,19 @@ def test_a_missing_private_api_names_itself_and_the_torch_version(monkeypatch):
     assert isinstance(caught.value, RuntimeError)
 
 
+def test_a_renamed_compile_wrapper_fails_only_for_a_compiled_model(monkeypatch):
+    """A plain module never asks for torch.compile's wrapper class, so a torch that renamed
+    it still serves plain models; a compiled one gets the loud error."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    compiled, plain = torch.compile(nn.Linear(2, 2)), nn.Linear(2, 2)
+    assert _torch_private.compiled_original(compiled) is compiled._orig_mod
+    monkeypatch.delattr(eval_frame, "OptimizedModule")
+    assert _torch_private.compiled_original(plain) is None
+    with pytest.raises(PrivateAPIMissing, match="OptimizedModule"):
+        _torch_private.compiled_original(compiled)
+
+
 def test_a_missing_private_module_names_itself(monkeypatch):
     monkeypatch.setattr(_torch_private, "FSDP_API_MODULE", "torch.no_such_module")
     with pytest.raises(PrivateAPIMissing, match=r"torch\.no_such_module"):

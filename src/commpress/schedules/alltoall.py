@@ -7,7 +7,8 @@ point-to-point sends and receives, every receive posted first:
 destination decodes and sums in fp32: one rounding per contribution instead of n - 1
 re-quantizations of a partial sum.
 ``backend`` (all-gather, as ZeRO++ does): each rank encodes its shard once and the
-backend's all-gather moves the payloads, in native code (NCCL's or gloo's own ring).
+backend's all-gather moves the payloads, in native code (NCCL's or gloo's own ring; on
+gloo with two ranks, CPU tensors and large payloads, one point-to-point exchange).
 """
 
 from __future__ import annotations

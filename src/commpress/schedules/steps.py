@@ -43,9 +43,11 @@ class Transport(enum.Enum):
     """What moves a schedule's payloads."""
 
     P2P = "p2p"  # one batch of point-to-point sends and receives per step
-    ALL_GATHER = "the backend's all-gather"  # one per step: every rank broadcasts a payload
-    #: one per step: a payload for every peer (on gloo, CPU tensors and large payloads, the
-    #: executor posts it point to point)
+    #: one per step: every rank broadcasts a payload; and a payload for every peer. On gloo,
+    #: with CPU tensors and large payloads, the executor posts the all-to-all, and the
+    #: all-gather of two ranks, point to point instead
+    #: (:data:`commpress.collectives.executor.POINT_TO_POINT_FROM_BYTES`)
+    ALL_GATHER = "the backend's all-gather"
     ALL_TO_ALL = "the backend's all-to-all"
     MULTICAST = "reliable multicast"  # one broadcast per step, replicated by the network
 
