@@ -3,7 +3,9 @@ of codec work with the transfer in flight, written once.
 
 What each action of a schedule does to tensors is the business of a :class:`Payloads`
 (:mod:`commpress.collectives.payloads`); what moves the bytes is the transport the
-schedule names. The executor only orders them:
+schedule names (but on gloo, from :data:`POINT_TO_POINT_FROM_BYTES` per peer, the
+backend's all-to-all, and its all-gather of two ranks, are posted point to point). The
+executor only orders them:
 
 1. the argument check: for CPU tensors on gloo carried in the messages themselves
    (:mod:`commpress.collectives.inband`: a ring's payloads carry it, any other schedule
