@@ -2,8 +2,11 @@
 # The tuner's choices against every algorithm, interleaved (issue 14): this VM's codec
 # speeds and calibration rows, the fit, then the paired runs on 4 hosts (one switch) and
 # 8 hosts in 2 racks, each twice. Root; nothing else running. About 30 minutes.
+# Usage: measure.sh [DIR] (default: this folder; another DIR for a later run).
 set -euo pipefail
-D=benchmarks/tuner_paired_2026-12-07
+S=benchmarks/tuner_paired_2026-12-07
+D=${1:-$S}
+mkdir -p "$D"
 commpress codecs --codec none,int8 --json $D/codecs.json > $D/codecs.txt
 C="--prefix cptc -b 1M -e 64M -f 4 -n 10 -w 2"
 commpress bench $C --hosts 4 --link 1gbit --op all_gather --algorithm native,ring,backend \
@@ -18,8 +21,8 @@ commpress bench $C -n 5 $R --op reduce_scatter --algorithm native,ring,alltoall 
 commpress sim --calibrate $D/calib_*.json --codec-speeds $D/codecs.json --save-fit $D/fit.json \
   > $D/fit.txt
 for run in 1 2; do
-  python $D/paired.py --hosts 4 --link 1gbit --rounds 20 --tune-fit $D/fit.json \
+  python $S/paired.py --hosts 4 --link 1gbit --rounds 20 --tune-fit $D/fit.json \
     --json $D/paired_4hosts_run$run.json > $D/paired_4hosts_run$run.md
-  python $D/paired.py $R --rounds 12 --tune-fit $D/fit.json \
+  python $S/paired.py $R --rounds 12 --tune-fit $D/fit.json \
     --json $D/paired_8racks_run$run.json > $D/paired_8racks_run$run.md
 done

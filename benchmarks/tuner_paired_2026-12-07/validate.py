@@ -5,6 +5,9 @@ invocations (calibration row against paired median, and paired run 1 against run
 
     python benchmarks/tuner_paired_2026-12-07/validate.py \
         > benchmarks/tuner_paired_2026-12-07/validation.md
+
+(``validate.py DIR > DIR/validation.md`` reads another run's folder, as ``measure.sh DIR``
+makes it.)
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import validate  # noqa: E402
 
 from commpress.sim import calibrate  # noqa: E402
 
-HERE = "benchmarks/tuner_paired_2026-12-07"
+HERE = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/tuner_paired_2026-12-07"
 CODEC = "int8"
 
 
