@@ -141,6 +141,7 @@ def execute(
     the codec sees the same calls in the same order whatever the window."""
     window = WINDOW if window is None else window
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
+    transport = _posted_transport(schedule, payloads, group)
     settle, call = None, None  # waits for the argument check, raising on a mismatch
     if fingerprint is not None and inband.applies(group, payloads.device):
         chains = carries_check(schedule, window)
@@ -153,9 +154,6 @@ def execute(
         )
         split = chains and several and not early and payloads.held_bytes >= SPLIT_LAST_BYTES
         sizes = schedule.wire_sizes
-        point_to_point = any(
-            _by_point_to_point(schedule, step, payloads, group) for step in schedule.steps
-        )
         check = inband.Check(
             group,
             fingerprint,
@@ -165,7 +163,7 @@ def execute(
             early,
             sizes,
             split,
-            point_to_point=point_to_point,
+            point_to_point=transport is not schedule.transport,
         )
         if chains:
             _execute_in_band(schedule, payloads, group, timeout, check)
@@ -189,7 +187,7 @@ def execute(
         return
 
     def start(k: int, step: Step) -> _Transfer:
-        transfer = _start(schedule, step, payloads, group)
+        transfer = _start(transport, step, payloads, group)
         if k == 0:
             payloads.begin()  # the own shard's decode, while the first transfer is on the wire
         return transfer
@@ -539,10 +537,7 @@ def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
     return [(payloads.receive_buffer(r), r.src) for r in step.receives]
 
 
-def _start(schedule: Schedule, step: Step, payloads: Payloads, group):
-    transport = schedule.transport
-    if _by_point_to_point(schedule, step, payloads, group):
-        transport = Transport.P2P
+def _start(transport: Transport, step: Step, payloads: Payloads, group):
     if transport is Transport.P2P:
         return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
     if transport is Transport.ALL_GATHER:
@@ -553,17 +548,21 @@ def _start(schedule: Schedule, step: Step, payloads: Payloads, group):
     return p2p.Pending(collective.all_to_all(received, sent, group))
 
 
-def _by_point_to_point(schedule: Schedule, step: Step, payloads: Payloads, group) -> bool:
-    """Whether a step that names the backend's all-to-all, or its all-gather on two ranks,
-    is posted as point-to-point sends and receives (:data:`POINT_TO_POINT_FROM_BYTES`)."""
+def _posted_transport(schedule: Schedule, payloads: Payloads, group) -> Transport:
+    """What moves the schedule's payloads: the transport it names, but point to point for
+    the backend's all-to-all, or its all-gather on two ranks, whose every payload reaches
+    :data:`POINT_TO_POINT_FROM_BYTES` per peer on gloo (CPU tensors)."""
     least = POINT_TO_POINT_FROM_BYTES
     exchange = schedule.transport is Transport.ALL_TO_ALL or (
         schedule.transport is Transport.ALL_GATHER and schedule.world_size == 2
     )
-    return (
+    if (
         exchange
         and least is not None
-        and step.sends[0].wire_bytes >= least
+        and schedule.steps
+        and all(step.sends[0].wire_bytes >= least for step in schedule.steps)
         and payloads.device.type == "cpu"
         and p2p.sends_may_go_alone(group)
-    )
+    ):
+        return Transport.P2P
+    return schedule.transport
