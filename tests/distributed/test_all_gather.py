@@ -357,21 +357,11 @@ def _backend_posts(rank, world_size, numel):
     """Every point-to-point post of one int8 ``backend`` all-gather, ``(kind, peer,
     bytes)``; its output, and the output of the same call through gloo's own all-gather."""
     from commpress.collectives import executor
-    from commpress.transport import p2p
-
-    posted, post_each = [], p2p.post_each
-
-    def recording(group, sends, receives):
-        posted.extend(("receive", peer, t.numel()) for t, peer in receives)
-        posted.extend(("send", peer, t.numel()) for t, peer in sends)
-        return post_each(group, sends, receives)
+    from commpress.testing.posts import recorded_posts
 
     inp = shard(rank, numel, torch.float32)
-    p2p.post_each = recording
-    try:
+    with recorded_posts() as posted:
         out = gather("backend", "int8", inp, world_size)
-    finally:
-        p2p.post_each = post_each
     default, executor.POINT_TO_POINT_FROM_BYTES = executor.POINT_TO_POINT_FROM_BYTES, None
     try:
         through_gloo = gather("backend", "int8", inp, world_size)

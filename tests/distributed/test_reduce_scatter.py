@@ -11,8 +11,8 @@ from commpress.cluster.local import run_distributed
 from commpress.codecs import get_codec
 from commpress.collectives import all_reduce, executor, reduce_scatter_tensor
 from commpress.schedules.registry import ERROR_FEEDBACK_ALGORITHMS
+from commpress.testing.posts import recorded_posts
 from commpress.testing.silence import forbid_communication
-from commpress.transport import p2p
 
 WORLD_SIZES = [2, 3, 4]
 CHUNKS = [1, 255, 1000, 4097]  # elements each rank keeps
@@ -422,20 +422,10 @@ def test_an_empty_reduce_scatter_works_with_every_algorithm():
 def _alltoall_posts(rank, world_size, codec, chunk):
     """Every point-to-point post of one ``alltoall`` reduce-scatter on gloo, in order:
     ``(kind, peer, bytes)``; and its output against the sum of the contributions."""
-    posted, post_each = [], p2p.post_each
-
-    def recording(group, sends, receives):
-        posted.extend(("receive", peer, t.numel()) for t, peer in receives)
-        posted.extend(("send", peer, t.numel()) for t, peer in sends)
-        return post_each(group, sends, receives)
-
     inp = contribution(rank, chunk * world_size, integers=True)
     out = torch.empty(chunk)
-    p2p.post_each = recording
-    try:
+    with recorded_posts() as posted:
         cp.reduce_scatter_tensor(out, inp, codec=codec, algorithm="alltoall")
-    finally:
-        p2p.post_each = post_each
     mine = [contribution(r, chunk * world_size, integers=True).view(world_size, chunk)[rank]
             for r in range(world_size)]  # fmt: skip
     return posted, out, mine
