@@ -484,6 +484,39 @@ def test_the_ring_object_exchange_keeps_within_one_timeout_in_all():
         assert "timed out" in message.lower(), message
 
 
+def _all_gather_with_a_slow_peer(rank, world_size, late):
+    """Rank 2 posts each of its messages ``late`` of the timeout late: each wait of its
+    peers is shorter than the timeout, the call longer."""
+    from commpress.transport import p2p
+
+    if rank == 2:
+        post_each = p2p.post_each
+
+        def posted_late(*args):
+            time.sleep(late * TIMEOUT.total_seconds())
+            return post_each(*args)
+
+        p2p.post_each = posted_late
+    out = torch.empty(1000 * world_size)
+    start = time.monotonic()
+    try:
+        cp.all_gather_into_tensor(out, torch.ones(1000), codec="int8", timeout=TIMEOUT)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:400], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_a_collective_keeps_within_one_timeout_in_all():
+    """Its waits share the timeout, as torch's collective is bounded as a whole: a peer
+    late at every step, never a timeout late, must not stretch the call past it. (Each
+    wait given the whole timeout, the call took 4.8 s against a timeout of 3 without a
+    word.)"""
+    results = run_distributed(_all_gather_with_a_slow_peer, 3, 0.4, timeout=60)
+    for kind, message, elapsed in results[:2]:
+        assert kind == "CollectiveTimeoutError", (kind, message, results)
+        assert elapsed < 1.5 * TIMEOUT.total_seconds(), (elapsed, message)
+
+
 def _ring_exchange_against_a_collective(rank, world_size, directory):
     from commpress.transport.objects import ring_gather_objects
 

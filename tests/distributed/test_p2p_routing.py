@@ -6,10 +6,13 @@ NCCL with). A meta tensor stands in for a CUDA one."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
 
+import commpress as cp
 from commpress.bench.collectives import output_for, run_collective
 from commpress.cluster.local import run_distributed
 from commpress.testing.silence import forbid_communication
@@ -19,7 +22,7 @@ from commpress.transport import p2p
 def _routes(rank, world_size, backend):
     taken = []
     saved = p2p.post_each, dist.batch_isend_irecv, dist.get_backend
-    p2p.post_each = lambda group, sends, receives: taken.append(
+    p2p.post_each = lambda group, sends, receives, tag: taken.append(
         ["each", *(t.device.type for t, _ in (*sends, *receives))]
     ) or []  # fmt: skip
     dist.batch_isend_irecv = lambda ops: taken.append(["batched"]) or []
@@ -116,3 +119,66 @@ def test_collectives_staged_through_host_memory_give_the_same_bits():
         for name, (through_host, staged, direct) in outputs.items():
             assert staged > 0, name  # the forced staging was taken
             assert torch.equal(through_host, direct), name
+
+
+USER_NUMEL = 1 << 18  # a user's message of 1 MiB: larger than any receive it could meet
+USER_TIMEOUT = timedelta(seconds=5)
+BESIDE_USER_MESSAGES = {  # op, spec, elements per rank
+    "ring all-gather": ("all_gather", "none@ring", 1000),
+    "two-rank backend all-gather, point to point": ("all_gather", "int8@backend", 1 << 19),
+    "alltoall reduce-scatter, point to point": ("reduce_scatter", "int8@alltoall", 1 << 20),
+}
+
+
+def _collective(op, spec, inp, world_size):
+    """Its output, or its error's message."""
+    out = output_for(op, inp, world_size).fill_(float("nan"))
+    codec, algorithm = spec.split("@")
+    call = cp.all_gather_into_tensor if op == "all_gather" else cp.reduce_scatter_tensor
+    try:
+        call(out, inp, codec=codec, algorithm=algorithm, timeout=USER_TIMEOUT)
+    except RuntimeError as error:
+        return str(error)
+    return out
+
+
+def _beside_user_messages(rank, world_size, op, spec, numel, tag):
+    """A user's message of torch's default tag from rank 1 to rank 0, sent before a
+    compressed collective and received after it: what rank 0 received, and the
+    collective's output (or its error) beside the same collective's output alone."""
+    p2p.COLLECTIVES_TAG = tag
+    inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    message = torch.arange(USER_NUMEL, dtype=torch.float32)
+    sent = dist.isend(message, dst=0) if rank == 1 else None
+    beside = _collective(op, spec, inp, world_size)
+    received = torch.full((USER_NUMEL,), float("nan"))
+    try:
+        if rank == 0:
+            dist.irecv(received, src=1).wait(USER_TIMEOUT)
+        else:
+            sent.wait(USER_TIMEOUT)
+    except RuntimeError:
+        return beside, None, None  # the group's connections are closed after a timeout
+    return beside, received, _collective(op, spec, inp, world_size)
+
+
+@pytest.mark.parametrize("case", list(BESIDE_USER_MESSAGES))
+def test_a_users_own_messages_on_the_group_never_meet_the_collectives(case):
+    op, spec, numel = BESIDE_USER_MESSAGES[case]
+    results = run_distributed(_beside_user_messages, 2, op, spec, numel, p2p.COLLECTIVES_TAG)
+    for rank, (beside, received, alone) in enumerate(results):
+        assert isinstance(beside, torch.Tensor) and isinstance(alone, torch.Tensor), (beside, alone)
+        assert torch.equal(beside, alone), rank
+        if rank == 0:
+            assert torch.equal(received, torch.arange(USER_NUMEL, dtype=torch.float32))
+
+
+def test_on_the_users_tag_a_collective_meets_a_users_message():
+    """The test above, broken on purpose: the collectives' messages on tag 0 as a user's."""
+    op, spec, numel = BESIDE_USER_MESSAGES["ring all-gather"]
+    rank_0 = run_distributed(_beside_user_messages, 2, op, spec, numel, 0, timeout=60)[0]
+    beside, received, _ = rank_0
+    assert isinstance(beside, str) and "timed out" in beside  # it took the user's message
+    assert received is None or not torch.equal(
+        received, torch.arange(USER_NUMEL, dtype=torch.float32)
+    )

@@ -26,8 +26,8 @@ def _posts(rank, world_size, op, checked=True, first_message_bytes=None):
         inband.FIRST_MESSAGE_BYTES = first_message_bytes
     post_each, wait = p2p.post_each, p2p.wait
 
-    def recording(group, sends, receives):
-        works = post_each(group, sends, receives)
+    def recording(group, sends, receives, tag):
+        works = post_each(group, sends, receives, tag)
         kinds = ["receive"] * len(receives) + ["send"] * len(sends)  # as posted
         for kind, work in zip(kinds, works, strict=True):
             names[id(work)] = (kind, counts[kind])

@@ -519,6 +519,31 @@ def test_schedule_of_one_rank_is_its_plan_printed():
 
 
 @pytest.mark.parametrize(
+    "op, algorithm, world, numel, posted",
+    [
+        ("reduce_scatter", "alltoall", 4, 1 << 18, "the backend's all-to-all"),  # 256 KiB a peer
+        ("reduce_scatter", "alltoall", 4, (1 << 18) - 4, None),  # a float less a peer
+        ("all_gather", "backend", 2, 1 << 16, "the backend's all-gather"),
+        ("all_gather", "backend", 3, 1 << 20, None),  # gloo's ring: several peers in turn
+        ("all_gather", "ring", 2, 1 << 20, None),  # point to point already
+    ],
+)
+def test_schedule_says_where_gloo_posts_the_backends_collective_point_to_point(
+    op, algorithm, world, numel, posted, capsys
+):
+    """The executor's choice (``point_to_point_on_gloo``), which the schedule cannot name."""
+    argv = ["schedule", "--op", op, "--algorithm", algorithm, "--world", str(world),
+            "--rank", "0", "--numel", str(numel)]  # fmt: skip
+    assert main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    if posted is None:
+        assert last.startswith("bytes sent per call"), last
+    else:
+        assert last.startswith(f"on gloo (CPU tensors) {posted} is posted as point-to-point")
+        assert last.endswith("262144 bytes per peer")
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (["--op", "all_gather", "--algorithm", "alltoall"], "'alltoall' is not an algorithm of"),

@@ -9,7 +9,7 @@ import torch
 from commpress.codecs import get_codec
 from commpress.collectives import executor
 from commpress.schedules import plan
-from commpress.transport import p2p
+from commpress.transport import objects, p2p
 
 
 class _RecordingGroup:
@@ -33,18 +33,17 @@ def test_post_each_posts_every_receive_before_any_send():
     """gloo's sender waits for its receive to be posted: a batch's receives go first."""
     group = _RecordingGroup()
     one = torch.zeros(4, dtype=torch.uint8)
-    works = p2p.post_each(group, [(one, 1), (one, 2)], [(one, 3), (one, 0)])
+    works = p2p.post_each(group, [(one, 1), (one, 2)], [(one, 3), (one, 0)], 77)
     assert group.calls == [("recv", 3), ("recv", 0), ("send", 1), ("send", 2)]
     assert works == group.calls
-    assert group.tags == [0] * 4  # the compressed collectives' tag, as dist.isend's
+    assert group.tags == [77] * 4
 
 
-def test_post_each_posts_on_the_tag_given():
-    """The set-up exchange's messages have a tag of their own (never the collectives' 0)."""
-    group = _RecordingGroup()
-    one = torch.zeros(4, dtype=torch.uint8)
-    p2p.post_each(group, [(one, 1)], [(one, 0)], 77)
-    assert group.tags == [77, 77]
+def test_the_collectives_own_messages_have_a_tag_of_their_own():
+    """Not 0, the tag of a user's ``dist.send``/``recv`` by default, nor the set-up
+    exchange's (``tests/distributed/test_p2p_routing.py`` runs them side by side)."""
+    assert p2p.COLLECTIVES_TAG not in (0, objects.SET_UP_TAG)
+    assert 0 < p2p.COLLECTIVES_TAG < 2**31  # gloo's tag is a C int
 
 
 def test_receives_go_ahead_only_for_a_chain_of_cpu_tensors_off_nccl(monkeypatch):

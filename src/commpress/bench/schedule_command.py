@@ -12,6 +12,7 @@ import argparse
 from commpress.bench.arguments import InvalidValue, non_negative_int, positive_int, whole_number
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
+from commpress.collectives.executor import POINT_TO_POINT_FROM_BYTES, point_to_point_on_gloo
 from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
 from commpress.schedules.registry import NATIVE, OPS, algorithms, plan, result_gather
 from commpress.schedules.wire import wire_bytes
@@ -105,12 +106,17 @@ def run(args) -> int:
     dtype = torch_dtype(args.dtype)
     ranks = range(args.world) if args.rank is None else (args.rank,)
     call = (args.world, args.numel, dtype, args.codec, args.chunk_bytes)
-    blocks = [
-        str(schedule) for rank in ranks for schedule in plan(args.op, args.algorithm, rank, *call)
-    ]
+    schedules = [s for rank in ranks for s in plan(args.op, args.algorithm, rank, *call)]
     count = (args.codec, args.numel, args.world, dtype, args.chunk_bytes)
     sent = wire_bytes(args.op, args.algorithm, *count)
     native = wire_bytes(args.op, NATIVE, *count)
-    print("\n\n".join(blocks))
+    print("\n\n".join(map(str, schedules)))
     print(f"\nbytes sent per call by the busiest rank: {sent} ({native} native)")
+    by_name = {s.transport.value for s in schedules if point_to_point_on_gloo(s)}
+    for transport in sorted(by_name):
+        print(
+            f"on gloo (CPU tensors) {transport} is posted as point-to-point sends and "
+            f"receives, every receive first: each payload reaches {POINT_TO_POINT_FROM_BYTES} "
+            "bytes per peer"
+        )
     return 0

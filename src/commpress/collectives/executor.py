@@ -138,8 +138,11 @@ def execute(
     :class:`~commpress.collectives.fingerprint.CollectiveMismatchError` if any differs,
     before anything is written to the output. Up to ``window`` steps (default
     :data:`WINDOW`) are in flight at once; received payloads are handled in step order, so
-    the codec sees the same calls in the same order whatever the window."""
+    the codec sees the same calls in the same order whatever the window. ``timeout``
+    bounds the call's waits together, as torch's bounds its collective (a multicast's
+    broadcasts keep their own: :class:`~commpress.transport.multicast.Broadcasts`)."""
     window = WINDOW if window is None else window
+    deadline = p2p.Deadline.of(timeout)
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     transport = _posted_transport(schedule, payloads, group)
     settle, call = None, None  # waits for the argument check, raising on a mismatch
@@ -157,7 +160,7 @@ def execute(
         check = inband.Check(
             group,
             fingerprint,
-            timeout,
+            deadline,
             payloads.device,
             chains,
             early,
@@ -166,12 +169,12 @@ def execute(
             point_to_point=transport is not schedule.transport,
         )
         if chains:
-            _execute_in_band(schedule, payloads, group, timeout, check)
+            _execute_in_band(schedule, payloads, group, deadline, check)
             return
         check.post_header()
         settle, call = check.settle, check.sequence
     elif fingerprint is not None:
-        agreement = Agreement(group, fingerprint, timeout, payloads.device)
+        agreement = Agreement(group, fingerprint, deadline, payloads.device)
         settle, call = agreement.check, agreement.sequence
     if multicasts:
         _execute_multicast(schedule, payloads, group, timeout, settle, call)
@@ -183,7 +186,7 @@ def execute(
         settle()
     if schedule.steps and window == 1 and _may_receive_ahead(schedule, payloads, group):
         # the own payloads are written to the output while the first transfer is on the wire
-        _run_steps(schedule, payloads, 1, timeout, _chain_ahead(schedule, payloads, group))
+        _run_steps(schedule, payloads, 1, deadline, _chain_ahead(schedule, payloads, group))
         return
 
     def start(k: int, step: Step) -> _Transfer:
@@ -194,7 +197,7 @@ def execute(
 
     if not schedule.steps:
         payloads.begin()
-    _run_steps(schedule, payloads, window, timeout, start)
+    _run_steps(schedule, payloads, window, deadline, start)
 
 
 def _execute_multicast(
@@ -266,7 +269,7 @@ class _CopiedIn:
     def __init__(self, broadcast, host: torch.Tensor, device: torch.Tensor):
         self._broadcast, self._host, self._device = broadcast, host, device
 
-    def wait(self, timeout: timedelta | None) -> None:
+    def wait(self, timeout: timedelta | p2p.Deadline | None) -> None:
         self._broadcast.wait(timeout)
         self._device.copy_(self._host)
 
@@ -388,7 +391,7 @@ class _Both:
     def __init__(self, received: p2p.Batch, sent: p2p.Batch):
         self._received, self._sent = received, sent
 
-    def wait(self, timeout: timedelta | None) -> None:
+    def wait(self, timeout: timedelta | p2p.Deadline | None) -> None:
         self._received.wait(timeout)
         self._sent.wait(timeout)
 
@@ -421,7 +424,7 @@ class _FirstMessage:
         if check.left != check.right:
             self._rest_sent = self._send_rest()
 
-    def wait(self, timeout: timedelta | None) -> None:
+    def wait(self, timeout: timedelta | p2p.Deadline | None) -> None:
         self._received.wait(timeout)
         try:
             rest_received = self._check.accept_first(self._scratch, self._into)
@@ -458,7 +461,7 @@ class _Noted:
         self._check, self._received, self._sent = check, received, sent
         self._into, self._release = into, release
 
-    def wait(self, timeout: timedelta | None) -> None:
+    def wait(self, timeout: timedelta | p2p.Deadline | None) -> None:
         header, *rest = self._received
         header.wait(timeout)
         self._check.note(self._into)
@@ -526,7 +529,7 @@ def _key(transfer: Send | Receive) -> tuple[int, int]:
 
 
 class _Transfer(Protocol):
-    def wait(self, timeout: timedelta | None) -> None: ...
+    def wait(self, timeout: timedelta | p2p.Deadline | None) -> None: ...
 
 
 def _sends(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
@@ -549,20 +552,28 @@ def _start(transport: Transport, step: Step, payloads: Payloads, group):
 
 
 def _posted_transport(schedule: Schedule, payloads: Payloads, group) -> Transport:
-    """What moves the schedule's payloads: the transport it names, but point to point for
-    the backend's all-to-all, or its all-gather on two ranks, whose every payload reaches
-    :data:`POINT_TO_POINT_FROM_BYTES` per peer on gloo (CPU tensors)."""
-    least = POINT_TO_POINT_FROM_BYTES
-    exchange = schedule.transport is Transport.ALL_TO_ALL or (
-        schedule.transport is Transport.ALL_GATHER and schedule.world_size == 2
-    )
+    """What moves the schedule's payloads: the transport it names, but point to point where
+    :func:`point_to_point_on_gloo` says so and gloo moves them (CPU tensors)."""
     if (
-        exchange
-        and least is not None
-        and schedule.steps
-        and all(step.sends[0].wire_bytes >= least for step in schedule.steps)
+        point_to_point_on_gloo(schedule)
         and payloads.device.type == "cpu"
         and p2p.sends_may_go_alone(group)
     ):
         return Transport.P2P
     return schedule.transport
+
+
+def point_to_point_on_gloo(schedule: Schedule) -> bool:
+    """Whether gloo (CPU tensors) gets ``schedule``'s payloads posted point to point: the
+    backend's all-to-all, or its all-gather on two ranks, whose every payload reaches
+    :data:`POINT_TO_POINT_FROM_BYTES` per peer."""
+    least = POINT_TO_POINT_FROM_BYTES
+    exchange = schedule.transport is Transport.ALL_TO_ALL or (
+        schedule.transport is Transport.ALL_GATHER and schedule.world_size == 2
+    )
+    return (
+        exchange
+        and least is not None
+        and bool(schedule.steps)
+        and all(step.sends[0].wire_bytes >= least for step in schedule.steps)
+    )

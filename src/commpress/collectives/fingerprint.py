@@ -41,7 +41,7 @@ import torch.distributed as dist
 from commpress.ranks import name_ranks, this_rank
 from commpress.seeds import digest
 from commpress.transport import backends, collective
-from commpress.transport.p2p import Pending, wait
+from commpress.transport.p2p import Deadline, Pending, wait
 from commpress.units import counted
 
 OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -162,7 +162,7 @@ class Agreement:
         self,
         group: dist.ProcessGroup | None,
         mine: Fingerprint,
-        timeout: timedelta | None,
+        timeout: timedelta | Deadline | None,
         device: torch.device,
         said: int | None = None,
     ):

@@ -137,7 +137,7 @@ class Check:
         self,
         group,
         mine: Fingerprint,
-        timeout: timedelta | None,
+        timeout: timedelta | p2p.Deadline | None,
         device,
         chains: bool,
         early: bool = False,

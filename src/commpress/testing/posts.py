@@ -16,7 +16,7 @@ def recorded_posts() -> Iterator[list[tuple[str, int, int]]]:
     posted: list[tuple[str, int, int]] = []
     post_each = p2p.post_each
 
-    def recording(group, sends, receives, tag=0):
+    def recording(group, sends, receives, tag):
         works = post_each(group, sends, receives, tag)
         kinds = [("receive", t, peer) for t, peer in receives] + [
             ("send", t, peer) for t, peer in sends

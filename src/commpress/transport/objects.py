@@ -10,7 +10,6 @@ collective (the integrations' set-up exchange)."""
 from __future__ import annotations
 
 import pickle
-import time
 from datetime import timedelta
 
 import torch
@@ -20,11 +19,9 @@ from commpress.transport import backends, collective, p2p
 from commpress.transport.p2p import wait
 
 #: The tag of :func:`ring_gather_objects`' messages where a caller names none of its own:
-#: not 0, the tag of the compressed collectives' point-to-point messages
-#: (:func:`~commpress.transport.p2p.post_each`).
+#: neither the compressed collectives' (:data:`~commpress.transport.p2p.COLLECTIVES_TAG`)
+#: nor 0, torch's default.
 SET_UP_TAG = 0x636F6D70  # "comp"
-#: A wait past the exchange's deadline still looks once (gloo takes 0 for no timeout at all).
-_LEAST_WAIT_SECONDS = 0.001
 
 
 def all_gather_objects(
@@ -76,7 +73,7 @@ def ring_gather_objects(
     pickled: list[bytes | None] = [None] * size
     pickled[rank] = pickle.dumps(obj)
     right, left = (rank + 1) % size, (rank - 1) % size
-    deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+    deadline = p2p.Deadline.of(timeout)
     for step in range(size - 1):
         outgoing = pickled[(rank - step) % size]
         length = torch.empty(1, dtype=torch.int64)
@@ -89,15 +86,9 @@ def ring_gather_objects(
     return [pickle.loads(data) for data in pickled]
 
 
-def _wait_all(works: list, deadline: float | None) -> None:
-    """Wait for ``works`` until ``deadline`` (a ``time.monotonic()``; None: each for the
-    group's timeout), so that the whole exchange keeps within one timeout."""
+def _wait_all(works: list, deadline: p2p.Deadline | None) -> None:
     for work in works:
-        if deadline is None:
-            wait(work, None)
-        else:
-            left = max(deadline - time.monotonic(), _LEAST_WAIT_SECONDS)
-            wait(work, timedelta(seconds=left))
+        wait(work, deadline)
 
 
 def _device(group: dist.ProcessGroup | None) -> torch.device:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -10,6 +11,32 @@ import torch
 import torch.distributed as dist
 
 from commpress.transport import backends, owned_groups
+
+#: The tag of the compressed collectives' own point-to-point messages: not 0, the tag of
+#: ``torch.distributed.send``/``recv`` by default, so that a user's own messages on the same
+#: group never meet them (gloo matches a receive with its peer's first message of the same
+#: tag; NCCL has no tags and matches by order alone).
+COLLECTIVES_TAG = 0x63707273  # "cprs"
+#: A wait past its deadline still looks once (gloo takes 0 for no timeout at all).
+_LEAST_WAIT_SECONDS = 0.001
+
+
+class Deadline:
+    """One timeout for several waits together: each is given what is left of it (at least
+    a millisecond, so that a wait past the deadline still sees what has arrived). Pass
+    one wherever a wait takes a ``timeout``."""
+
+    def __init__(self, timeout: timedelta):
+        self.timeout = timeout
+        self._at = time.monotonic() + timeout.total_seconds()
+
+    @classmethod
+    def of(cls, timeout: timedelta | None) -> Deadline | None:
+        """``timeout`` from now on; None (each wait the group's own) stays None."""
+        return None if timeout is None else cls(timeout)
+
+    def left(self) -> timedelta:
+        return timedelta(seconds=max(self._at - time.monotonic(), _LEAST_WAIT_SECONDS))
 
 
 class Batch:
@@ -24,7 +51,9 @@ class Batch:
     and write them through their address, and a device address aborts the process:
     ``benchmarks/gpu_2026-11-27/README.md``) are staged through pinned host memory: a
     send is copied out before it is posted, a receive copied in on the caller's current
-    stream once :meth:`wait` has seen it arrive."""
+    stream once :meth:`wait` has seen it arrive.
+
+    Every message is of :data:`COLLECTIVES_TAG`."""
 
     def __init__(
         self,
@@ -45,23 +74,26 @@ class Batch:
             receives = [(host, peer) for host, (_, peer) in zip(hosts, receives, strict=True)]
             on_cpu = True
         if on_cpu and sends_may_go_alone(group_):
-            self._works = post_each(group_, sends, receives)
+            self._works = post_each(group_, sends, receives, COLLECTIVES_TAG)
             return
-        sent = [dist.P2POp(dist.isend, t, dist.get_global_rank(group_, p), group) for t, p in sends]
-        received = [
-            dist.P2POp(dist.irecv, t, dist.get_global_rank(group_, p), group) for t, p in receives
-        ]
+        sent = [_op(dist.isend, t, group_, p) for t, p in sends]
+        received = [_op(dist.irecv, t, group_, p) for t, p in receives]
         ops = [op for pair in itertools.zip_longest(sent, received) for op in pair if op]
         self._works = dist.batch_isend_irecv(ops)
 
-    def wait(self, timeout: timedelta | None = None) -> None:
+    def wait(self, timeout: timedelta | Deadline | None = None) -> None:
         """Block until all are done; a peer that stalls past ``timeout`` (default: the
-        process group's) or dies raises RuntimeError here."""
+        process group's; a :class:`Deadline`, all of them together) or dies raises
+        RuntimeError here."""
         for work in self._works:
             wait(work, timeout)
         for device, host in self._copied_in:
             device.copy_(host, non_blocking=True)  # ordered on the current stream
         self._copied_in = []
+
+
+def _op(post, tensor: torch.Tensor, group: dist.ProcessGroup, peer: int) -> dist.P2POp:
+    return dist.P2POp(post, tensor, dist.get_global_rank(group, peer), group, COLLECTIVES_TAG)
 
 
 def must_stage(group: dist.ProcessGroup, on_cpu: bool) -> bool:
@@ -92,10 +124,9 @@ def post_each(
     group: dist.ProcessGroup,
     sends: Sequence[tuple[torch.Tensor, int]],
     receives: Sequence[tuple[torch.Tensor, int]],
-    tag: int = 0,
+    tag: int,
 ) -> list:
-    """Post every receive, then every send, each on its own (``tag``: 0, as
-    ``torch.distributed.isend``, for the collectives' own messages); the works in that
+    """Post every receive, then every send, each on its own, of ``tag``; the works in that
     order. Receives first: gloo's sender waits for the receive to be posted
     (``benchmarks/check_overlap_2026-11-25/README.md``). ``commpress.testing.silence``
     replaces this function to forbid communication."""
@@ -116,7 +147,7 @@ class Pending:
     def __init__(self, work):
         self._work = work
 
-    def wait(self, timeout: timedelta | None = None) -> None:
+    def wait(self, timeout: timedelta | Deadline | None = None) -> None:
         wait(self._work, timeout)
 
     def is_completed(self) -> bool:
@@ -125,10 +156,12 @@ class Pending:
         return self._work.is_completed()
 
 
-def wait(work, timeout: timedelta | None) -> None:
-    """``work.wait`` with an optional timeout, for any torch.distributed Work; one of
-    torch's collectives on a group of commpress's own is then no longer tracked
-    (:func:`~commpress.transport.owned_groups.waited`)."""
+def wait(work, timeout: timedelta | Deadline | None) -> None:
+    """``work.wait`` with an optional timeout (a :class:`Deadline`: what is left of it),
+    for any torch.distributed Work; one of torch's collectives on a group of commpress's
+    own is then no longer tracked (:func:`~commpress.transport.owned_groups.waited`)."""
+    if isinstance(timeout, Deadline):
+        timeout = timeout.left()
     if timeout is None:
         work.wait()
     else:
