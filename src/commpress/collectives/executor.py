@@ -79,13 +79,6 @@ CHECK_BESIDE_BROADCASTS = True
 #: against 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
 POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
-#: Whether a step's point-to-point messages to several peers (an all-to-all posted point to
-#: point) are posted in turn from the own rank: sends to rank + 1, rank + 2, ..., receives
-#: from rank - 1, rank - 2, ...; False: in ascending rank order, where every rank's first
-#: send goes to the same peer. Which payload goes where, and the order in which they are
-#: encoded and handled, are the schedule's either way.
-POSTS_IN_TURN = True
-
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
 #: pipelined schedule keep its link busy across the per-step latency.
@@ -197,7 +190,7 @@ def execute(
         return
 
     def start(k: int, step: Step) -> _Transfer:
-        transfer = _start(transport, schedule, step, payloads, group)
+        transfer = _start(transport, step, payloads, group)
         if k == 0:
             payloads.begin()  # the own shard's decode, while the first transfer is on the wire
         return transfer
@@ -547,14 +540,9 @@ def _receives(step: Step, payloads: Payloads) -> list[tuple[torch.Tensor, int]]:
     return [(payloads.receive_buffer(r), r.src) for r in step.receives]
 
 
-def _start(transport: Transport, schedule: Schedule, step: Step, payloads: Payloads, group):
+def _start(transport: Transport, step: Step, payloads: Payloads, group):
     if transport is Transport.P2P:
-        sends, receives = _sends(step, payloads), _receives(step, payloads)
-        if POSTS_IN_TURN:
-            rank, n = schedule.rank, schedule.world_size
-            sends.sort(key=lambda send: (send[1] - rank) % n)
-            receives.sort(key=lambda receive: (rank - receive[1]) % n)
-        return p2p.Batch(group, sends, receives)
+        return p2p.Batch(group, _sends(step, payloads), _receives(step, payloads))
     if transport is Transport.ALL_GATHER:
         (own,) = step.sends
         work = collective.all_gather(payloads.gathered(), payloads.send_buffer(own), group)
