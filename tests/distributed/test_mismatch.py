@@ -681,3 +681,29 @@ def test_below_the_early_verdicts_world_size_the_last_header_travels_alone():
         assert made == [(False, True)] and exact
     for made, exact in run_distributed(_how_the_verdict_comes, 4, 4, timeout=60):
         assert made == [(True, False)] and exact
+
+
+def _alltoall_pieces(rank, world_size):
+    """``alltoall`` with another piece size on the last rank: other exchanges."""
+
+    def call(rank):
+        chunk_bytes = 1024 if rank == world_size - 1 else 2048
+        out = torch.full((1000,), SENTINEL)
+        try:
+            cp.reduce_scatter_tensor(
+                out, torch.ones(1000 * world_size), codec="int8", algorithm="alltoall",
+                chunk_bytes=chunk_bytes, timeout=TIMEOUT,
+            )  # fmt: skip
+        except CollectiveMismatchError as error:
+            return out, str(error)
+        return out, None
+
+    return _mismatched(rank, world_size, call)
+
+
+def test_alltoall_pieces_of_another_size_raise_naming_them():
+    """``alltoall`` cuts its exchange into pieces of ``chunk_bytes``, as the ring does."""
+    results = run_distributed(_alltoall_pieces, 3, timeout=60)
+    for rank, (error, untouched, recovered) in enumerate(results):
+        assert error is not None and untouched and recovered, (rank, error)
+    assert "chunk_bytes=1024; this rank: chunk_bytes=2048" in results[0][0]

@@ -465,3 +465,71 @@ def test_a_large_alltoall_on_gloo_posts_every_receive_before_any_send(world_size
             assert sorted(peer for kind, peer in payloads if kind == "receive") == peers
         for _, out, mine in run_distributed(_alltoall_posts, world_size, "none", chunk, timeout=60):
             assert torch.equal(out, sum(mine))  # small integers: exact
+
+
+def _alltoall_events(rank, world_size, chunk_bytes):
+    """The order in which an ``alltoall`` in pieces posts its exchanges (point to point at
+    every size) and sums what arrived: ``("post", piece)`` and ``("sum", piece)``."""
+    from commpress.collectives import payloads
+    from commpress.transport import p2p
+
+    events = []
+    post_each, handle = p2p.post_each, payloads.Contributions.handle
+
+    def posting(group, sends, receives, tag):
+        if len(receives) == world_size - 1:  # an exchange, not the check's header
+            events.append(("post", sum(1 for e in events if e[0] == "post")))
+        return post_each(group, sends, receives, tag)
+
+    def summing(self, receive):
+        events.append(("sum", receive.piece))
+        return handle(self, receive)
+
+    executor.POINT_TO_POINT_FROM_BYTES = 0
+    p2p.post_each, payloads.Contributions.handle = posting, summing
+    try:
+        inp = contribution(rank, 3000 * world_size, integers=True)
+        out = torch.empty(3000)
+        cp.reduce_scatter_tensor(out, inp, codec="none", algorithm="alltoall",
+                                 chunk_bytes=chunk_bytes)  # fmt: skip
+    finally:
+        p2p.post_each, payloads.Contributions.handle = post_each, handle
+    expected = sum(contribution(r, 3000 * world_size, integers=True).view(world_size, -1)[rank]
+                   for r in range(world_size))  # fmt: skip
+    return events, torch.equal(out, expected)
+
+
+def test_alltoall_sums_a_piece_while_the_next_one_is_on_the_wire():
+    """Pieces of 1024 elements (``chunk_bytes=4096``): three exchanges. The first piece's
+    sums come once the second exchange is posted (here the third too: two in flight while
+    it sums), in piece order; one piece (the whole slice) posts once, then sums."""
+    for events, exact in run_distributed(_alltoall_events, 3, 4096, timeout=60):
+        assert exact
+        assert events.index(("sum", 0)) > events.index(("post", 1)), events
+        assert [e for e in events if e[0] == "sum"] == [("sum", p) for p in (0, 0, 1, 1, 2, 2)]
+    for events, exact in run_distributed(_alltoall_events, 3, 1 << 30, timeout=60):
+        assert exact and events == [("post", 0), ("sum", 0), ("sum", 0)], events
+
+
+def _alltoall_with_feedback(rank, world_size, chunk_bytes):
+    inp = torch.randn(1000 * world_size, generator=torch.Generator().manual_seed(rank))
+    residual = torch.randn(1000 * world_size, generator=torch.Generator().manual_seed(9)) / 100
+    outputs = []
+    for _ in range(2):  # the second call encodes with the residual the first left
+        out = torch.empty(1000)
+        cp.reduce_scatter_tensor(out, inp, codec="int8:stochastic=1", algorithm="alltoall",
+                                 chunk_bytes=chunk_bytes, residual=residual)  # fmt: skip
+        outputs.append(out)
+    return outputs, residual
+
+
+def test_alltoall_in_pieces_gives_the_bits_of_whole_slices():
+    """Pieces of 256 elements (the last of 232) against one piece per slice: the same
+    outputs and error-feedback residuals, bit for bit, stochastic rounding included (its
+    noise drawn slice by slice either way)."""
+    pieces = run_distributed(_alltoall_with_feedback, 3, 1024, timeout=60)
+    whole = run_distributed(_alltoall_with_feedback, 3, 1 << 30, timeout=60)
+    for (outputs, residual), (whole_outputs, whole_residual) in zip(pieces, whole, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(outputs, whole_outputs, strict=True))
+        assert torch.equal(residual, whole_residual)
+        assert not torch.equal(outputs[0], outputs[1])  # the residual changed the second

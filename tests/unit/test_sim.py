@@ -55,8 +55,8 @@ SLOW_INT8 = {"int8": (1e9, 1e9)}  # bytes of fp32 input per second, encode and d
 
 def test_backend_and_all_to_all_by_hand():
     """backend all-gather: the backend's ring of n - 1 steps, then every decode (they cannot
-    overlap a collective). All-to-all reduce-scatter: one step in which each host sends
-    n - 1 slices, n - 2 more message overheads, then n - 1 decodes."""
+    overlap a collective). All-to-all reduce-scatter: one step (here one piece) in which
+    each host sends n - 1 slices, n - 2 more message overheads, then n - 1 decodes."""
     n, size, rate = 4, 8 << 20, 10 * GBIT
     params = Params(latency_s=2e-6, message_s=5e-6, codec_bytes_per_s=SLOW_INT8)
     gather = simulate("all_gather", "backend", "int8", size, Switch(n, rate), params)
@@ -70,6 +70,24 @@ def test_backend_and_all_to_all_by_hand():
     exchange = 5e-6 + 2 * 2e-6 + (n - 1) * wire * 8 / rate + (n - 2) * 5e-6
     expected = (n - 1) * slice_s + exchange + (n - 1) * slice_s
     assert scatter.time_us == pytest.approx(expected * 1e6)
+
+
+def test_an_all_to_all_in_pieces_by_hand():
+    """``alltoall`` exchanges its slices in pieces of ``chunk_bytes``: every encode first,
+    then one exchange per piece, each piece's decodes overlapping the next exchange."""
+    n, size, rate = 4, 16 << 20, GBIT
+    params = Params(latency_s=2e-6, message_s=5e-6, codec_bytes_per_s=SLOW_INT8)
+    row = simulate("reduce_scatter", "alltoall", "int8", size, Switch(n, rate), params)
+    piece_s = (2 << 20) / 1e9  # a slice of 4 MiB of fp32: two pieces of 2 MiB
+    wire = row.tx_bytes_per_host / (n - 1) / 2
+    exchange = 5e-6 + 2 * 2e-6 + (n - 1) * wire * 8 / rate + (n - 2) * 5e-6
+    decodes = (n - 1) * piece_s  # one piece from each peer
+    assert exchange > decodes  # the first piece's sums hide behind the second exchange
+    expected = 2 * (n - 1) * piece_s + exchange + exchange + decodes
+    assert row.time_us == pytest.approx(expected * 1e6)
+    whole = simulate("reduce_scatter", "backend", "int8", size, Switch(n, rate), params)
+    assert whole.tx_bytes_per_host == row.tx_bytes_per_host
+    assert whole.time_us > row.time_us  # backend's one exchange: every sum after it
 
 
 def test_multicast_rounds_by_hand():

@@ -79,6 +79,10 @@ CHECK_BESIDE_BROADCASTS = True
 #: against 2(n - 1) posts from Python; ``benchmarks/alltoall_p2p_2026-12-07/README.md``).
 POINT_TO_POINT_FROM_BYTES: int | None = 256 << 10
 
+#: Steps in flight at once for the pieces of an all-to-all (``alltoall``): a piece is summed
+#: while the next one is on the wire.
+PIECES_IN_FLIGHT = 2
+
 #: Steps in flight at once by default. With 1, a step is posted once the previous one has
 #: arrived (a chain on gloo still posts each receive one step ahead); more lets a
 #: pipelined schedule keep its link busy across the per-step latency.
@@ -121,8 +125,9 @@ class Payloads(Protocol):
     def gathered(self) -> torch.Tensor:
         """Every rank's payload, back to back (collective all-gather steps)."""
 
-    def exchanged(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(sent, received)``: one payload per rank each (collective all-to-all steps)."""
+    def exchanged(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sent, received)`` of ``step``: one payload per rank each (collective
+        all-to-all steps)."""
 
 
 def execute(
@@ -141,7 +146,8 @@ def execute(
     the codec sees the same calls in the same order whatever the window. ``timeout``
     bounds the call's waits together, as torch's bounds its collective (a multicast's
     broadcasts keep their own: :class:`~commpress.transport.multicast.Broadcasts`)."""
-    window = WINDOW if window is None else window
+    if window is None:
+        window = PIECES_IN_FLIGHT if _pieces_alone(schedule) else WINDOW
     deadline = p2p.Deadline.of(timeout)
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     transport = _posted_transport(schedule, payloads, group)
@@ -275,10 +281,13 @@ class _CopiedIn:
 
 
 def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
-    for step in schedule.steps:
-        for send in step.sends:
-            if send.prepare is Prepare.ENCODE:
-                payloads.encode_own(send)
+    """Every payload of the own data, by chunk, then piece: the pieces of a chunk draw
+    stochastic rounding's noise in the order its whole would (an all-to-all's pieces are
+    steps of their own), so a call's bits do not depend on ``chunk_bytes``."""
+    sends = [send for step in schedule.steps for send in step.sends]
+    for send in sorted(sends, key=_key):
+        if send.prepare is Prepare.ENCODE:
+            payloads.encode_own(send)
 
 
 def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband.Check) -> None:
@@ -547,8 +556,14 @@ def _start(transport: Transport, step: Step, payloads: Payloads, group):
         (own,) = step.sends
         work = collective.all_gather(payloads.gathered(), payloads.send_buffer(own), group)
         return p2p.Pending(work)
-    sent, received = payloads.exchanged()
+    sent, received = payloads.exchanged(step)
     return p2p.Pending(collective.all_to_all(received, sent, group))
+
+
+def _pieces_alone(schedule: Schedule) -> bool:
+    """Whether ``schedule`` is an all-to-all in several pieces (no step waits for what an
+    earlier one received)."""
+    return schedule.transport is Transport.ALL_TO_ALL and len(schedule.steps) > 1
 
 
 def _posted_transport(schedule: Schedule, payloads: Payloads, group) -> Transport:
@@ -565,8 +580,8 @@ def _posted_transport(schedule: Schedule, payloads: Payloads, group) -> Transpor
 
 def point_to_point_on_gloo(schedule: Schedule) -> bool:
     """Whether gloo (CPU tensors) gets ``schedule``'s payloads posted point to point: the
-    backend's all-to-all, or its all-gather on two ranks, whose every payload reaches
-    :data:`POINT_TO_POINT_FROM_BYTES` per peer."""
+    backend's all-to-all, or its all-gather on two ranks, whose first step's payloads reach
+    :data:`POINT_TO_POINT_FROM_BYTES` per peer (the largest: a last piece may be smaller)."""
     least = POINT_TO_POINT_FROM_BYTES
     exchange = schedule.transport is Transport.ALL_TO_ALL or (
         schedule.transport is Transport.ALL_GATHER and schedule.world_size == 2
@@ -575,5 +590,5 @@ def point_to_point_on_gloo(schedule: Schedule) -> bool:
         exchange
         and least is not None
         and bool(schedule.steps)
-        and all(step.sends[0].wire_bytes >= least for step in schedule.steps)
+        and schedule.steps[0].sends[0].wire_bytes >= least
     )

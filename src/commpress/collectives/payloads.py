@@ -20,7 +20,7 @@ import torch
 from commpress.codecs import Codec
 from commpress.codecs.blockwise import streaming_decodes
 from commpress.collectives.workspace import workspace
-from commpress.schedules import Receive, Schedule, Send, Then, Transport
+from commpress.schedules import Receive, Schedule, Send, Step, Then, Transport
 from commpress.schedules.wire import HEADER_BYTES
 
 
@@ -255,7 +255,10 @@ class PartialSums(_InSlots):
 class Contributions:
     """``result`` holds this rank's chunk summed in fp32 after the run. ``residual``: error
     feedback (fp32, shaped like ``contributions``): added before each encode, then set to
-    what the encode lost (zero where that is not finite)."""
+    what the encode lost (zero where that is not finite).
+
+    The payloads of each piece of the slices sit in a block of their own, one row per
+    rank (the own row unused), which one all-to-all of that piece moves whole."""
 
     def __init__(
         self,
@@ -269,24 +272,28 @@ class Contributions:
         self.encodes_change_state = residual is not None
         self.held_bytes = 0
         self.numel, self.dtype = contributions.shape[1], contributions.dtype
-        wire = codec.wire_bytes(self.numel, self.dtype)
         device, n = contributions.device, schedule.world_size
         self.device = device
-        self.sent = workspace.take("alltoall.send", n * wire, torch.uint8, device).view(n, wire)
-        self.sent[self.rank] = 0  # the own slot is never encoded, but it is sent: keep it clean
-        self.received = workspace.take("alltoall.received", n * wire, torch.uint8, device)
-        self.received = self.received.view(n, wire)
+        cuts = {(t.piece, t.wire_bytes) for step in schedule.steps for t in step.sends}
+        wires = [wire for _, wire in sorted(cuts)]
+        sent = workspace.take("alltoall.send", n * sum(wires), torch.uint8, device)
+        received = workspace.take("alltoall.received", n * sum(wires), torch.uint8, device)
+        self.sent, self.received = _blocks(sent, n, wires), _blocks(received, n, wires)
+        for block in self.sent:
+            block[self.rank] = 0  # the own row is never encoded, but it is sent: keep it clean
         self.result = None
 
     def encode_own(self, send: Send) -> None:
-        destination = send.chunk
+        payload = self.send_buffer(send)
+        own = _piece(self.contributions[send.chunk], send.offset, send.numel)
         if self.residual is None or self.codec.lossless:  # lossless: nothing to feed back
-            self.codec.encode(self.contributions[destination], out=self.sent[destination])
+            self.codec.encode(own, out=payload)
             return
-        corrected = self.contributions[destination].float() + self.residual[destination]
-        self.codec.encode(corrected, out=self.sent[destination])
-        lost = decode_fp32(self.codec, self.sent[destination], self.numel, torch.float32)
-        residual = torch.sub(corrected, lost, out=self.residual[destination])
+        corrected = own.float() + _piece(self.residual[send.chunk], send.offset, send.numel)
+        self.codec.encode(corrected, out=payload)
+        lost = decode_fp32(self.codec, payload, send.numel, torch.float32)
+        residual = _piece(self.residual[send.chunk], send.offset, send.numel)
+        torch.sub(corrected, lost, out=residual)
         # a non-finite value has reached this call's output; fed back, it would reach every
         # later call's too (an fp16 overflow step that the grad scaler skips would stall
         # training): its residual starts again from zero
@@ -296,16 +303,28 @@ class Contributions:
         self.result = self.contributions[self.rank].to(torch.float32, copy=True)
 
     def send_buffer(self, send: Send) -> torch.Tensor:
-        return self.sent[send.chunk]
+        return self.sent[send.piece][send.chunk]
 
     def receive_buffer(self, receive: Receive) -> torch.Tensor:
-        return self.received[receive.src]
+        return self.received[receive.piece][receive.src]
 
     def handle(self, receive: Receive) -> None:
-        self.result += decode_fp32(self.codec, self.received[receive.src], self.numel, self.dtype)
+        payload = self.receive_buffer(receive)
+        summed = _piece(self.result, receive.offset, receive.numel)
+        summed += decode_fp32(self.codec, payload, receive.numel, self.dtype)
 
-    def exchanged(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sent.view(-1), self.received.view(-1)
+    def exchanged(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        piece = step.sends[0].piece
+        return self.sent[piece].view(-1), self.received[piece].view(-1)
+
+
+def _blocks(buffer: torch.Tensor, n: int, wires: list[int]) -> list[torch.Tensor]:
+    """``buffer`` cut into one (n, wire) block per piece, back to back."""
+    blocks, start = [], 0
+    for wire in wires:
+        blocks.append(buffer[start : start + n * wire].view(n, wire))
+        start += n * wire
+    return blocks
 
 
 def _piece(row: torch.Tensor, offset: int, numel: int) -> torch.Tensor:

@@ -50,7 +50,7 @@ from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.payloads import reduction
 from commpress.collectives.work import launch, queued_on, run_native, staged, write_into
-from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, plan
+from commpress.schedules import DEFAULT_CHUNK_BYTES, PIPELINED_REDUCTIONS, algorithms, plan
 from commpress.transport import backends, collective
 
 REDUCE_SCATTER_ALGORITHMS = algorithms("reduce_scatter")
@@ -73,7 +73,7 @@ def reduce_scatter_tensor(
 
     Same convention as :func:`torch.distributed.reduce_scatter_tensor`, plus ``codec``,
     ``algorithm`` (either may be ``"auto"``: :mod:`commpress.sim.tuner`), ``chunk_bytes``
-    (pipeline piece size of ``ring``) and ``timeout``
+    (pipeline piece size of ``ring`` and ``alltoall``, bytes of fp32) and ``timeout``
     (a dead or stalled peer raises on every other rank; default: the group's).
 
     ``residual`` (``alltoall`` or ``backend``, the same all-to-all; fp32, ``inp``'s size):
@@ -113,7 +113,7 @@ def reduce_scatter_tensor(
     codec = get_codec(codec)
     check_reduction_dtype(inp.dtype, "inp.dtype")  # first: it names the way out
     codec.check_dtype(inp.dtype, "inp.dtype")
-    pieces = chunk_bytes if algorithm == "ring" else 0
+    pieces = chunk_bytes if algorithm in PIPELINED_REDUCTIONS else 0
     fingerprint = Fingerprint.of("reduce_scatter", inp, codec, algorithm, op, pieces)
     inp = inp.contiguous()
 

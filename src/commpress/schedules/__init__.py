@@ -14,6 +14,7 @@ from commpress.schedules.payloads import (
 from commpress.schedules.registry import (
     NATIVE,
     OPS,
+    PIPELINED_REDUCTIONS,
     Algorithm,
     algorithms,
     get_algorithm,
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "NATIVE",
     "OPS",
+    "PIPELINED_REDUCTIONS",
     "Algorithm",
     "Prepare",
     "Receive",

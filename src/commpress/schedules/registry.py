@@ -62,6 +62,9 @@ def every_algorithm() -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for op in OPS for name in algorithms(op)))
 
 
+#: The algorithms whose reduce-scatter is cut into pieces of ``chunk_bytes`` (of fp32).
+PIPELINED_REDUCTIONS = ("ring", "alltoall")
+
 #: The algorithms that round every contribution on the rank that owns it: the only ones
 #: where error feedback (a residual kept by the sender) is exact.
 ERROR_FEEDBACK_ALGORITHMS = ("alltoall", "backend")
@@ -168,10 +171,10 @@ register(
     Algorithm(
         "alltoall",
         "reduce-scatter: encode each destination's slice once, the backend's all-to-all, "
-        "sum in fp32",
+        "sum in fp32, pipelined in pieces",
         all_gather=None,
-        reduce_scatter=lambda r, n, numel, dtype, codec, _: alltoall.reduce_scatter(
-            r, n, numel, dtype, codec, algorithm="alltoall"
+        reduce_scatter=lambda r, n, numel, dtype, codec, chunk_bytes: alltoall.reduce_scatter(
+            r, n, numel, dtype, codec, algorithm="alltoall", chunk_bytes=chunk_bytes
         ),
         all_reduce_gather="ring",
     )

@@ -20,8 +20,9 @@ what the handling rewrites (as the executor does); the last handling ends the ca
 * point-to-point schedules (``ring``, ``ring-hop``): as above, step by step.
 * ``backend``'s all-gather: the backend's own collective is taken to be a ring in rank
   order (NCCL's and gloo's ring): n - 1 steps of one payload each, then every decode.
-* the all-to-all (``alltoall``, ``backend`` reduce-scatter): one step, every pair at once,
-  n - 1 messages per rank, then every decode and sum.
+* the all-to-all (``alltoall``, ``backend`` reduce-scatter): one step per piece (``backend``:
+  one), every pair at once, n - 1 messages per rank; a piece's decodes and sums overlap the
+  next piece's exchange.
 * ``multicast``: rounds of K roots in the schedule's order, each round's roots paced as the
   runtime paces them (:meth:`~commpress.transport.reliable_broadcast.Options.rounds` and
   ``pace_bytes_per_s``, at the options' nominal rates: a smaller last round sends faster),
@@ -282,11 +283,17 @@ class _Timing:
         return encode + ring + handling
 
     def _all_to_all(self, schedule: Schedule) -> float:
-        (step,) = schedule.steps
-        sends = tuple((dst, s.wire_bytes) for s in step.sends for dst in s.dsts)
-        exchange = self._step_s(sends) + (len(sends) - 1) * self.params.message_s
-        encodes = sum(self.params.codec_s(self.codec, s.numel, 1, 0) for s in step.sends)
-        return encodes + exchange + sum(self._handle_s(r) for r in step.receives)
+        """Every encode first, then one exchange per piece, a piece's sums overlapping the
+        next piece's exchange."""
+        sends = [s for step in schedule.steps for s in step.sends]
+        total = sum(self.params.codec_s(self.codec, s.numel, 1, 0) for s in sends)
+        pending = 0.0  # the sums of the last piece, not done yet
+        for step in schedule.steps:
+            messages = tuple((dst, s.wire_bytes) for s in step.sends for dst in s.dsts)
+            exchange = self._step_s(messages) + (len(messages) - 1) * self.params.message_s
+            total += max(pending, exchange)
+            pending = sum(self._handle_s(r) for r in step.receives)
+        return total + pending
 
     def _multicast(self, schedule: Schedule) -> float:
         n, p = schedule.world_size, self.params
