@@ -517,6 +517,39 @@ def test_a_collective_keeps_within_one_timeout_in_all():
         assert elapsed < 1.5 * TIMEOUT.total_seconds(), (elapsed, message)
 
 
+def _all_reduce_with_a_slow_peer(rank, world_size, late):
+    """Rank 2 starts each half of the all-reduce (its reduce-scatter, then its all-gather)
+    ``late`` of the timeout late: each half of its peers' call is shorter than the timeout,
+    the whole call longer."""
+    from commpress.collectives import all_gather, reduce_scatter
+
+    if rank == 2:
+        for module in (reduce_scatter, all_gather):
+
+            def started_late(*args, _execute=module.execute, **kwargs):
+                time.sleep(late * TIMEOUT.total_seconds())
+                return _execute(*args, **kwargs)
+
+            module.execute = started_late
+    start = time.monotonic()
+    try:
+        cp.all_reduce(torch.ones(3000), codec="int8", timeout=TIMEOUT)
+    except RuntimeError as error:
+        return type(error).__name__, str(error)[:400], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_an_all_reduce_keeps_within_one_timeout_in_all():
+    """Its reduce-scatter and its all-gather share the timeout too. (Each given a timeout of
+    its own, a peer late at each by 0.7 of it stretched a 3 s call to 4.3 s without a
+    word.)"""
+    results = run_distributed(_all_reduce_with_a_slow_peer, 3, 0.7, timeout=60)
+    for kind, message, elapsed in results[:2]:
+        assert kind == "CollectiveTimeoutError", (kind, message, results)
+        assert message.startswith("commpress all_reduce (int8@ring)"), message
+        assert elapsed < 1.3 * TIMEOUT.total_seconds(), (elapsed, message)
+
+
 def _ring_exchange_against_a_collective(rank, world_size, directory):
     from commpress.transport.objects import ring_gather_objects
 

@@ -34,7 +34,7 @@ from commpress.collectives.work import launch, queued_on, run_native, staged, wr
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
-from commpress.transport import backends, collective
+from commpress.transport import backends, collective, p2p
 
 ALL_REDUCE_ALGORITHMS = algorithms("all_reduce")
 
@@ -82,13 +82,14 @@ def all_reduce(
             reduce_then_gather()
 
     def reduce_then_gather() -> None:
+        deadline = p2p.Deadline.of(timeout)  # one for both halves: it bounds the whole call
         chunk = chunk_numel(numel, world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device
         )
         padded[:numel] = tensor.reshape(-1)
         padded[numel:] = 0
-        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, timeout, fingerprint)
+        total = reduce(padded, group, codec, algorithm, DEFAULT_CHUNK_BYTES, deadline, fingerprint)
         if op == dist.ReduceOp.AVG:
             total /= world_size
         sent_dtype = partial_sum_dtype(codec, tensor.dtype)  # bf16 with `none`: 2 bytes each
@@ -98,7 +99,7 @@ def all_reduce(
         gathered = workspace.take(
             "all_reduce.gathered", world_size * chunk, total.dtype, total.device
         )
-        gather(gathered, total, group, codec, gather_algorithm, timeout)
+        gather(gathered, total, group, codec, gather_algorithm, deadline)
         write_into(tensor, gathered[:numel].view(tensor.shape))
 
     return queued_on(group, launch(run, async_op, (tensor,)))

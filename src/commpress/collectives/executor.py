@@ -134,7 +134,7 @@ def execute(
     schedule: Schedule,
     payloads: Payloads,
     group: dist.ProcessGroup | None,
-    timeout: timedelta | None,
+    timeout: timedelta | p2p.Deadline | None,
     fingerprint: Fingerprint | None = None,
     window: int | None = None,
 ) -> None:
@@ -145,10 +145,14 @@ def execute(
     :data:`WINDOW`) are in flight at once; received payloads are handled in step order, so
     the codec sees the same calls in the same order whatever the window. ``timeout``
     bounds the call's waits together, as torch's bounds its collective (a multicast's
-    broadcasts keep their own: :class:`~commpress.transport.multicast.Broadcasts`)."""
+    broadcasts keep their own: :class:`~commpress.transport.multicast.Broadcasts`); a
+    :class:`~commpress.transport.p2p.Deadline` already running bounds it together with the
+    other steps of the call that share it (an all-reduce's two halves)."""
     if window is None:
         window = PIECES_IN_FLIGHT if _pieces_alone(schedule) else WINDOW
     deadline = p2p.Deadline.of(timeout)
+    if deadline is not None:
+        timeout = deadline.timeout  # the multicast's own
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
     transport = _posted_transport(schedule, payloads, group)
     settle, call = None, None  # waits for the argument check, raising on a mismatch

@@ -31,9 +31,12 @@ class Deadline:
         self._at = time.monotonic() + timeout.total_seconds()
 
     @classmethod
-    def of(cls, timeout: timedelta | None) -> Deadline | None:
-        """``timeout`` from now on; None (each wait the group's own) stays None."""
-        return None if timeout is None else cls(timeout)
+    def of(cls, timeout: timedelta | Deadline | None) -> Deadline | None:
+        """``timeout`` from now on; None (each wait the group's own) stays None, and a
+        Deadline already running (one shared by several steps of a call) stays itself."""
+        if timeout is None or isinstance(timeout, Deadline):
+            return timeout
+        return cls(timeout)
 
     def left(self) -> timedelta:
         return timedelta(seconds=max(self._at - time.monotonic(), _LEAST_WAIT_SECONDS))
