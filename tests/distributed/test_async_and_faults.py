@@ -484,11 +484,14 @@ def test_the_ring_object_exchange_keeps_within_one_timeout_in_all():
         assert "timed out" in message.lower(), message
 
 
-def _all_gather_with_a_slow_peer(rank, world_size, late):
+def _all_gather_with_a_slow_peer(rank, world_size, late, groups_own=False):
     """Rank 2 posts each of its messages ``late`` of the timeout late: each wait of its
-    peers is shorter than the timeout, the call longer."""
+    peers is shorter than the timeout, the call longer. ``groups_own``: the call is given
+    no timeout, on a group made with it."""
     from commpress.transport import p2p
 
+    group = dist.new_group(list(range(world_size)), timeout=TIMEOUT) if groups_own else None
+    timeout = None if groups_own else TIMEOUT
     if rank == 2:
         post_each = p2p.post_each
 
@@ -500,7 +503,7 @@ def _all_gather_with_a_slow_peer(rank, world_size, late):
     out = torch.empty(1000 * world_size)
     start = time.monotonic()
     try:
-        cp.all_gather_into_tensor(out, torch.ones(1000), codec="int8", timeout=TIMEOUT)
+        cp.all_gather_into_tensor(out, torch.ones(1000), group, codec="int8", timeout=timeout)
     except RuntimeError as error:
         return type(error).__name__, str(error)[:400], time.monotonic() - start
     return "no error", "", time.monotonic() - start
@@ -514,6 +517,17 @@ def test_a_collective_keeps_within_one_timeout_in_all():
     results = run_distributed(_all_gather_with_a_slow_peer, 3, 0.4, timeout=60)
     for kind, message, elapsed in results[:2]:
         assert kind == "CollectiveTimeoutError", (kind, message, results)
+        assert elapsed < 1.5 * TIMEOUT.total_seconds(), (elapsed, message)
+
+
+def test_a_collective_given_no_timeout_keeps_within_the_groups_in_all():
+    """The default timeout is the group's, and bounds the whole call too. (Given none, each
+    wait took the group's whole timeout: the call took 4.8 s on a group of 3 s without a
+    word.)"""
+    results = run_distributed(_all_gather_with_a_slow_peer, 3, 0.4, True, timeout=60)
+    for kind, message, elapsed in results[:2]:
+        assert kind == "CollectiveTimeoutError", (kind, message, results)
+        assert "the process group's timeout" in message, message
         assert elapsed < 1.5 * TIMEOUT.total_seconds(), (elapsed, message)
 
 

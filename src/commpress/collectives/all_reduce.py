@@ -27,6 +27,7 @@ from commpress.collectives.checks import (
     check_timeout,
     outside_group,
 )
+from commpress.collectives.executor import call_deadline
 from commpress.collectives.failures import named_failures
 from commpress.collectives.fingerprint import Fingerprint
 from commpress.collectives.reduce_scatter import reduce
@@ -34,7 +35,7 @@ from commpress.collectives.work import launch, queued_on, run_native, staged, wr
 from commpress.collectives.workspace import workspace
 from commpress.schedules import DEFAULT_CHUNK_BYTES, algorithms, get_algorithm, partial_sum_dtype
 from commpress.schedules.payloads import chunk_numel
-from commpress.transport import backends, collective, p2p
+from commpress.transport import backends, collective
 
 ALL_REDUCE_ALGORITHMS = algorithms("all_reduce")
 
@@ -82,7 +83,7 @@ def all_reduce(
             reduce_then_gather()
 
     def reduce_then_gather() -> None:
-        deadline = p2p.Deadline.of(timeout)  # one for both halves: it bounds the whole call
+        deadline = call_deadline(timeout, group, tensor.device)  # both halves': the call's
         chunk = chunk_numel(numel, world_size)
         padded = workspace.take(
             "all_reduce.padded", world_size * chunk, tensor.dtype, tensor.device

@@ -31,8 +31,10 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from commpress._torch_private import group_timeout
 from commpress.collectives import fingerprint as fingerprints
 from commpress.collectives import inband
+from commpress.collectives.checks import LONGEST_TIMEOUT
 from commpress.collectives.fingerprint import Agreement, Fingerprint
 from commpress.collectives.workspace import workspace
 from commpress.schedules import Prepare, Receive, Schedule, Send, Step, Transport
@@ -150,7 +152,7 @@ def execute(
     other steps of the call that share it (an all-reduce's two halves)."""
     if window is None:
         window = PIECES_IN_FLIGHT if _pieces_alone(schedule) else WINDOW
-    deadline = p2p.Deadline.of(timeout)
+    deadline = call_deadline(timeout, group, payloads.device)
     if deadline is not None:
         timeout = deadline.timeout  # the multicast's own
     multicasts = schedule.transport is Transport.MULTICAST and bool(schedule.steps)
@@ -208,6 +210,23 @@ def execute(
     if not schedule.steps:
         payloads.begin()
     _run_steps(schedule, payloads, window, deadline, start)
+
+
+def call_deadline(
+    timeout: timedelta | p2p.Deadline | None, group, device: torch.device
+) -> p2p.Deadline | None:
+    """The deadline of a call given ``timeout``, from now on (a running one stays itself).
+    Given none, where gloo moves the tensors: the group's own timeout, for the whole call
+    as an explicit one (each wait given the group's whole timeout, a peer late at every
+    step stretched a call past it without a word). Elsewhere (NCCL) none stays none: each
+    wait as the backend's, which a timeout would change (docs/collectives.md, On NCCL)."""
+    if timeout is None and (group is not None or dist.is_initialized()):
+        group = backends.or_world(group)
+        if backends.moves(group, device.type) == "gloo":
+            own = group_timeout(group)
+            # longer ones are gloo's to overflow on (checks.LONGEST_TIMEOUT), not ours
+            timeout = own if own is not None and own <= LONGEST_TIMEOUT else None
+    return p2p.Deadline.of(timeout)
 
 
 def _execute_multicast(
