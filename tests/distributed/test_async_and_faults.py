@@ -591,17 +591,17 @@ def _ring_exchange_against_a_compressed_collective(rank, world_size, directory, 
 
     if rank == 0:
         call = lambda: ring_gather_objects(rank, None, TIMEOUT, tag)  # noqa: E731
-    else:  # its in-band check's first message, header and shard, goes to rank 0 on tag 0
+    else:  # its in-band check's first message, header and shard, goes to rank 0
         out, shard = torch.empty(2 * 4096), torch.ones(4096)
         call = lambda: cp.all_gather_into_tensor(out, shard, algorithm="ring", timeout=TIMEOUT)  # noqa: E731
     return timed_outcome(call, directory, rank)
 
 
 def test_the_ring_object_exchange_never_meets_a_peers_compressed_collective(tmp_path):
-    """The compressed collectives' own point-to-point messages go on tag 0: an exchange on
-    that tag took a peer's first message (a header and a shard, some kilobytes) into its
-    8-byte length, and gloo ended the process (tried with ``tag=0``: "rank 0 died"). On a
-    tag of its own, the exchange times out."""
+    """An exchange on the tag of the compressed collectives' own point-to-point messages
+    (0 when this was written; ``p2p.COLLECTIVES_TAG`` since) took a peer's first message (a
+    header and a shard, some kilobytes) into its 8-byte length, and gloo ended the process
+    (tried with that tag: "rank 0 died"). On a tag of its own, the exchange times out."""
     from commpress.transport.objects import SET_UP_TAG
 
     function = _ring_exchange_against_a_compressed_collective
