@@ -149,6 +149,13 @@ def fsdp_param_groups(module: torch.nn.Module) -> list[ParamGroup]:
     return [_param_group(group) for group in _state_param_groups(module)]
 
 
+def fsdp_state(module: torch.nn.Module) -> object:
+    """The FSDP state of an ``FSDPModule`` (``_get_fsdp_state()``): one object for all the
+    modules of one ``fully_shard([m1, m2])`` call, which share its parameter groups and
+    collectives."""
+    return _attribute(module, "_get_fsdp_state", "FSDPModule._get_fsdp_state")()
+
+
 def _state_param_groups(module: torch.nn.Module) -> list:
     """The ``FSDPParamGroup`` objects of an ``FSDPModule``: the list ``_fsdp_param_groups``
     (torch 2.13), or the one group or None ``_fsdp_param_group`` of earlier releases (torch

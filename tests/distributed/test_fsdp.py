@@ -1423,6 +1423,37 @@ def test_keep_names_only_fsdp_modules_and_the_same_on_every_rank():
         )
 
 
+def _kept_of_one_unit(rank, world_size, keep):
+    """Layers 0 and 2 made one FSDP unit (``fully_shard([model[0], model[2]])``, as
+    torchtitan shards its final norm with its output layer), ``keep`` given to compress."""
+    model, mesh = small_model(), cp.fsdp.cpu_mesh()
+    fully_shard([model[0], model[2]], mesh=mesh)
+    fully_shard(model[4], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    try:
+        result = cp.fsdp.compress(model, "int8", "int8", keep=keep)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    replaced = {
+        name: _torch_private.replaced_collective(model[int(name)], "all_gather") is not None
+        for name in ("0", "2", "4")
+    }
+    return result.left_native, replaced
+
+
+def test_keep_takes_the_modules_of_one_fully_shard_call_together():
+    """keep=['2'], where fully_shard([model[0], model[2]]) made the two one FSDP unit (one
+    parameter group, one set of collectives), listed '2' in left_native while compressing
+    it through '0' (and keep=['0'] compressed '0' through '2'), silently."""
+    for keep in (["0"], ["2"]):
+        for message in run_distributed(_kept_of_one_unit, 2, keep, timeout=60):
+            assert message.startswith("ValueError: keep names "), message
+            assert "'0'" in message and "'2'" in message and "one FSDP unit" in message
+    for left, replaced in run_distributed(_kept_of_one_unit, 2, ["0", "2"], timeout=60):
+        assert sorted(left) == ["0", "2"]
+        assert replaced == {"0": False, "2": False, "4": True}
+
+
 def _two_compressions(rank, world_size):
     model = shard(small_model())
     cp.fsdp.compress(model, "int8", "int8", keep=["0", "4"])

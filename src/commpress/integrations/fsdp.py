@@ -424,7 +424,27 @@ def _kept_names(keep: Iterable[str], modules: list[tuple[str, torch.nn.Module]])
         )
     if set(given) == set(names):
         raise ValueError("keep names every FSDP module of the model: nothing to compress")
+    _check_units_whole(set(given), modules)
     return set(given)
+
+
+def _check_units_whole(kept: set[str], modules: list[tuple[str, torch.nn.Module]]) -> None:
+    """The modules of one ``fully_shard([m1, m2])`` call share one FSDP state, and so one
+    set of collectives: ``keep`` must name all of them or none (compressing one compresses
+    the others)."""
+    units: dict[int, list[str]] = {}
+    for name, module in modules:
+        units.setdefault(id(_torch_private.fsdp_state(module)), []).append(name)
+    for unit in units.values():
+        named = [name for name in unit if name in kept]
+        if named and len(named) != len(unit):
+            others = [name for name in unit if name not in kept]
+            raise ValueError(
+                f"keep names {', '.join(map(repr, named))} and not "
+                f"{', '.join(map(repr, others))}, which fully_shard made one FSDP unit with "
+                "it (fully_shard([...]) of several modules): they share one set of "
+                "collectives, so keep all of them or none"
+            )
 
 
 def _raise_on_every_rank(
