@@ -770,8 +770,10 @@ def test_the_reducer_takes_a_spec_as_ddp_hook_does():
     assert isinstance(algorithm, ACPSGD) and (algorithm.rank, algorithm.start_iter) == (3, 0)
     with pytest.raises(ValueError, match="unknown low-rank algorithm 'foo'"):
         Reducer("foo:rank=4")
-    with pytest.raises(TypeError, match="algorithm must be a LowRankAlgorithm"):
+    with pytest.raises(TypeError, match="LowRankAlgorithm or a spec such as 'powersgd:rank=4'"):
         Reducer(4)
+    with pytest.raises(TypeError, match="got NoneType"):  # a hook given None names both ways
+        Reducer(None)
 
 
 def _on_cuda(rank, world_size):

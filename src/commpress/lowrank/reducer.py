@@ -104,7 +104,10 @@ class Reducer:
         if isinstance(algorithm, str):
             algorithm = get_algorithm(algorithm)
         if not isinstance(algorithm, LowRankAlgorithm):
-            raise TypeError(f"algorithm must be a LowRankAlgorithm, got {type(algorithm).__name__}")
+            raise TypeError(
+                "algorithm must be a LowRankAlgorithm or a spec such as 'powersgd:rank=4', "
+                f"got {type(algorithm).__name__}"
+            )
         check_group(group, member=True)
         check_timeout(timeout)
         self.algorithm, self.group, self.timeout = algorithm, group, timeout
