@@ -306,7 +306,8 @@ class _CopiedIn:
 def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
     """Every payload of the own data, by chunk, then piece: the pieces of a chunk draw
     stochastic rounding's noise in the order its whole would (an all-to-all's pieces are
-    steps of their own), so a call's bits do not depend on ``chunk_bytes``."""
+    steps of their own), so a call's bits do not depend on ``chunk_bytes`` where its
+    pieces fall on the codec's blocks."""
     sends = [send for step in schedule.steps for send in step.sends]
     for send in sorted(sends, key=_key):
         if send.prepare is Prepare.ENCODE:
