@@ -174,11 +174,17 @@ def test_a_users_own_messages_on_the_group_never_meet_the_collectives(case):
 
 
 def test_on_the_users_tag_a_collective_meets_a_users_message():
-    """The test above, broken on purpose: the collectives' messages on tag 0 as a user's."""
+    """The test above, broken on purpose: the collectives' messages on tag 0 as a user's.
+    Rank 0's collective takes the user's message: it raises (a timeout, as seen), or gloo
+    ends the process on a size it did not expect; either way the user's message is lost."""
     op, spec, numel = BESIDE_USER_MESSAGES["ring all-gather"]
-    rank_0 = run_distributed(_beside_user_messages, 2, op, spec, numel, 0, timeout=60)[0]
-    beside, received, _ = rank_0
-    assert isinstance(beside, str) and "timed out" in beside  # it took the user's message
+    ranks = run_distributed(
+        _beside_user_messages, 2, op, spec, numel, 0, timeout=60, allow_dead=True
+    )
+    if ranks[0] is None:  # ended by gloo
+        return
+    beside, received, _ = ranks[0]
+    assert isinstance(beside, str), beside  # an error, not an output
     assert received is None or not torch.equal(
         received, torch.arange(USER_NUMEL, dtype=torch.float32)
     )

@@ -116,7 +116,7 @@ def run(args) -> int:
     for transport in sorted(by_name):
         print(
             f"on gloo (CPU tensors) {transport} is posted as point-to-point sends and "
-            f"receives, every receive first: each payload reaches {POINT_TO_POINT_FROM_BYTES} "
-            "bytes per peer"
+            "receives, every receive first: the first step's payloads reach "
+            f"{POINT_TO_POINT_FROM_BYTES} bytes per peer"
         )
     return 0
