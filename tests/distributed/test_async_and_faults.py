@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import commpress as cp
 from commpress.cluster.local import run_distributed
-from commpress.testing.stall import stall, timed_outcome
+from commpress.testing.stall import outcome, stall, timed_outcome
 
 
 def _async_equals_sync(rank, world_size):
@@ -453,26 +453,27 @@ def test_the_ring_object_exchange_gives_up_on_a_peer_that_never_calls_it(tmp_pat
         assert TIMEOUT.total_seconds() - 0.5 < elapsed < STALL_SECONDS - 2, (elapsed, message)
 
 
+def _post_late(fraction: float) -> None:
+    """This rank posts each of its point-to-point messages ``fraction`` of the timeout late."""
+    from commpress.transport import p2p
+
+    post_each = p2p.post_each
+
+    def late(*args):
+        time.sleep(fraction * TIMEOUT.total_seconds())
+        return post_each(*args)
+
+    p2p.post_each = late
+
+
 def _ring_exchange_with_a_slow_peer(rank, world_size):
     """Rank 2 posts each of its messages 0.6 of the timeout late: every wait of its peers
     is shorter than the timeout, the exchange longer."""
-    from commpress.transport import p2p
     from commpress.transport.objects import ring_gather_objects
 
     if rank == 2:
-        post_each = p2p.post_each
-
-        def late(*args):
-            time.sleep(0.6 * TIMEOUT.total_seconds())
-            return post_each(*args)
-
-        p2p.post_each = late
-    start = time.monotonic()
-    try:
-        ring_gather_objects(rank, None, TIMEOUT)
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:400], time.monotonic() - start
-    return "no error", "", time.monotonic() - start
+        _post_late(0.6)
+    return outcome(lambda: ring_gather_objects(rank, None, TIMEOUT))
 
 
 def test_the_ring_object_exchange_keeps_within_one_timeout_in_all():
@@ -488,25 +489,16 @@ def _all_gather_with_a_slow_peer(rank, world_size, late, groups_own=False):
     """Rank 2 posts each of its messages ``late`` of the timeout late: each wait of its
     peers is shorter than the timeout, the call longer. ``groups_own``: the call is given
     no timeout, on a group made with it."""
-    from commpress.transport import p2p
-
     group = dist.new_group(list(range(world_size)), timeout=TIMEOUT) if groups_own else None
     timeout = None if groups_own else TIMEOUT
     if rank == 2:
-        post_each = p2p.post_each
-
-        def posted_late(*args):
-            time.sleep(late * TIMEOUT.total_seconds())
-            return post_each(*args)
-
-        p2p.post_each = posted_late
+        _post_late(late)
     out = torch.empty(1000 * world_size)
-    start = time.monotonic()
-    try:
-        cp.all_gather_into_tensor(out, torch.ones(1000), group, codec="int8", timeout=timeout)
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:400], time.monotonic() - start
-    return "no error", "", time.monotonic() - start
+    return outcome(
+        lambda: cp.all_gather_into_tensor(
+            out, torch.ones(1000), group, codec="int8", timeout=timeout
+        )  # fmt: skip
+    )
 
 
 def test_a_collective_keeps_within_one_timeout_in_all():
@@ -545,12 +537,7 @@ def _all_reduce_with_a_slow_peer(rank, world_size, late):
                 return _execute(*args, **kwargs)
 
             module.execute = started_late
-    start = time.monotonic()
-    try:
-        cp.all_reduce(torch.ones(3000), codec="int8", timeout=TIMEOUT)
-    except RuntimeError as error:
-        return type(error).__name__, str(error)[:400], time.monotonic() - start
-    return "no error", "", time.monotonic() - start
+    return outcome(lambda: cp.all_reduce(torch.ones(3000), codec="int8", timeout=TIMEOUT))
 
 
 def test_an_all_reduce_keeps_within_one_timeout_in_all():

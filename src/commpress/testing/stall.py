@@ -26,15 +26,21 @@ def stall(directory: str | Path, others: Iterable[int], longest: float) -> float
     return time.monotonic() - start
 
 
-def timed_outcome(call, directory: str | Path, rank: int) -> tuple[str, str, float]:
-    """``(error type, message, seconds)`` of ``call()`` on a rank that waits for a stalled
-    peer (a ``RuntimeError`` caught; ``("no error", "", seconds)`` where none), ``rank``
-    reported as done either way."""
+def outcome(call) -> tuple[str, str, float]:
+    """``(error type, message, seconds)`` of ``call()``: a ``RuntimeError`` caught,
+    ``("no error", "", seconds)`` where none."""
     start = time.monotonic()
     try:
         call()
     except RuntimeError as error:
         return type(error).__name__, str(error)[:400], time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def timed_outcome(call, directory: str | Path, rank: int) -> tuple[str, str, float]:
+    """:func:`outcome` of ``call()`` on a rank that waits for a stalled peer, ``rank``
+    reported as done either way."""
+    try:
+        return outcome(call)
     finally:
         report(directory, rank)
-    return "no error", "", time.monotonic() - start
