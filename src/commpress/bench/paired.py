@@ -9,6 +9,7 @@ difference from none at all (an interval that straddles zero: it cannot).
 from __future__ import annotations
 
 import argparse
+import operator
 import random
 import statistics
 import time
@@ -28,9 +29,7 @@ def paired_difference(
     """``(median, low, high)`` of the per-round differences ``a - b``: their median and a
     95% percentile-bootstrap interval of it. Rounds are assumed independent (on a shared
     VM they are not quite: read single intervals with care)."""
-    if len(a) != len(b) or not a:
-        raise ValueError(f"a and b must be the same non-zero length, got {len(a)} and {len(b)}")
-    return _median_interval([x - y for x, y in zip(a, b, strict=True)], resamples, seed)
+    return _median_interval(_per_round(a, b, operator.sub), resamples, seed)
 
 
 def paired_ratio(
@@ -38,9 +37,15 @@ def paired_ratio(
 ) -> tuple[float, float, float]:
     """``(median, low, high)`` of the per-round ratios ``a / b``, as
     :func:`paired_difference` gives the differences."""
+    return _median_interval(_per_round(a, b, operator.truediv), resamples, seed)
+
+
+def _per_round(a: Sequence[float], b: Sequence[float], combine) -> list[float]:
+    """``combine(a[i], b[i])`` for each round ``i``; ValueError unless a and b are rounds
+    of the same non-zero number."""
     if len(a) != len(b) or not a:
         raise ValueError(f"a and b must be the same non-zero length, got {len(a)} and {len(b)}")
-    return _median_interval([x / y for x, y in zip(a, b, strict=True)], resamples, seed)
+    return [combine(x, y) for x, y in zip(a, b, strict=True)]
 
 
 def _median_interval(values: list[float], resamples: int, seed: int) -> tuple[float, float, float]:
