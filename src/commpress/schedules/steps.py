@@ -43,11 +43,12 @@ class Transport(enum.Enum):
     """What moves a schedule's payloads."""
 
     P2P = "p2p"  # one batch of point-to-point sends and receives per step
-    #: one per step: every rank broadcasts a payload; and a payload for every peer. On gloo,
-    #: with CPU tensors and large payloads, the executor posts the all-to-all, and the
-    #: all-gather of two ranks, point to point instead
-    #: (:data:`commpress.collectives.executor.POINT_TO_POINT_FROM_BYTES`)
+    #: one per step: every rank broadcasts a payload (on gloo, with CPU tensors and large
+    #: payloads, the executor posts it point to point between two ranks:
+    #: :func:`commpress.collectives.executor.point_to_point_on_gloo`)
     ALL_GATHER = "the backend's all-gather"
+    #: one per step: a payload for every peer (on gloo, with CPU tensors and large
+    #: payloads, posted point to point: the same)
     ALL_TO_ALL = "the backend's all-to-all"
     MULTICAST = "reliable multicast"  # one broadcast per step, replicated by the network
 
