@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from commpress.codecs import get_codec
@@ -75,11 +74,11 @@ class _RecordingPayloads:
 
     encodes_change_state, device, held_bytes = False, torch.device("cpu"), 0
 
-    def __init__(self, events, codec=None, pieces=False):
-        self.events, self.codec, self._pieces = events, codec, pieces
+    def __init__(self, events):
+        self.events = events
 
     def encode_own(self, send):
-        self.events.append(f"encode {send.chunk} {send.piece}" if self._pieces else "encode")
+        self.events.append("encode")
 
     def begin(self):
         self.events.append("begin")
@@ -104,35 +103,3 @@ def test_a_run_without_transfers_still_begins_its_payloads():
     (schedule,) = plan("all_gather", "backend", 0, 1, 4096, torch.float32, get_codec("int8"))
     executor.execute(schedule, _RecordingPayloads(events), None, None)
     assert events == ["begin"]
-
-
-@pytest.mark.parametrize(("spec", "by_step"), [("int8", True), ("int8:stochastic=true", False)])
-def test_an_all_to_all_encodes_each_piece_while_the_pieces_before_are_on_the_wire(
-    monkeypatch, spec, by_step
-):
-    """``alltoall``'s pieces: those of piece k are encoded once piece k - 1 is posted, not
-    all before the first exchange (8-12 ms at 64 MiB on 4 emulated hosts). Stochastic
-    rounding draws its noise chunk by chunk, as for whole slices (same bits whatever
-    ``chunk_bytes``), so such a codec still encodes every piece first."""
-    events = []
-
-    def post(transport, step, *args):
-        events.append(f"post {step.sends[0].piece}")
-        return _Done()
-
-    monkeypatch.setattr(executor, "_start", post)
-    codec = get_codec(spec)
-    # three chunks of 3000 floats, cut into pieces of 1000
-    (schedule,) = plan("reduce_scatter", "alltoall", 0, 3, 9000, torch.float32, codec, 4000)
-    executor.execute(schedule, _RecordingPayloads(events, codec, pieces=True), None, None)
-    posted = [event for event in events if event.startswith(("encode", "post"))]
-    if by_step:
-        expected = [
-            *("encode 1 0", "encode 2 0", "post 0"),
-            *("encode 1 1", "encode 2 1", "post 1"),
-            *("encode 1 2", "encode 2 2", "post 2"),
-        ]
-    else:
-        every = [f"encode {chunk} {piece}" for chunk in (1, 2) for piece in range(3)]
-        expected = [*every, "post 0", "post 1", "post 2"]
-    assert posted == expected

@@ -24,7 +24,7 @@ executor only orders them:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from commpress._torch_private import group_timeout
-from commpress.codecs import Codec
 from commpress.collectives import fingerprint as fingerprints
 from commpress.collectives import inband
 from commpress.collectives.checks import LONGEST_TIMEOUT
@@ -99,8 +98,6 @@ class Payloads(Protocol):
     encodes_change_state: bool
     #: Where the collective's tensors live (the argument check runs there on NCCL).
     device: torch.device
-    #: What encodes and decodes the payloads.
-    codec: Codec
 
     def encode_own(self, send: Send) -> None: ...
     def begin(self) -> None:
@@ -196,8 +193,7 @@ def execute(
         return
     if settle is not None and payloads.encodes_change_state:
         settle()
-    by_step = _encodes_by_step(schedule, payloads)
-    _encode_own(schedule.steps[:1] if by_step else schedule.steps, payloads)
+    _encode_own(schedule, payloads)
     if settle is not None:
         settle()
     if schedule.steps and window == 1 and _may_receive_ahead(schedule, payloads, group):
@@ -206,8 +202,6 @@ def execute(
         return
 
     def start(k: int, step: Step) -> _Transfer:
-        if by_step and k > 0:
-            _encode_own([step], payloads)  # while the steps before are on the wire
         transfer = _start(transport, step, payloads, group)
         if k == 0:
             payloads.begin()  # the own shard's decode, while the first transfer is on the wire
@@ -260,7 +254,7 @@ def _execute_multicast(
     beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
     if settle is not None and payloads.encodes_change_state:
         settle()
-    _encode_own(schedule.steps, payloads)  # while the check is in flight
+    _encode_own(schedule, payloads)  # while the check is in flight
     if settle is not None and not beside:
         settle()
     buffers = _broadcasts(schedule, payloads)
@@ -309,12 +303,12 @@ class _CopiedIn:
         self._device.copy_(self._host)
 
 
-def _encode_own(steps: Sequence[Step], payloads: Payloads) -> None:
-    """Every payload of the own data that ``steps`` send, by chunk, then piece: the pieces
-    of a chunk draw stochastic rounding's noise in the order its whole would (an
-    all-to-all's pieces are steps of their own), so a call's bits do not depend on
-    ``chunk_bytes`` where its pieces fall on the codec's blocks."""
-    sends = [send for step in steps for send in step.sends]
+def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
+    """Every payload of the own data, by chunk, then piece: the pieces of a chunk draw
+    stochastic rounding's noise in the order its whole would (an all-to-all's pieces are
+    steps of their own), so a call's bits do not depend on ``chunk_bytes`` where its
+    pieces fall on the codec's blocks."""
+    sends = [send for step in schedule.steps for send in step.sends]
     for send in sorted(sends, key=_key):
         if send.prepare is Prepare.ENCODE:
             payloads.encode_own(send)
@@ -327,7 +321,7 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     that every rank agrees."""
     if check.early:
         check.post_early_verdict()
-    _encode_own(schedule.steps, payloads)
+    _encode_own(schedule, payloads)
     payloads.hold()
     payloads.begin()
     steps = schedule.steps
@@ -588,14 +582,6 @@ def _start(transport: Transport, step: Step, payloads: Payloads, group):
         return p2p.Pending(work)
     sent, received = payloads.exchanged(step)
     return p2p.Pending(collective.all_to_all(received, sent, group))
-
-
-def _encodes_by_step(schedule: Schedule, payloads: Payloads) -> bool:
-    """Whether each step's own payloads are encoded just before the step is posted, while
-    the steps before it are on the wire, instead of all before the first: the pieces of an
-    all-to-all, unless the codec draws stochastic rounding's noise (its draws go chunk by
-    chunk: :func:`_encode_own`)."""
-    return _pieces_alone(schedule) and not getattr(payloads.codec, "draws_noise", False)
 
 
 def _pieces_alone(schedule: Schedule) -> bool:
