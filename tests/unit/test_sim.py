@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -280,6 +281,58 @@ def test_calibration_recovers_the_parameters_it_was_given(tmp_path):
     saved = tmp_path / "fit.json"
     calibrate.save(saved, fit)
     assert calibrate.load(saved)["message_s"] == fit["message_s"]
+
+
+def test_a_call_adds_its_time_per_call_once_scaled_as_its_messages_are():
+    """``call_s`` is paid once per call, whatever the schedule's messages; on hosts that
+    share cores it stretches as per-message work does; a fit without a value for an
+    algorithm gives it none."""
+    topology = Switch(8, GBIT)
+    bare = simulate("all_gather", "backend", "int8", 4 << 20, topology, NO_OVERHEAD).time_us
+    called = dataclasses.replace(NO_OVERHEAD, call_s=3e-3)
+    once = simulate("all_gather", "backend", "int8", 4 << 20, topology, called).time_us
+    assert once - bare == pytest.approx(3000, rel=1e-9)
+    shared = dataclasses.replace(called, shared_cores=2)  # 8 hosts on 2 cores: 4 times
+    stretched = simulate("all_gather", "backend", "int8", 4 << 20, topology, shared).time_us
+    assert stretched - bare == pytest.approx(12000, rel=1e-9)
+    fitted = Params(latency_s=0.0, message_s={"backend": 0.0}, call_s={"backend": 3e-3})
+    ring = simulate("all_gather", "ring", "int8", 4 << 20, topology,
+                    dataclasses.replace(fitted, message_s={"ring": 0.0}))  # fmt: skip
+    assert ring.time_us == simulate("all_gather", "ring", "int8", 4 << 20, topology,
+                                    NO_OVERHEAD).time_us  # fmt: skip
+    with pytest.raises(ValueError, match="call_s out of range"):
+        Params(call_s=-1e-3)
+
+
+def test_calibration_recovers_a_time_per_call_where_the_rows_span_two_world_sizes(tmp_path):
+    """A per-call time (a check of its own) besides the per-message one: told apart by rows
+    of 4 and 8 hosts (the messages of a call grow with the hosts, the call's time does not);
+    of one world size, every call has as many messages, and the per-message time takes it
+    all in, still giving back every row."""
+    truth = Params(latency_s=0.0, message_s=300e-6, call_s=3e-3, efficiency=0.8)
+    rows = []
+    for n in (4, 8):
+        for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            row = simulate("all_gather", "backend", "int8", size, Switch(n, GBIT), truth)
+            rows.append({"op": "all_gather", "algorithm": "backend", "codec": "int8",
+                         "size_bytes": size, "time_us": row.time_us, "nprocs": n,
+                         "link": "1gbit"})  # fmt: skip
+    fit = calibrate.fit([_bench_file(tmp_path / "both.json", rows)])
+    assert fit["call_s"]["all_gather/backend"] == pytest.approx(3e-3, rel=1e-6)
+    assert fit["message_s"]["all_gather/backend"] == pytest.approx(300e-6, rel=1e-6)
+    assert fit["efficiency"]["all_gather/backend"] == pytest.approx(0.8, rel=1e-6)
+    saved = tmp_path / "fit.json"
+    calibrate.save(saved, fit)
+    assert calibrate.load(saved)["call_s"] == fit["call_s"]
+    assert "us/call" in calibrate.describe(fit)
+    four = [r for r in rows if r["nprocs"] == 4]
+    fit = calibrate.fit([_bench_file(tmp_path / "four.json", four)])
+    assert fit["call_s"] == {}
+    assert fit["message_s"]["all_gather/backend"] == pytest.approx(300e-6 + 3e-3 / 3, rel=1e-6)
+    fitted = Params(latency_s=0.0, message_s=fit["message_s"], efficiency=fit["efficiency"])
+    for r in four:
+        again = simulate("all_gather", "backend", "int8", r["size_bytes"], Switch(4, GBIT), fitted)
+        assert again.time_us == pytest.approx(r["time_us"], rel=1e-6)
 
 
 def test_calibration_recovers_an_efficiency_per_level(tmp_path):
@@ -677,11 +730,12 @@ def test_a_fit_of_the_first_version_still_loads_and_a_newer_one_is_refused(tmp_p
     two = simulate("all_gather", "ring", "none", 64 << 20, Switch(2, GBIT), Params(**loaded))
     full = simulate("all_gather", "ring", "none", 64 << 20, Switch(2, GBIT), NO_OVERHEAD)
     assert two.time_us == pytest.approx(2 * full.time_us)
-    calibrate.save(tmp_path / "v2.json", {**loaded, "exchange_efficiency": {}})
-    assert json.loads((tmp_path / "v2.json").read_text())["version"] == calibrate.VERSION == 2
-    (tmp_path / "v3.json").write_text(json.dumps({**first, "version": 3}))
-    with pytest.raises(ValueError, match="fit version 3, this commpress reads 1, 2"):
-        calibrate.load(tmp_path / "v3.json")
+    assert loaded["call_s"] == {}  # versions 1 and 2 had no time per call: none
+    calibrate.save(tmp_path / "v3.json", {**loaded, "exchange_efficiency": {}})
+    assert json.loads((tmp_path / "v3.json").read_text())["version"] == calibrate.VERSION == 3
+    (tmp_path / "v4.json").write_text(json.dumps({**first, "version": 4}))
+    with pytest.raises(ValueError, match="fit version 4, this commpress reads 1, 2, 3"):
+        calibrate.load(tmp_path / "v4.json")
 
 
 @pytest.mark.parametrize(
@@ -692,7 +746,8 @@ def test_a_fit_of_the_first_version_still_loads_and_a_newer_one_is_refused(tmp_p
         ("efficiency", {"ring": False}, r"efficiency\['ring'\] must be a number, got False"),
         ("codec_bytes_per_s", {"int8": "59"}, r"codec_bytes_per_s\['int8'\] must be"),
         ("codec_bytes_per_s", {"int8": [True, 1e9]}, r"codec_bytes_per_s\['int8'\] must be"),
-        ("version", True, "fit version True, this commpress reads 1, 2"),
+        ("version", True, "fit version True, this commpress reads 1, 2, 3"),
+        ("call_s", {"ring": True}, r"call_s\['ring'\] must be a number, got True"),
     ],
 )
 def test_a_fit_of_bools_or_strings_for_numbers_is_refused(tmp_path, field, value, message):

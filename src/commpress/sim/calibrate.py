@@ -1,14 +1,16 @@
 """Fit the cost model to our own measurements.
 
 The model's time is, but for the overlap of codec work with transfers, piecewise linear in
-its unknowns per algorithm, the time per message ``m`` (at least 0) and the inverse of each
-level's link efficiency (each efficiency at most 1):
-``T = m * messages + max(host_s / e, uplink_s / e_uplink, exchange_s / e_exchange) +
+its unknowns per algorithm, the time per message ``m`` and per call ``c`` (each at least
+0) and the inverse of each level's link efficiency (each efficiency at most 1):
+``T = m * messages + c + max(host_s / e, uplink_s / e_uplink, exchange_s / e_exchange) +
 codec_s`` (``exchange_s``: host links in steps where each rank exchanges with a single
 peer, as every step on two ranks does). For every measured row (``commpress bench
---json``) the terms are read off the model itself (run with ``m = 0`` and full efficiency,
-then with ``m`` and each level's efficiency moved one at a time), so the fit and the
-predictions use one formula. A row's transfer time counts toward the level that bounds
+--json``) the terms are read off the model itself (run with ``m = c = 0`` and full
+efficiency, then with ``m``, ``c`` and each level's efficiency moved one at a time), so the
+fit and the predictions use one formula. ``c`` is fitted where an algorithm's rows span
+two world sizes or more; at one, a call's messages are as many at every size, and ``c``
+could not be told from ``m`` (it stays 0). A row's transfer time counts toward the level that bounds
 it; the uplinks and the exchanges get an efficiency of their own where at least two rows
 of an algorithm are bound by them and two by the rest. ``m`` and the
 efficiencies are fitted per op and algorithm by least squares on the relative error (a
@@ -18,12 +20,13 @@ if it lowers the error. Where every host of a measurement shared one machine (th
 cluster: the file's provenance names its cores), per-message and codec work are scaled by
 hosts per core; codec speeds come from ``commpress codecs --json``.
 
-A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 2, "message_s":
-{"op/algorithm": s}, "efficiency": {"op/algorithm": e}, "uplink_efficiency":
-{"op/algorithm": e}, "exchange_efficiency": {"op/algorithm": e}, "codec_bytes_per_s":
-{codec: [enc, dec]}}`` (``uplink_efficiency`` and ``exchange_efficiency`` only for the
-algorithms fitted on those levels apart; both optional); its per-message times are those
-of a host with a core of its own.
+A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 3, "message_s":
+{"op/algorithm": s}, "call_s": {"op/algorithm": s}, "efficiency": {"op/algorithm": e},
+"uplink_efficiency": {"op/algorithm": e}, "exchange_efficiency": {"op/algorithm": e},
+"codec_bytes_per_s": {codec: [enc, dec]}}`` (``call_s`` only where fitted above 0,
+``uplink_efficiency`` and ``exchange_efficiency`` only for the algorithms fitted on those
+levels apart; all three optional); its per-message and per-call times are those of a host
+with a core of its own.
 """
 
 from __future__ import annotations
@@ -46,13 +49,17 @@ from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Switch, Topology
 from commpress.units import DTYPES, check_racks, counted, parse_rate_bits, torch_dtype
 
-FORMAT, VERSION = "commpress-sim-fit", 2
-#: Versions :func:`load` reads: 1 had no ``exchange_efficiency`` (2 does, where fitted; code
-#: that reads 1 only would drop it silently, so 2 refuses to load there).
-READABLE_VERSIONS = (1, 2)
+FORMAT, VERSION = "commpress-sim-fit", 3
+#: Versions :func:`load` reads: 1 had no ``exchange_efficiency``, 2 no ``call_s`` (code that
+#: reads an older version only would drop them silently, so a newer one refuses to load
+#: there).
+READABLE_VERSIONS = (1, 2, 3)
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
 MIN_ROWS = 3  # per op and algorithm: two unknowns, more with levels of their own (2 rows each)
+# the unknowns of one op and algorithm, in this order: per message, per call, 1 / the host
+# links' efficiency, then 1 / each other level's fitted on its own
+_M, _C, _HOST = 0, 1, 2
 _SLOW = 1e-6  # a level's efficiency that makes it the bound of every step
 _ROUNDS = 8  # at most, of assigning rows to the level that bounds them, then fitting again
 _STEPS = 20  # at most, of Gauss-Newton on the model itself after the linear fit
@@ -211,15 +218,17 @@ def codec_speeds(path) -> dict:
 _OWN_CANDIDATES = tuple(level for level in LEVELS if level != "host")
 
 
-def terms(row: Measured, params: Params) -> tuple[float, dict, float]:
-    """``(messages, level_s, codec_s)`` of ``row``: its time is about
-    ``m * messages + max(level_s[l] / e_l for each level l) + codec_s``, with each level's
-    transfer time at its full rate (0 where the row has no such transfer)."""
+def terms(row: Measured, params: Params) -> tuple[float, float, dict, float]:
+    """``(messages, calls, level_s, codec_s)`` of ``row``: its time is about
+    ``m * messages + c * calls + max(level_s[l] / e_l for each level l) + codec_s``, with
+    each level's transfer time at its full rate (0 where the row has no such transfer);
+    ``calls`` is 1, times the hosts per core where they share cores."""
     base = _unit(row, params)
     fixed = _time(row, base)
     messages = (_time(row, dataclasses.replace(base, message_s=_PROBE_S)) - fixed) / _PROBE_S
+    calls = (_time(row, dataclasses.replace(base, call_s=_PROBE_S)) - fixed) / _PROBE_S
     level_s = {level: _level_s(row, base, field) for level, field in LEVELS.items()}
-    return messages, level_s, fixed - max(level_s.values())
+    return messages, calls, level_s, fixed - max(level_s.values())
 
 
 def _level_s(row: Measured, base: Params, field: str) -> float:
@@ -232,9 +241,10 @@ def _level_s(row: Measured, base: Params, field: str) -> float:
 
 
 def _unit(row: Measured, params: Params) -> Params:
-    """``params`` with no per-message or latency time, every link at its full rate."""
+    """``params`` with no per-message, per-call or latency time, every link at its full
+    rate."""
     return dataclasses.replace(
-        params, message_s=0.0, latency_s=0.0, **dict.fromkeys(LEVELS.values(), 1.0),
+        params, message_s=0.0, call_s=0.0, latency_s=0.0, **dict.fromkeys(LEVELS.values(), 1.0),
         concurrent_roots=row.roots, shared_cores=row.shared_cores,
     )  # fmt: skip
 
@@ -264,7 +274,7 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             "together: links and CPUs differ between them, fit one at a time",
             stacklevel=2,
         )
-    fitted = {field: {} for field in ("message_s", *LEVELS.values())}
+    fitted = {field: {} for field in ("message_s", "call_s", *LEVELS.values())}
     for op, algorithm in sorted({(row.op, row.algorithm) for row in rows}):
         mine = [row for row in rows if (row.op, row.algorithm) == (op, algorithm)]
         sizes = len({row.size_bytes for row in mine})
@@ -277,7 +287,9 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             )
             continue
         key = f"{op}/{algorithm}"
-        fitted["message_s"][key], efficiencies = _fit_one(mine, params)
+        fitted["message_s"][key], call_s, efficiencies = _fit_one(mine, params)
+        if call_s > 0:
+            fitted["call_s"][key] = call_s
         for level, efficiency in efficiencies.items():
             fitted[LEVELS[level]][key] = efficiency
     return {
@@ -287,9 +299,10 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
     }
 
 
-def _fit_one(rows: list[Measured], params: Params) -> tuple[float, dict]:
-    """``(message_s, {level: efficiency})`` of one op and algorithm (``host`` always, other
-    levels where fitted on their own).
+def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, dict]:
+    """``(message_s, call_s, {level: efficiency})`` of one op and algorithm (``host``
+    always, other levels where fitted on their own; ``call_s`` 0 unless the rows span two
+    world sizes or more).
 
     Each row's transfer time counts toward the level that bounds it: at first as at full
     efficiency (an uplink or exchange exactly as loaded as a host link counting as the
@@ -298,25 +311,27 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, dict]:
     host links gets an efficiency of its own where two rows or more are bound by it and two
     or more by the rest; otherwise its rows count toward the host links'."""
     parts = [terms(row, params) for row in rows]
-    bounds = [_bound(level_s, {}) for _, level_s, _ in parts]
+    per_call = len({row.topology.ranks for row in rows}) >= 2
+    bounds = [_bound(level_s, {}) for _, _, level_s, _ in parts]
     best, best_own, best_error = None, (), np.inf
     for _ in range(_ROUNDS):
         own = _own_levels(bounds)
         matrix, target = [], []
-        for row, (messages, level_s, codec), bound in zip(rows, parts, bounds, strict=True):
+        for row, (messages, calls, level_s, codec), bound in zip(rows, parts, bounds, strict=True):
             columns = [0.0] * (1 + len(own))
             columns[own.index(bound) + 1 if bound in own else 0] = level_s[bound]
-            matrix.append([messages / row.time_s] + [c / row.time_s for c in columns])
+            unknowns = [messages, calls if per_call else 0.0, *columns]
+            matrix.append([u / row.time_s for u in unknowns])
             target.append((row.time_s - codec) / row.time_s)
         x = np.array(_least_squares(np.array(matrix), np.array(target)))
         error = np.sum(_residuals(rows, params, x, own) ** 2)
         if error < best_error:
             best, best_own, best_error = x, own, error
-        again = [_bound(level_s, _efficiencies(x, own)) for _, level_s, _ in parts]
+        again = [_bound(level_s, _efficiencies(x, own)) for _, _, level_s, _ in parts]
         if again == bounds:
             break
         bounds = again
-    return _refine(rows, params, best, best_own)
+    return _refine(rows, params, best, best_own, per_call)
 
 
 def _bound(level_s: dict, efficiencies: dict) -> str:
@@ -341,18 +356,21 @@ def _own_levels(bounds: list[str]) -> tuple[str, ...]:
 
 
 def _efficiencies(x: np.ndarray, own: tuple[str, ...]) -> dict:
-    """``{level: efficiency}`` of ``x = [m, 1/e_host, 1/e_own...]``; every level not fitted
-    on its own takes the host links'."""
-    host = 1 / float(x[1])
-    mine = {level: 1 / float(x[2 + i]) for i, level in enumerate(own)}
+    """``{level: efficiency}`` of ``x = [m, c, 1/e_host, 1/e_own...]``; every level not
+    fitted on its own takes the host links'."""
+    host = 1 / float(x[_HOST])
+    mine = {level: 1 / float(x[_HOST + 1 + i]) for i, level in enumerate(own)}
     return {level: mine.get(level, host) for level in LEVELS}
 
 
-def _refine(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> tuple:
-    """``(message_s, {level: efficiency})`` after Gauss-Newton steps on the model itself
-    (``simulate``) from the linear fit ``x = [m, 1/e_host, 1/e_own...]``, each kept only if
-    it lowers the sum of squared relative errors: the linear reading is exact where
-    transfers set a row's time, not where codec work hides them."""
+def _refine(
+    rows: list[Measured], params: Params, x: np.ndarray, own: tuple, per_call: bool
+) -> tuple:
+    """``(message_s, call_s, {level: efficiency})`` after Gauss-Newton steps on the model
+    itself (``simulate``) from the linear fit ``x = [m, c, 1/e_host, 1/e_own...]``, each
+    kept only if it lowers the sum of squared relative errors: the linear reading is exact
+    where transfers set a row's time, not where codec work hides them. Without
+    ``per_call``, ``c`` stays where it is (0)."""
     residuals = _residuals(rows, params, x, own)
     for _ in range(_STEPS):
         steps = np.maximum(np.abs(x), 1e-4) * 1e-6
@@ -361,6 +379,8 @@ def _refine(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> 
             / steps[j]
             for j in range(len(x))
         ])  # fmt: skip
+        if not per_call:
+            jacobian[:, _C] = 0.0  # no step moves it: its least-squares share is 0
         target = np.array(_least_squares(jacobian, jacobian @ x - residuals))
         if np.allclose(target, x, rtol=1e-12, atol=0.0):
             break  # nowhere to go
@@ -373,13 +393,15 @@ def _refine(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> 
             break
         x, residuals = candidate, moved
     efficiencies = _efficiencies(x, own)
-    return float(x[0]), {level: efficiencies[level] for level in ("host", *own)}
+    chosen = {level: efficiencies[level] for level in ("host", *own)}
+    return float(x[_M]), float(x[_C]), chosen
 
 
 def _residuals(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) -> np.ndarray:
-    """Each row's relative error with ``x = [m, 1/e_host, 1/e_own...]`` (the levels not in
-    ``own`` at the host links' efficiency)."""
-    fields = {"message_s": max(float(x[0]), 0.0), "latency_s": 0.0}
+    """Each row's relative error with ``x = [m, c, 1/e_host, 1/e_own...]`` (the levels not
+    in ``own`` at the host links' efficiency)."""
+    fields = {"message_s": max(float(x[_M]), 0.0), "call_s": max(float(x[_C]), 0.0)}
+    fields["latency_s"] = 0.0
     fields |= {LEVELS[level]: e for level, e in _efficiencies(x, own).items()}
     errors = []
     for row in rows:
@@ -391,10 +413,10 @@ def _residuals(rows: list[Measured], params: Params, x: np.ndarray, own: tuple) 
 
 
 def _least_squares(matrix: np.ndarray, target: np.ndarray) -> list[float]:
-    """``[m, 1/e, ...]`` that fit ``matrix @ x = target`` best with ``m >= 0`` and every
-    efficiency at most 1 (``1/e >= 1``): the best of the unconstrained fits with each subset
-    of the unknowns held at its bound (two to four unknowns: at most 16 fits)."""
-    bounds = [0.0] + [1.0] * (matrix.shape[1] - 1)
+    """``[m, c, 1/e, ...]`` that fit ``matrix @ x = target`` best with ``m, c >= 0`` and
+    every efficiency at most 1 (``1/e >= 1``): the best of the unconstrained fits with each
+    subset of the unknowns held at its bound (three to five unknowns: at most 32 fits)."""
+    bounds = [0.0, 0.0] + [1.0] * (matrix.shape[1] - 2)
     best, best_residual = None, np.inf
     for held in itertools.product((False, True), repeat=matrix.shape[1]):
         x = np.array([bound if hold else 0.0 for bound, hold in zip(bounds, held, strict=True)])
@@ -428,7 +450,7 @@ def load(path) -> dict:
     missing = [k for k in ("message_s", "efficiency", "codec_bytes_per_s") if k not in data]
     if missing:
         raise ValueError(f"{path}: the fit lacks {missing}")
-    per_key = ("message_s", "efficiency", *OPTIONAL_EFFICIENCIES)
+    per_key = ("message_s", "call_s", "efficiency", *OPTIONAL_EFFICIENCIES)
     fields = {field: _read_field(path, data, field, _number) for field in per_key}
     try:
         fields["latency_s"] = _number(data.get("latency_s", 0.0))
@@ -479,8 +501,10 @@ def describe(fields: dict) -> str:
             for level, field in LEVELS.items()
             if level != "host" and name in fields.get(field, {})
         ]
+        call_s = fields.get("call_s", {}).get(name)
+        per_call = f", {call_s * 1e6:.0f} us/call" if call_s else ""
         parts.append(
-            f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message, "
+            f"{name}: {fields['message_s'][name] * 1e6:.0f} us/message{per_call}, "
             f"efficiency {fields['efficiency'][name]:.2f}"
             + (f" ({', '.join(others)})" if others else "")
         )

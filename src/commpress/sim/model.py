@@ -12,10 +12,11 @@ or the links above them: :attr:`Params.uplink_efficiency`), and on the host link
 step in which every rank exchanges with a single peer both ways
 (:attr:`Params.exchange_efficiency`)
 
-(the bandwidth-bound step of the alpha-beta model; every rank's step i runs at once).
-Codec work is added where the executor cannot overlap it: the first encodes; each
-received payload's handling overlaps the next step's transfer unless that step forwards
-what the handling rewrites (as the executor does); the last handling ends the call.
+(the bandwidth-bound step of the alpha-beta model; every rank's step i runs at once),
+plus a time per call (:attr:`Params.call_s`). Codec work is added where the executor
+cannot overlap it: the first encodes; each received payload's handling overlaps the next
+step's transfer unless that step forwards what the handling rewrites (as the executor
+does); the last handling ends the call.
 
 * point-to-point schedules (``ring``, ``ring-hop``): as above, step by step.
 * ``backend``'s all-gather: the backend's own collective is taken to be a ring in rank
@@ -84,6 +85,11 @@ class Params:
 
     latency_s: float = 1e-6  # per link a message crosses
     message_s: float | dict = 10e-6  # per message: posting, matching, waking the receiver
+    #: per call, whatever its messages: checking the arguments, handing the call to the
+    #: communication thread, and, for a schedule that is not a chain on gloo, the argument
+    #: check's header and all-reduce (``benchmarks/backend_check_2026-12-06/``). A fit's
+    #: per algorithm; none there: 0.
+    call_s: float | dict = 0.0
     efficiency: float | dict = 1.0  # the fraction of a host link's rate a transfer reaches
     #: The same for the links above the hosts' (a rack's uplink, a fat tree's edge and core
     #: links); ``None``: ``efficiency``. On the emulated racks a transfer reaches a different
@@ -101,12 +107,13 @@ class Params:
     codec_bytes_per_s: dict = dataclasses.field(default_factory=dict)
     concurrent_roots: int = 2  # multicast K
     #: When every host's processes share this many cores (our emulated cluster: all hosts
-    #: on one 2-core machine), per-message and codec work take ``nodes / shared_cores``
+    #: on one 2-core machine), per-call, per-message and codec work take ``nodes / shared_cores``
     #: times longer. ``None``: each host has its own (a real cluster).
     shared_cores: int | None = None
 
     def __post_init__(self):
         for name, low, high in (("latency_s", 0, None), ("message_s", 0, None),
+                                ("call_s", 0, None),
                                 ("efficiency", 0, 1), ("uplink_efficiency", 0, 1),
                                 ("exchange_efficiency", 0, 1)):  # fmt: skip
             values = getattr(self, name)
@@ -128,12 +135,15 @@ class Params:
         """These params for one call: a fit's values for ``op/algorithm`` (or, failing
         that, ``algorithm``) resolved, and CPU work scaled by the cores hosts share."""
         resolved = {}
-        for name in ("message_s", "efficiency", *OPTIONAL_EFFICIENCIES):
+        for name in ("message_s", "call_s", "efficiency", *OPTIONAL_EFFICIENCIES):
             values = getattr(self, name)
             if isinstance(values, dict):
                 key = next((k for k in (f"{op}/{algorithm}", algorithm) if k in values), None)
                 if key is None and name in OPTIONAL_EFFICIENCIES:  # no rows of that kind
                     resolved[name] = None
+                    continue
+                if key is None and name == "call_s":  # not told apart from the messages
+                    resolved[name] = 0.0
                     continue
                 if key is None:
                     raise ValueError(
@@ -143,7 +153,8 @@ class Params:
                 resolved[name] = values[key]
         if self.shared_cores:
             slowdown = max(1.0, nodes / self.shared_cores)
-            resolved["message_s"] = resolved.get("message_s", self.message_s) * slowdown
+            for name in ("message_s", "call_s"):
+                resolved[name] = resolved.get(name, getattr(self, name)) * slowdown
             resolved["codec_bytes_per_s"] = {
                 codec: (encode / slowdown, decode / slowdown)
                 for codec, (encode, decode) in self.codec_bytes_per_s.items()
@@ -217,7 +228,7 @@ def simulate(
     codec = str(get_codec(codec))
     (schedule,) = plan(op, ran, 0, n, numel, dtype, codec, chunk_bytes)
     timing = _Timing(topology, params, codec, multicast)
-    time_s = timing.run(schedule)
+    time_s = params.call_s + timing.run(schedule)
     bottleneck, busiest = timing.bottleneck()
     return Row(
         nodes=n,
