@@ -520,6 +520,26 @@ def test_an_out_overwritten_after_autograd_saved_it_fails_backward(spec):
     assert payload._version > version
 
 
+@pytest.mark.parametrize(
+    "spec", ["none", *LOSSY, "int8:impl=fused", "int4:impl=fused", "fp8:impl=fused"]
+)
+@pytest.mark.parametrize("numel", [256, 300])
+def test_an_out_that_requires_grad_is_written_as_torch_copies_into_it(spec, numel):
+    """The native kernels wrote an fp32 ``out`` by address: a leaf that requires grad was
+    overwritten where torch refuses the in-place write, and an ``out`` with a history kept
+    it (``w * 3`` decoded into still gave ``w`` a gradient of 3, not the 0 of a copy)."""
+    codec = make(spec)
+    payload = codec.encode(torch.randn(numel))
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        codec.decode(payload, numel, torch.float32, out=torch.zeros(numel, requires_grad=True))
+    weight = torch.ones(numel, requires_grad=True)
+    out = weight * 3
+    codec.decode(payload, numel, torch.float32, out=out)
+    assert torch.equal(out.detach(), codec.decode(payload, numel, torch.float32))
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.zeros(numel))
+
+
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
 def test_inputs_that_require_grad_are_encoded_outside_autograd(spec):
     codec = make(spec)

@@ -254,7 +254,10 @@ class BlockScaledCodec(CodecBase):
     ) -> torch.Tensor:
         self.check_payload(payload, numel, dtype)
         result = self.output(out, numel, dtype, payload.device)
-        if result.is_neg():  # the kernels write memory, which a lazy negation shows negated
+        # The kernels write memory: a lazy negation would show it negated, and autograd
+        # would not see the write into an ``out`` that requires grad (a leaf must refuse
+        # it, a tensor with a history must lose it): torch's copy_ does both right.
+        if result.is_neg() or result.requires_grad:
             return result.copy_(self.decode(payload, numel, dtype))
         fast = self._native(self.native_decode, result)
         if fast and out is not None:
