@@ -208,9 +208,10 @@ def test_a_lazy_negation_is_encoded_with_its_sign(spec):
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
 def test_a_lazy_negation_as_out_receives_the_decoded_values(spec):
     """The native kernels wrote the decoded values into its memory, and torch's copy_ of
-    fp16 into it drops the sign: int8, int4, fp8 and fp16 gave -x (whole blocks)."""
+    fp16 into it drops the sign: int8, int4, fp8 and fp16 gave -x (whole blocks), and zfp,
+    which copies its fp32 values into it, gave -x in fp16."""
     codec = cp.get_codec(spec)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in FLOATS:
         payload = codec.encode(torch.randn(512).to(dtype))
         out = _torch_private.negative_view(torch.zeros(512, dtype=dtype))
         decoded = codec.decode(payload, 512, dtype, out=out)

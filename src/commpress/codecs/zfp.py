@@ -129,6 +129,8 @@ class ZfpCodec(CodecBase):
         bad_groups = np.unpackbits(host[EXPONENT_BYTES:flag_end].numpy(), bitorder="little")
         bad = torch.from_numpy(bad_groups.astype(bool)).repeat_interleave(FLAG_GROUP)[:numel]
         values[bad] = torch.nan
+        if result.is_neg():  # torch's copy_ of fp32 into an fp16 lazy negation drops the sign
+            values = values.to(dtype)
         return result.copy_(values)
 
     def _saturate_within_reach(self, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
