@@ -229,6 +229,23 @@ def test_a_lone_element_of_a_strided_view_is_encoded(spec):
         assert ((decoded - x).abs() <= codec.error_bound(x)).all()
 
 
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_lone_element_of_a_strided_view_is_encoded_into_a_send_buffer_at_any_offset(spec, dtype):
+    """bf16 and fp16 on their own type's lone element of a stride-2 view, into a payload at
+    an odd offset (which they fill through a byte view of the cast input): torch refused
+    the byte view of the stride-2 element, a RuntimeError."""
+    codec = make(spec)
+    for x in (torch.randn(8).to(dtype)[::2][:1], torch.randn(2, 2).to(dtype)[:1, 1:]):
+        size = codec.wire_bytes(x.numel(), x.dtype)
+        for offset in (0, 1, 3):
+            buffer = torch.zeros(size + offset, dtype=torch.uint8)
+            payload = codec.encode(x, out=buffer[offset:])
+            assert torch.equal(payload, codec.encode(x.contiguous().view(-1)))
+            decoded = codec.decode(payload, x.numel(), x.dtype)
+            assert ((decoded.float() - x.reshape(-1).float()).abs() <= codec.error_bound(x)).all()
+
+
 def test_none_keeps_nan_payloads_bit_exact():
     x = torch.tensor([float("nan"), -float("inf"), -0.0, 1.5])
     decoded = cp.get_codec("none").decode(cp.get_codec("none").encode(x), 4, torch.float32)

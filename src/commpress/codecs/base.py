@@ -107,10 +107,14 @@ class CodecBase:
         check_tensor(x, "x")
         self.check_dtype(x.dtype, "x.dtype")
         lazy = x.is_conj() or x.is_neg()  # x.conj() and its .imag: memory that is not x
-        if x.dim() == 1 and not x.requires_grad and x.is_contiguous() and not lazy:
+        if x.dim() == 1 and x.stride(0) == 1 and not x.requires_grad and not lazy:
             return x  # as it is: each view costs microseconds, on every call
         flat = x.detach().reshape(-1).contiguous()  # a strided 1-D view stays strided
-        return flat.resolve_conj().resolve_neg() if lazy else flat
+        if lazy:
+            flat = flat.resolve_conj().resolve_neg()
+        if flat.stride(0) != 1:  # one element (or none) is contiguous whatever its stride,
+            flat = flat.as_strided((flat.numel(),), (1,))  # which views as bytes refuse
+        return flat
 
     def check_payload(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         check_tensor(payload, "payload")

@@ -23,9 +23,7 @@ class NoneCodec(CodecBase):
         return numel * dtype.itemsize
 
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        flat = self.check_input(x)
-        if flat.numel() <= 1:  # contiguous whatever its stride, which view(uint8) refuses
-            flat = flat.as_strided((flat.numel(),), (1,))
+        flat = self.check_input(x)  # of stride 1, which view(uint8) needs
         return self.payload_buffer(out, flat).copy_(flat.view(torch.uint8))
 
     def decode(self, payload, numel, dtype, out=None):
