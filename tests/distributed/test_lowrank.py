@@ -1700,3 +1700,32 @@ def test_a_parameter_not_laid_out_contiguously_is_compressed_as_its_matrix(bucke
     for averaged in run_distributed(_hooked_and_reduced, 2, bucket_view, timeout=120):
         for name, reduced, hooked in averaged:
             assert torch.equal(hooked, reduced), name
+
+
+def _scaled_runs(rank, world_size, name, scales):
+    """Each step's averaged gradient, divided back by ``scale``, for gradients scaled by
+    each of ``scales``."""
+    make = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name]
+    results = []
+    for scale in scales:
+        reducer = Reducer(make(rank=2, start_iter=0, error_feedback=False))
+        steps = []
+        for step in range(4):
+            gradient = gradients(rank, step)["a"] * scale
+            reducer.reduce([("a", gradient)])
+            steps.append(gradient / scale)
+        results.append(torch.stack(steps))
+    return results
+
+
+@pytest.mark.parametrize("name", ["powersgd", "acpsgd"])
+def test_compression_does_not_depend_on_the_gradients_scale(name):
+    """PowerSGD's warm-started Q is of the gradient's magnitude, so the next step's P was of
+    its square: at gradients of 1e-16, every second step's P fell below Gram-Schmidt's
+    smallest norm and that step's averaged gradient came out zero; lower, P underflowed."""
+    scales = (1.0, 1e-16, 1e-20)
+    for unscaled, *scaled in run_distributed(_scaled_runs, 2, name, scales, timeout=120):
+        for result in scaled:
+            for step, (ours, reference) in enumerate(zip(result, unscaled, strict=True)):
+                error = ((ours - reference).norm() / reference.norm()).item()
+                assert error < 1e-4, (step, error)

@@ -81,6 +81,14 @@ def _gram_schmidt(matrices: torch.Tensor) -> torch.Tensor:
     return result
 
 
+def unit_columns(matrices: torch.Tensor) -> torch.Tensor:
+    """Each column of a batch ``(b, n, r)`` scaled to norm 1, in fp32 (a zero column stays
+    zero, a NaN one NaN); norms in float64, whose squares do not underflow."""
+    wide = matrices.double()
+    norms = wide.norm(dim=1, keepdim=True)
+    return (wide / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
+
+
 def _householder(matrices: torch.Tensor) -> torch.Tensor:
     q, r = torch.linalg.qr(matrices, mode="reduced")
     # Zero columns come back as arbitrary unit vectors from QR; keep them zero.
