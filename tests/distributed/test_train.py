@@ -140,9 +140,15 @@ def test_torch_powersgd_gets_every_option_or_refuses_it():
     for spec, message in (
         ("torch-powersgd:orthogonalization=householder", "Gram-Schmidt only"),
         ("torch-powersgd:start_iter=1", "start_iter of at least 2"),
+        # torch's hook seeds numpy's RandomState: it raised inside every rank, naming no spec
+        ("torch-powersgd:start_iter=2,seed=4294967296", r"seed below 2\*\*32"),
     ):
         with pytest.raises(ValueError, match=message):
             Run.parse(spec, "ddp")
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    largest = torch_powersgd_state("torch-powersgd:start_iter=2,seed=4294967295")
+    PowerSGDState(process_group=None, **largest)  # numpy takes it
 
 
 def test_run_labels_parse_into_specs():

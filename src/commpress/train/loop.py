@@ -25,6 +25,8 @@ from commpress.transport import multicast
 
 UNCOMPRESSED = "plain"
 TORCH_POWERSGD = "torch-powersgd"
+#: torch's PowerSGDState seeds ``numpy.random.RandomState``, which takes seeds below this.
+TORCH_POWERSGD_SEEDS = 1 << 32
 LOWRANK_NAMES = tuple(ALGORITHMS)
 TORCH_COLLECTIVE = "none@native"  # torch's own collective, through commpress's timing adapter
 
@@ -187,8 +189,8 @@ def _wrap(model: GPT, config: TrainConfig, run: Run):
 def torch_powersgd_state(spec: str) -> dict:
     """``torch-powersgd:OPTIONS`` as the arguments of torch's ``PowerSGDState``: every
     option of ``powersgd`` but an orthogonalization other than Gram-Schmidt (torch's only
-    one), and a ``start_iter`` below 2 with error feedback or warm start (torch requires
-    it)."""
+    one), a seed of 2**32 or more (numpy's RandomState's limit), and a ``start_iter`` below
+    2 with error feedback or warm start (torch requires it)."""
     algorithm = cp.lowrank.get_algorithm("powersgd" + spec.removeprefix(TORCH_POWERSGD))
     if algorithm.orthogonalization != "gram-schmidt":
         raise ValueError(
@@ -199,6 +201,11 @@ def torch_powersgd_state(spec: str) -> dict:
         raise ValueError(
             f"--compare {spec!r}: torch's PowerSGD needs start_iter of at least 2 with "
             "error feedback or warm start"
+        )
+    if algorithm.seed >= TORCH_POWERSGD_SEEDS:
+        raise ValueError(
+            f"--compare {spec!r}: torch's PowerSGD seeds numpy's RandomState, which takes a "
+            f"seed below 2**32, not {algorithm.seed}"
         )
     return {
         "matrix_approximation_rank": algorithm.rank,
