@@ -601,6 +601,60 @@ def test_schedule_of_every_rank_is_refused_past_a_few_hundred_ranks(capsys):
     assert "rank 3 of 257" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--op", "reduce_scatter", "--algorithm", "ring", "--world", "256", "--chunk-bytes",
+             "4"],
+            "--chunk-bytes 4 cuts each chunk of 4096 elements into 4096 pieces: 256 ranks x 255 "
+            "rounds x 4096 pieces, 267386880 steps to print, at most 65536",
+        ),
+        (
+            ["--op", "reduce_scatter", "--algorithm", "alltoall", "--world", "2", "--rank", "0",
+             "--numel", str(1 << 26), "--chunk-bytes", "4"],
+            "into 33554432 pieces: 1 rank x 1 round x 33554432 pieces",
+        ),
+        (
+            ["--op", "all_reduce", "--algorithm", "ring", "--world", "2", "--rank", "1",
+             "--numel", str(1 << 40)],
+            "--chunk-bytes 2097152 cuts each chunk of 549755813888 elements into 1048576 pieces: "
+            "1 rank x 1 round x 1048576 pieces, 1048576 steps to print, at most 65536: give a "
+            "larger --chunk-bytes or a smaller --numel",
+        ),
+    ],
+)  # fmt: skip
+def test_schedule_refuses_more_pipeline_pieces_than_it_can_print(
+    argv, message, monkeypatch, capsys
+):
+    """From a bug hunt: ``--world`` was bounded, the pieces of a pipelined reduction were
+    not: ``--op reduce_scatter --algorithm ring --world 256 --chunk-bytes 4`` set out to
+    make 267 million steps before printing the first, and was killed for its memory (about
+    1 KB a step); so was ``--world 2 --numel 64M --chunk-bytes 4``."""
+    import commpress.bench.schedule_command as command
+
+    monkeypatch.setattr(command, "plan", lambda *a, **k: pytest.fail("planned"))
+    assert main(["schedule", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("commpress schedule: error: ")
+    assert message in captured.err and captured.err.count("\n") == 1
+
+
+def test_schedule_prints_pipeline_pieces_up_to_its_most_steps(monkeypatch, capsys):
+    import commpress.bench.schedule_command as command
+
+    monkeypatch.setattr(command, "MAX_PIECE_STEPS", 8)
+    argv = ["schedule", "--op", "reduce_scatter", "--algorithm", "ring", "--world", "3"]
+    argv += ["--numel", "12", "--chunk-bytes", "4"]  # chunks of 4 elements, 4 pieces each
+    assert main([*argv, "--rank", "0"]) == 0  # 2 rounds x 4 pieces
+    assert "8 steps" in capsys.readouterr().out
+    assert main(argv) == 2  # every rank's: 24
+    assert "3 ranks x 2 rounds x 4 pieces, 24 steps to print, at most 8" in (
+        capsys.readouterr().err
+    )
+
+
 def test_schedule_needs_an_op_an_algorithm_and_a_world(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["schedule"])

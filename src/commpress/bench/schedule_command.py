@@ -13,15 +13,31 @@ from commpress.bench.arguments import InvalidValue, non_negative_int, positive_i
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.executor import POINT_TO_POINT_FROM_BYTES, point_to_point_on_gloo
-from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES
-from commpress.schedules.registry import NATIVE, OPS, algorithms, plan, result_gather
+from commpress.schedules.payloads import (
+    DEFAULT_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    chunk_numel,
+    piece_numel,
+)
+from commpress.schedules.registry import (
+    NATIVE,
+    OPS,
+    PIPELINED_REDUCTIONS,
+    algorithms,
+    plan,
+    result_gather,
+)
 from commpress.schedules.wire import wire_bytes
-from commpress.units import DTYPES, torch_dtype
+from commpress.units import DTYPES, counted, torch_dtype
 
 #: The most ranks a schedule is printed for: one rank's steps grow with them.
 MAX_WORLD = 1 << 16
 #: The most ranks whose schedules are all printed (no ``--rank``): some world x world steps.
 MAX_WORLD_EVERY_RANK = 256
+#: The most steps of a pipelined reduction printed in all (ranks x rounds x pieces per
+#: chunk), each made, at about 1 KB, before the first is printed: as many as one rank's
+#: ring in whole chunks on :data:`MAX_WORLD` ranks.
+MAX_PIECE_STEPS = MAX_WORLD
 
 
 def add_arguments(parser) -> None:
@@ -100,6 +116,7 @@ def run(args) -> int:
             f"{args.world} x {args.world} steps: at most {MAX_WORLD_EVERY_RANK} ranks; give "
             "--rank for one rank's"
         )
+    _check_pieces(args)
     gathers = result_gather(args.op, args.algorithm)
     if gathers is not None:  # as the collective refuses it
         check_same_result_on_every_rank(get_codec(args.codec), gathers)
@@ -120,3 +137,27 @@ def run(args) -> int:
             f"{POINT_TO_POINT_FROM_BYTES} bytes per peer"
         )
     return 0
+
+
+def _check_pieces(args) -> None:
+    """ValueError where a pipelined reduction (``ring``, ``alltoall``) cuts its chunks into
+    more pieces than :data:`MAX_PIECE_STEPS` allows to print: ``--chunk-bytes 4`` on a
+    large ``--numel``."""
+    if args.op == "all_gather" or args.algorithm not in PIPELINED_REDUCTIONS:
+        return
+    chunk = chunk_numel(args.numel, args.world)
+    pieces = max(1, -(-chunk // piece_numel(args.chunk_bytes)))
+    ranks = args.world if args.rank is None else 1
+    rounds = args.world - 1
+    steps = ranks * rounds * pieces
+    if steps > MAX_PIECE_STEPS:
+        fewer = (
+            "a larger --chunk-bytes or a smaller --numel"
+            if args.rank is not None
+            else "a larger --chunk-bytes, a smaller --numel or --rank"
+        )
+        raise ValueError(
+            f"--chunk-bytes {args.chunk_bytes} cuts each chunk of {chunk} elements into "
+            f"{pieces} pieces: {counted(ranks, 'rank')} x {counted(rounds, 'round')} x "
+            f"{pieces} pieces, {steps} steps to print, at most {MAX_PIECE_STEPS}: give {fewer}"
+        )
