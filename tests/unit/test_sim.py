@@ -523,6 +523,18 @@ def test_calibration_files_of_another_format_are_refused(tmp_path):
         simulate("all_gather", "multicast", "none", 1 << 20, Switch(4, GBIT), fitted)
 
 
+@pytest.mark.parametrize("option", ["--calibrate", "--codec-speeds", "--fit"])
+def test_an_input_file_that_is_not_text_is_refused_naming_it(option, tmp_path, capsys):
+    """From a bug hunt: a file that is not UTF-8 (``--calibrate plot.png``, a gzipped JSON)
+    was refused as "'utf-8' codec can't decode byte 0x89 in position 0", naming neither
+    the file nor what was wrong with it (``bench --tune-fit`` alike)."""
+    picture = tmp_path / "plot.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert main(["sim", option, str(picture)]) == 2
+    err = capsys.readouterr().err
+    assert f"commpress sim: error: {picture} is not JSON: not UTF-8 text" in err
+
+
 def test_the_command_line_writes_the_rows_the_issue_names(tmp_path, capsys):
     out = tmp_path / "rows.json"
     argv = ["sim", "--topology", "fattree:radix=32", "--nodes", "16,128", "--op", "all_gather",

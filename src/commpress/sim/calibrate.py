@@ -542,3 +542,8 @@ def _json(path):
         raise ValueError(f"cannot read {path}: {error.strerror}") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not JSON: {error}") from None
+    except UnicodeDecodeError as error:  # a picture, a gzipped file: name it, not the byte
+        raise ValueError(
+            f"{path} is not JSON: not UTF-8 text (byte {error.object[error.start]:#04x} at "
+            f"{error.start})"
+        ) from None
