@@ -980,3 +980,25 @@ def test_sim_refuses_an_all_to_all_on_more_nodes_than_it_can_follow(algorithm, c
     err = capsys.readouterr().err
     assert f"--nodes {nodes}: {algorithm}'s reduce_scatter sends from every node" in err
     assert f"at most {MAX_ALL_TO_ALL_NODES} nodes" in err
+
+
+def test_sim_refuses_more_nodes_than_it_can_plan(monkeypatch, capsys):
+    """From a bug hunt: --nodes had no bound but the all-to-all's: a ring on n nodes is
+    planned as n - 1 steps (about 1 KB each, kept by the plan cache for every row), so
+    ``--nodes 100000000 --size 1024G`` set out to hold some 100 GB and was killed for it,
+    after the rows of fewer nodes; ``--nodes 1000000`` took 1.6 GB and 40 s a row. It is
+    refused before the sweep, naming the option and the limit."""
+    import argparse
+
+    from commpress.bench import sim_command
+
+    monkeypatch.setattr(sim_command, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    nodes = sim_command.MAX_NODES + 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim", "--nodes", f"8,{nodes}", "--size", "1024G"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --nodes: '8,{nodes}': at most {sim_command.MAX_NODES} nodes" in err
+    assert sim_command._int_list(f"2,{sim_command.MAX_NODES}") == [2, sim_command.MAX_NODES]
+    with pytest.raises(argparse.ArgumentTypeError):
+        sim_command._int_list("100000000")

@@ -49,6 +49,10 @@ from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Topology, check_topology, parse_topology
 from commpress.units import check_racks, parse_rate_bits
 
+#: The most nodes a row is modelled on: a ring on n nodes is planned as n - 1 steps of
+#: about 1 KB each, which the plan cache keeps for every row (at 10**6 nodes, 1.6 GB and 40 s
+#: a row; at 10**8, some 100 GB): as many as ``commpress schedule`` plans a rank's steps for.
+MAX_NODES = 1 << 16
 #: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
 #: and about a gigabyte; the time and memory grow with the square of the nodes.
 MAX_ALL_TO_ALL_NODES = 4096
@@ -78,8 +82,8 @@ def add_arguments(parser) -> None:
         "--nodes",
         type=_int_list,
         default=[8],
-        help=f"comma list; at most {MAX_ALL_TO_ALL_NODES} for a reduce-scatter's all-to-all "
-        "(alltoall, backend) (8)",
+        help=f"comma list, at most {MAX_NODES}; at most {MAX_ALL_TO_ALL_NODES} for a "
+        "reduce-scatter's all-to-all (alltoall, backend) (8)",
     )
     parser.add_argument(
         "--op",
@@ -339,6 +343,10 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: node counts are integers") from None
     if any(value < 2 for value in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every node count must be at least 2")
+    if max(values) > MAX_NODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: at most {MAX_NODES} nodes (a ring's n - 1 steps are planned for every row)"
+        )
     _refuse_same_twice(text, items, int)
     return values
 
