@@ -305,6 +305,31 @@ def test_a_bad_cluster_option_is_refused_naming_it(command, option, reason, caps
     assert f"error: argument {reason}" in capsys.readouterr().err
 
 
+def test_sim_adds_the_time_per_call_it_is_given(tmp_path):
+    """``--call-us`` is the model's time per call, once a row; over a fit, it is the one
+    that counts, as the other explicit values are."""
+    rows = {}
+    for name, extra in (("bare", []), ("called", ["--call-us", "1500"])):
+        path = tmp_path / f"{name}.json"
+        assert main(["sim", "--nodes", "4", "--json", str(path), *extra]) == 0
+        rows[name] = json.loads(path.read_text())["rows"][0]["time_us"]
+    assert rows["called"] - rows["bare"] == pytest.approx(1500)
+    fit = {
+        "format": "commpress-sim-fit",
+        "version": 3,
+        "message_s": {"ring": 0.0},
+        "call_s": {"ring": 9.0},
+        "efficiency": {"ring": 1.0},
+        "codec_bytes_per_s": {},
+    }
+    (tmp_path / "fit.json").write_text(json.dumps(fit))  # fmt: skip
+    argv = ["sim", "--nodes", "4", "--fit", str(tmp_path / "fit.json"), "--call-us", "0"]
+    defaults = ["--message-us", "10", "--latency-us", "1"]  # the fit has none of its own
+    assert main([*argv, *defaults, "--json", str(tmp_path / "over.json")]) == 0
+    over = json.loads((tmp_path / "over.json").read_text())["rows"][0]["time_us"]
+    assert over == pytest.approx(rows["bare"])  # 9 s per call in the fit, 0 given
+
+
 def test_sim_refuses_roots_without_multicast(capsys):
     """From a bug hunt: ``sim --roots 4`` with the default ``--algorithm ring`` printed the
     ring's rows, exit 0, as if K had been modelled (``bench`` refuses it)."""
@@ -790,6 +815,7 @@ def test_an_unknown_dtype_name_is_a_value_error_naming_the_choices():
         (["sim", "--message-us", "inf"], "argument --message-us: 'inf': must be finite"),
         (["sim", "--latency-us", "-1"], "argument --latency-us: '-1': must be finite and at"),
         (["sim", "--message-us", "nan"], "argument --message-us: 'nan': must be finite and at"),
+        (["sim", "--call-us", "-1"], "argument --call-us: '-1': must be finite and at"),
         (["sim", "--latency-us", "1us"], "argument --latency-us: '1us' is not a number"),
         (["sim", "--efficiency", "2"], "argument --efficiency: '2': must be above 0 and at most"),
         (["sim", "--uplink-efficiency", "0"], "argument --uplink-efficiency: '0': must be above"),

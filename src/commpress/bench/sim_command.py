@@ -109,6 +109,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--latency-us", type=_microseconds, help="per link crossed (1)")
     parser.add_argument("--message-us", type=_microseconds, help="per message (10)")
+    parser.add_argument("--call-us", type=_microseconds, help="per call, whatever its messages (0)")
     parser.add_argument("--efficiency", type=_fraction, help="fraction of link rate reached (1)")
     parser.add_argument(
         "--uplink-efficiency",
@@ -262,6 +263,7 @@ def _params(args) -> Params:
     explicit = {
         "latency_s": None if args.latency_us is None else args.latency_us * 1e-6,
         "message_s": None if args.message_us is None else args.message_us * 1e-6,
+        "call_s": None if args.call_us is None else args.call_us * 1e-6,
         "efficiency": args.efficiency,
         "uplink_efficiency": args.uplink_efficiency,
         "exchange_efficiency": args.exchange_efficiency,
