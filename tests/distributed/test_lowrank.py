@@ -891,16 +891,8 @@ def _degenerate_steps(rank, world_size):
                     magnitudes.append(gradient.abs().max().item())
                     ranks.append(int(torch.linalg.matrix_rank(gradient)))
                 found[name, first, feedback] = magnitudes, ranks
-        results = []
-        for scale in (1.0, 1e-13):
-            reducer = Reducer(make(rank=2, start_iter=0, error_feedback=False))
-            steps = []
-            for step in range(3):
-                gradient = gradients(rank, step)["a"] * scale
-                reducer.reduce([("a", gradient)])
-                steps.append(gradient / scale)
-            results.append(torch.stack(steps))
-        found[name, "scaled"] = ((results[1] - results[0]).norm() / results[0].norm()).item()
+        unscaled, scaled = _scaled_runs(rank, world_size, name, (1.0, 1e-13), steps=3)
+        found[name, "scaled"] = ((scaled - unscaled).norm() / unscaled.norm()).item()
     outputs = []
     for warm_start in (True, False):
         reducer = Reducer(ACPSGD(rank=2, start_iter=0, warm_start=warm_start))
@@ -1702,19 +1694,19 @@ def test_a_parameter_not_laid_out_contiguously_is_compressed_as_its_matrix(bucke
             assert torch.equal(hooked, reduced), name
 
 
-def _scaled_runs(rank, world_size, name, scales):
+def _scaled_runs(rank, world_size, name, scales, steps=4):
     """Each step's averaged gradient, divided back by ``scale``, for gradients scaled by
-    each of ``scales``."""
+    each of ``scales``, over ``steps`` steps."""
     make = {"powersgd": PowerSGD, "acpsgd": ACPSGD}[name]
     results = []
     for scale in scales:
         reducer = Reducer(make(rank=2, start_iter=0, error_feedback=False))
-        steps = []
-        for step in range(4):
+        averaged = []
+        for step in range(steps):
             gradient = gradients(rank, step)["a"] * scale
             reducer.reduce([("a", gradient)])
-            steps.append(gradient / scale)
-        results.append(torch.stack(steps))
+            averaged.append(gradient / scale)
+        results.append(torch.stack(averaged))
     return results
 
 
