@@ -10,15 +10,15 @@ peer, as every step on two ranks does). For every measured row (``commpress benc
 efficiency, then with ``m``, ``c`` and each level's efficiency moved one at a time), so the
 fit and the predictions use one formula. ``c`` is fitted where an algorithm's rows span
 two world sizes or more; at one, a call's messages are as many at every size, and ``c``
-could not be told from ``m`` (it stays 0). A row's transfer time counts toward the level that bounds
-it; the uplinks and the exchanges get an efficiency of their own where at least two rows
-of an algorithm are bound by them and two by the rest. ``m`` and the
+could not be told from ``m`` (it stays 0). A row's transfer time counts toward the level
+that bounds it; the uplinks and the exchanges get an efficiency of their own where at
+least two rows of an algorithm are bound by them and two by the rest. ``m``, ``c`` and the
 efficiencies are fitted per op and algorithm by least squares on the relative error (a
 1 MiB row counts as much as a 64 MiB one), then refined by Gauss-Newton steps on the model
 itself (where codec work hides transfers the time is not linear in ``1/e``), each kept only
 if it lowers the error. Where every host of a measurement shared one machine (the emulated
-cluster: the file's provenance names its cores), per-message and codec work are scaled by
-hosts per core; codec speeds come from ``commpress codecs --json``.
+cluster: the file's provenance names its cores), per-message, per-call and codec work are
+scaled by hosts per core; codec speeds come from ``commpress codecs --json``.
 
 A fit is saved as JSON: ``{"format": "commpress-sim-fit", "version": 3, "message_s":
 {"op/algorithm": s}, "call_s": {"op/algorithm": s}, "efficiency": {"op/algorithm": e},
