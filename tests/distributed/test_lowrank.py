@@ -540,6 +540,33 @@ def test_nan_reaches_the_result_and_the_error_buffer_starts_afresh():
         assert recovered and counted == 1
 
 
+def _nan_spread(rank, world_size, nan_step):
+    """The NaN entries of each step's averaged 30 x 20 gradient, one NaN put on rank 1's at
+    ``nan_step``, under each algorithm."""
+    spread = {}
+    for name, make in (("powersgd", PowerSGD), ("acpsgd", ACPSGD)):
+        reducer = Reducer(make(rank=2, start_iter=0))
+        spread[name] = []
+        for step in range(2):
+            gradient = torch.randn(30, 20, generator=torch.Generator().manual_seed(step + rank))
+            if rank == 1 and step == nan_step:
+                gradient[3, 4] = float("nan")
+            reducer.reduce([("a", gradient)])
+            spread[name].append(torch.isnan(gradient).nonzero().tolist())
+    return spread
+
+
+@pytest.mark.parametrize("nan_step", [0, 1])
+def test_a_nan_spoils_the_whole_matrix_under_powersgd_and_a_row_or_column_under_acpsgd(nan_step):
+    """As docs/lowrank.md says: PowerSGD multiplies by both factors each step, ACP-SGD by
+    one, alternating: the NaN's row on even steps, its column on odd ones."""
+    for spread in run_distributed(_nan_spread, 2, nan_step, timeout=120):
+        assert len(spread["powersgd"][nan_step]) == 30 * 20
+        expected = [[3, j] for j in range(20)] if nan_step == 0 else [[i, 4] for i in range(30)]
+        assert spread["acpsgd"][nan_step] == expected
+        assert spread["powersgd"][1 - nan_step] == spread["acpsgd"][1 - nan_step] == []
+
+
 def _ddp(rank, world_size, spec, scheduler):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
