@@ -14,6 +14,8 @@ import pytest
 
 from commpress.cli import main
 from commpress.cluster.local import FSDP_MODULES
+from commpress.sim.model import Params, simulate
+from commpress.sim.topology import Switch
 
 
 def test_codecs_benchmark_writes_rows_for_each_codec(tmp_path, capsys):
@@ -328,6 +330,30 @@ def test_sim_adds_the_time_per_call_it_is_given(tmp_path):
     assert main([*argv, *defaults, "--json", str(tmp_path / "over.json")]) == 0
     over = json.loads((tmp_path / "over.json").read_text())["rows"][0]["time_us"]
     assert over == pytest.approx(rows["bare"])  # 9 s per call in the fit, 0 given
+
+
+def test_sim_fits_no_time_per_call_when_told_so(tmp_path, capsys):
+    """``--no-call-time`` fits as version 2 did (the time per message takes the call's in);
+    without ``--calibrate`` it is refused, as ``--save-fit`` is."""
+    truth = Params(latency_s=0.0, message_s=300e-6, call_s=3e-3, efficiency=0.8)
+    rows = []
+    for n in (4, 8):
+        for size in (1 << 20, 4 << 20, 16 << 20):
+            row = simulate("all_gather", "backend", "int8", size, Switch(n, 1e9), truth)
+            rows.append({"op": "all_gather", "algorithm": "backend", "codec": "int8",
+                         "size_bytes": size, "time_us": row.time_us, "nprocs": n,
+                         "link": "1gbit"})  # fmt: skip
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"provenance": {}, "rows": rows}))
+    for extra, per_call in (([], True), (["--no-call-time"], False)):
+        saved = tmp_path / f"fit{per_call}.json"
+        argv = ["sim", "--calibrate", str(bench), "--save-fit", str(saved), "--algorithm",
+                "backend", *extra]  # fmt: skip
+        assert main(argv) == 0
+        assert bool(json.loads(saved.read_text()).get("call_s")) is per_call
+    capsys.readouterr()
+    assert main(["sim", "--no-call-time"]) == 2
+    assert "--no-call-time is for --calibrate" in capsys.readouterr().err
 
 
 def test_sim_refuses_roots_without_multicast(capsys):

@@ -335,6 +335,28 @@ def test_calibration_recovers_a_time_per_call_where_the_rows_span_two_world_size
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-6)
 
 
+def test_calibration_finds_a_time_per_call_on_hosts_that_share_cores():
+    """On the emulated cluster (every host on 2 cores) per-message and per-call work both
+    stretch with the hosts per core: rows made so are fitted back to the times of a host
+    with a core of its own. Without ``per_call``, or from as few rows as unknowns, none is
+    fitted."""
+    truth = Params(latency_s=0.0, message_s=300e-6, call_s=3e-3, efficiency=0.8,
+                   shared_cores=2)  # fmt: skip
+    rows = []
+    for n in (4, 8):
+        for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            row = simulate("reduce_scatter", "alltoall", "int8", size, Switch(n, GBIT), truth)
+            rows.append(calibrate.Measured("reduce_scatter", "alltoall", "int8", size,
+                                           row.time_us * 1e-6, Switch(n, GBIT), "made",
+                                           shared_cores=2))  # fmt: skip
+    fit = calibrate.fit_rows(rows, {})
+    assert fit["call_s"]["reduce_scatter/alltoall"] == pytest.approx(3e-3, rel=1e-6)
+    assert fit["message_s"]["reduce_scatter/alltoall"] == pytest.approx(300e-6, rel=1e-6)
+    assert calibrate.fit_rows(rows, {}, per_call=False)["call_s"] == {}
+    few = [rows[0], rows[1], rows[4]]  # two world sizes, but three rows: as many as unknowns
+    assert calibrate.fit_rows(few, {})["call_s"] == {}
+
+
 def test_calibration_recovers_an_efficiency_per_level(tmp_path):
     """Rows of one switch and of 2 racks whose uplink is slower than the host links, made
     by the model with one efficiency on the host links and another on the uplinks: the fit

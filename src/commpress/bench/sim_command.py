@@ -131,7 +131,7 @@ def add_arguments(parser) -> None:
         "--shared-cores",
         type=positive_int,
         help="every host on one machine of this many cores (the emulated "
-        "cluster): per-message and codec work scale with hosts per core",
+        "cluster): per-message, per-call and codec work scale with hosts per core",
     )
     parser.add_argument(
         "--codec-speeds",
@@ -144,7 +144,13 @@ def add_arguments(parser) -> None:
         nargs="+",
         type=input_path,
         metavar="BENCH.json",
-        help="fit message time and efficiency to `commpress bench --json` rows",
+        help="fit message time, call time and efficiency to `commpress bench --json` rows",
+    )
+    parser.add_argument(
+        "--no-call-time",
+        action="store_true",
+        help="--calibrate fits no time per call (the time per message takes it in): "
+        "steadier projections far beyond the world sizes measured",
     )
     parser.add_argument(
         "--save-fit", type=output_path, metavar="FIT.json", help="where --calibrate saves its fit"
@@ -247,7 +253,7 @@ def _params(args) -> Params:
         repeated = same_twice(args.calibrate, os.path.realpath)
         if repeated:  # its rows would count twice towards the rows a fit needs
             raise ValueError(f"--calibrate: {repeated} are the same file")
-        fields.update(calibrate.fit(args.calibrate, args.codec_speeds))
+        fields.update(calibrate.fit(args.calibrate, args.codec_speeds, not args.no_call_time))
         if not fields["message_s"]:  # an empty fit would be saved, then refused at every use
             raise ValueError(
                 f"--calibrate: no op and algorithm has the {calibrate.MIN_ROWS} rows of two sizes "
@@ -258,6 +264,8 @@ def _params(args) -> Params:
             print(f"fit saved to {args.save_fit}: {calibrate.describe(fields)}")
     elif args.save_fit:
         raise ValueError("--save-fit saves what --calibrate fits: give --calibrate too")
+    elif args.no_call_time:
+        raise ValueError("--no-call-time is for --calibrate: give --calibrate too")
     if args.codec_speeds:
         fields["codec_bytes_per_s"] = calibrate.codec_speeds(args.codec_speeds)
     explicit = {

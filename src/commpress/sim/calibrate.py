@@ -9,8 +9,12 @@ peer, as every step on two ranks does). For every measured row (``commpress benc
 --json``) the terms are read off the model itself (run with ``m = c = 0`` and full
 efficiency, then with ``m``, ``c`` and each level's efficiency moved one at a time), so the
 fit and the predictions use one formula. ``c`` is fitted where an algorithm's rows span
-two world sizes or more; at one, a call's messages are as many at every size, and ``c``
-could not be told from ``m`` (it stays 0). A row's transfer time counts toward the level
+two world sizes or more, and are more than :data:`MIN_ROWS`; else it stays 0 (at one
+world size, most schedules send as many messages a call at every size, and ``c`` could
+not be told from ``m``). Where the rows span few world sizes, ``m`` and ``c`` trade
+against each other: the fit gives the measured world sizes back, but a projection far
+beyond them follows the split (``fit(..., per_call=False)``, ``commpress sim
+--no-call-time``, fits none). A row's transfer time counts toward the level
 that bounds it; the uplinks and the exchanges get an efficiency of their own where at
 least two rows of an algorithm are bound by them and two by the rest. ``m``, ``c`` and the
 efficiencies are fitted per op and algorithm by least squares on the relative error (a
@@ -56,7 +60,9 @@ FORMAT, VERSION = "commpress-sim-fit", 3
 READABLE_VERSIONS = (1, 2, 3)
 _BENCH_KEYS = ("op", "algorithm", "codec", "size_bytes", "time_us", "nprocs", "link")
 _PROBE_S = 1e-3  # the message time used to read a row's message count off the model
-MIN_ROWS = 3  # per op and algorithm: two unknowns, more with levels of their own (2 rows each)
+#: Rows per op and algorithm a fit needs: two unknowns, more with levels of their own (2
+#: rows each); a time per call, one more unknown, is fitted from one more row.
+MIN_ROWS = 3
 # the unknowns of one op and algorithm, in this order: per message, per call, 1 / the host
 # links' efficiency, then 1 / each other level's fitted on its own
 _M, _C, _HOST = 0, 1, 2
@@ -258,13 +264,14 @@ def _time(row: Measured, params: Params) -> float:
     )
 
 
-def fit(bench_paths, codecs_path=None) -> dict:
-    """Params fields fitted to the rows of ``bench_paths``, per algorithm."""
+def fit(bench_paths, codecs_path=None, per_call: bool = True) -> dict:
+    """Params fields fitted to the rows of ``bench_paths``, per algorithm; without
+    ``per_call``, no time per call (the per-message time takes it in)."""
     speeds = codec_speeds(codecs_path) if codecs_path else {}
-    return fit_rows(read_bench(bench_paths), speeds)
+    return fit_rows(read_bench(bench_paths), speeds, per_call)
 
 
-def fit_rows(rows: list[Measured], speeds: dict) -> dict:
+def fit_rows(rows: list[Measured], speeds: dict, per_call: bool = True) -> dict:
     """:func:`fit` on rows already read (codec speeds as :func:`codec_speeds` gives)."""
     params = Params(codec_bytes_per_s=speeds)
     machines = sorted({row.machine for row in rows})
@@ -287,7 +294,7 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
             )
             continue
         key = f"{op}/{algorithm}"
-        fitted["message_s"][key], call_s, efficiencies = _fit_one(mine, params)
+        fitted["message_s"][key], call_s, efficiencies = _fit_one(mine, params, per_call)
         if call_s > 0:
             fitted["call_s"][key] = call_s
         for level, efficiency in efficiencies.items():
@@ -299,10 +306,10 @@ def fit_rows(rows: list[Measured], speeds: dict) -> dict:
     }
 
 
-def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, dict]:
+def _fit_one(rows: list[Measured], params: Params, per_call: bool) -> tuple[float, float, dict]:
     """``(message_s, call_s, {level: efficiency})`` of one op and algorithm (``host``
-    always, other levels where fitted on their own; ``call_s`` 0 unless the rows span two
-    world sizes or more).
+    always, other levels where fitted on their own; ``call_s`` 0 unless ``per_call`` and
+    the rows, more than :data:`MIN_ROWS`, span two world sizes or more).
 
     Each row's transfer time counts toward the level that bounds it: at first as at full
     efficiency (an uplink or exchange exactly as loaded as a host link counting as the
@@ -311,7 +318,8 @@ def _fit_one(rows: list[Measured], params: Params) -> tuple[float, float, dict]:
     host links gets an efficiency of its own where two rows or more are bound by it and two
     or more by the rest; otherwise its rows count toward the host links'."""
     parts = [terms(row, params) for row in rows]
-    per_call = len({row.topology.ranks for row in rows}) >= 2
+    spans = len({row.topology.ranks for row in rows}) >= 2
+    per_call = per_call and spans and len(rows) > MIN_ROWS
     bounds = [_bound(level_s, {}) for _, _, level_s, _ in parts]
     best, best_own, best_error = None, (), np.inf
     for _ in range(_ROUNDS):

@@ -80,15 +80,16 @@ OPTIONAL_EFFICIENCIES = tuple(f for level, f in LEVEL_EFFICIENCIES.items() if le
 @dataclasses.dataclass(frozen=True)
 class Params:
     """What the model assumes about the machines; every field is data a fit can set.
-    ``message_s``, ``efficiency`` and ``uplink_efficiency`` may be one value or one per
-    algorithm (a fit's)."""
+    ``message_s``, ``call_s`` and each efficiency may be one value or one per algorithm (a
+    fit's)."""
 
     latency_s: float = 1e-6  # per link a message crosses
     message_s: float | dict = 10e-6  # per message: posting, matching, waking the receiver
     #: per call, whatever its messages: checking the arguments, handing the call to the
     #: communication thread, and, for a schedule that is not a chain on gloo, the argument
     #: check's header and all-reduce (``benchmarks/backend_check_2026-12-06/``). A fit's
-    #: per algorithm; none there: 0.
+    #: per algorithm; none there: 0. Taken as constant in the hosts: that all-reduce grows
+    #: with them, which a fit of few world sizes cannot see.
     call_s: float | dict = 0.0
     efficiency: float | dict = 1.0  # the fraction of a host link's rate a transfer reaches
     #: The same for the links above the hosts' (a rack's uplink, a fat tree's edge and core
