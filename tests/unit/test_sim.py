@@ -1024,3 +1024,35 @@ def test_sim_refuses_more_nodes_than_it_can_plan(monkeypatch, capsys):
     assert sim_command._int_list(f"2,{sim_command.MAX_NODES}") == [2, sim_command.MAX_NODES]
     with pytest.raises(argparse.ArgumentTypeError):
         sim_command._int_list("100000000")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "alltoall"])
+def test_sim_refuses_a_size_whose_pieces_it_cannot_plan(algorithm, monkeypatch, capsys):
+    """From a bug hunt: --size had no bound, and a pipelined reduce-scatter is planned as
+    n - 1 transfers per 2 MiB piece of a chunk, all made before the row is timed
+    (``--size 1024G --nodes 1024``: 1.1 GB and 49 s; ``1048576G`` would exhaust the
+    memory). Such a row is refused before it is planned, naming --size and the limit."""
+    from commpress.bench import sim_command
+
+    monkeypatch.setattr(sim_command, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    argv = ["sim", "--nodes", "1024", "--op", "reduce_scatter", "--algorithm", algorithm]
+    assert main([*argv, "--size", "1048576G"]) == 2
+    err = capsys.readouterr().err
+    assert f"--size 1048576 GiB: {algorithm}'s reduce_scatter on 1024 nodes" in err
+    assert f"at most {sim_command.MAX_PIECE_TRANSFERS}" in err
+
+
+@pytest.mark.parametrize(
+    ("op", "algorithm", "numel", "chunk_bytes"),
+    [("reduce_scatter", "ring", 4 * 3000, 4000), ("reduce_scatter", "alltoall", 4 * 3000, 4000),
+     ("reduce_scatter", "ring", 4 * 3000, None), ("reduce_scatter", "backend", 4 * 3000, 4000),
+     ("all_gather", "ring", 3000, 4000)],
+)  # fmt: skip
+def test_piece_transfers_counts_the_sends_of_the_plan(op, algorithm, numel, chunk_bytes):
+    """What the limits of `sim` and `schedule` count: the transfers of one rank's plan."""
+    from commpress.schedules.registry import piece_transfers
+
+    (schedule,) = plan(op, algorithm, 0, 4, numel, torch.float32, "int8", chunk_bytes)
+    sends = sum(len(send.dsts) for step in schedule.steps for send in step.sends)
+    pipelined = op == "reduce_scatter" and algorithm in ("ring", "alltoall")
+    assert piece_transfers(op, algorithm, 4, numel, chunk_bytes) == (sends if pipelined else 0)

@@ -13,17 +13,12 @@ from commpress.bench.arguments import InvalidValue, non_negative_int, positive_i
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.executor import POINT_TO_POINT_FROM_BYTES, point_to_point_on_gloo
-from commpress.schedules.payloads import (
-    DEFAULT_CHUNK_BYTES,
-    MIN_CHUNK_BYTES,
-    chunk_numel,
-    piece_numel,
-)
+from commpress.schedules.payloads import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, chunk_numel
 from commpress.schedules.registry import (
     NATIVE,
     OPS,
-    PIPELINED_REDUCTIONS,
     algorithms,
+    piece_transfers,
     plan,
     result_gather,
 )
@@ -143,14 +138,12 @@ def _check_pieces(args) -> None:
     """ValueError where a pipelined reduction (``ring``, ``alltoall``) cuts its chunks into
     more pieces than :data:`MAX_PIECE_STEPS` allows to print: ``--chunk-bytes 4`` on a
     large ``--numel``."""
-    if args.op == "all_gather" or args.algorithm not in PIPELINED_REDUCTIONS:
-        return
-    chunk = chunk_numel(args.numel, args.world)
-    pieces = max(1, -(-chunk // piece_numel(args.chunk_bytes)))
+    transfers = piece_transfers(args.op, args.algorithm, args.world, args.numel, args.chunk_bytes)
     ranks = args.world if args.rank is None else 1
-    rounds = args.world - 1
-    steps = ranks * rounds * pieces
+    steps = ranks * transfers
     if steps > MAX_PIECE_STEPS:
+        rounds = args.world - 1
+        pieces, chunk = transfers // rounds, chunk_numel(args.numel, args.world)
         fewer = (
             "a larger --chunk-bytes or a smaller --numel"
             if args.rank is not None

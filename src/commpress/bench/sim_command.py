@@ -39,11 +39,13 @@ from commpress.schedules.registry import (
     OPS,
     every_algorithm,
     get_algorithm,
+    piece_transfers,
     plan,
     result_gather,
     same_result_on_every_rank,
 )
 from commpress.schedules.steps import Transport
+from commpress.schedules.wire import input_numel
 from commpress.sim import calibrate
 from commpress.sim.model import OPTIONAL_EFFICIENCIES, Params, simulate
 from commpress.sim.topology import Racks, Topology, check_topology, parse_topology
@@ -53,6 +55,10 @@ from commpress.units import check_racks, parse_rate_bits
 #: about 1 KB each, which the plan cache keeps for every row (at 10**6 nodes, 1.6 GB and 40 s
 #: a row; at 10**8, some 100 GB): as many as ``commpress schedule`` plans a rank's steps for.
 MAX_NODES = 1 << 16
+#: The most transfers a row's schedule of a pipelined reduction may hold (its n - 1 per piece
+#: of 2 MiB of a chunk, each made before the row is timed, about 2 KB apiece: a 1024G
+#: ring reduce-scatter on 1024 nodes holds some 520 000, 1.1 GB and 49 s).
+MAX_PIECE_TRANSFERS = 1 << 19
 #: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
 #: and about a gigabyte; the time and memory grow with the square of the nodes.
 MAX_ALL_TO_ALL_NODES = 4096
@@ -206,6 +212,7 @@ def main(args) -> int:
             continue  # native ignores the codec: one row
         topology = parse_topology(args.topology, nodes, parse_rate_bits(link, "--link"))
         _check_racks_hold_as_many(topology, args.topology)
+        _check_pieces(op, algorithm, nodes, size)
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
         row.update(link=link, asked_bytes=size)  # size_bytes moved: it varies with nodes
         rows.append(row)
@@ -215,6 +222,19 @@ def main(args) -> int:
         print(f"skipped: {reason}", file=sys.stderr)
     report.publish(rows, COLUMNS, f"commpress sim, {args.topology}", args, plot)
     return 0
+
+
+def _check_pieces(op: str, algorithm: str, nodes: int, size: int) -> None:
+    """ValueError where a row's pipelined reduction would hold more than
+    :data:`MAX_PIECE_TRANSFERS` transfers (an absurd ``--size`` would exhaust the memory)."""
+    numel = input_numel(op, size, nodes, torch.float32)
+    transfers = piece_transfers(op, algorithm, nodes, numel)
+    if transfers > MAX_PIECE_TRANSFERS:
+        raise ValueError(
+            f"--size {size_label(size)}: {algorithm}'s {op} on {nodes} nodes would be planned as "
+            f"{transfers} transfers (n - 1 per piece of 2 MiB of a chunk), at most "
+            f"{MAX_PIECE_TRANSFERS}: give a smaller --size or fewer --nodes"
+        )
 
 
 def _check_all_to_all_nodes(args) -> None:

@@ -65,6 +65,23 @@ def every_algorithm() -> tuple[str, ...]:
 #: The algorithms whose reduce-scatter is cut into pieces of ``chunk_bytes`` (of fp32).
 PIPELINED_REDUCTIONS = ("ring", "alltoall")
 
+
+def piece_transfers(
+    op: str, algorithm: str, world_size: int, numel: int, chunk_bytes: int | None = None
+) -> int:
+    """The transfers one rank's schedule of a pipelined reduction holds, each made before
+    the first runs: ``world_size - 1`` per piece of a chunk (the ring's rounds, the
+    all-to-all's peers); 0 for the schedules that keep whole chunks. ``numel``: the rank's
+    input, as :func:`plan` takes it."""
+    if op == "all_gather" or algorithm not in PIPELINED_REDUCTIONS:
+        return 0
+    if chunk_bytes is None:
+        chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
+    chunk = chunk_numel(numel, world_size)
+    pieces = max(1, -(-chunk // payloads.piece_numel(chunk_bytes)))
+    return (world_size - 1) * pieces
+
+
 #: The algorithms that round every contribution on the rank that owns it: the only ones
 #: where error feedback (a residual kept by the sender) is exact.
 ERROR_FEEDBACK_ALGORITHMS = ("alltoall", "backend")
