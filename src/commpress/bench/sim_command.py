@@ -57,7 +57,7 @@ from commpress.units import check_racks, parse_rate_bits
 MAX_NODES = 1 << 16
 #: The most transfers a row's schedule of a pipelined reduction may hold (its n - 1 per piece
 #: of 2 MiB of a chunk, each made before the row is timed, about 2 KB apiece: a 1024G
-#: ring reduce-scatter on 1024 nodes holds some 520 000, 1.1 GB and 49 s).
+#: ring reduce-scatter on 1024 nodes holds some 520 000: 1.1 GB and 49 s in a bug hunt).
 MAX_PIECE_TRANSFERS = 1 << 19
 #: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
 #: and about a gigabyte; the time and memory grow with the square of the nodes.
