@@ -587,3 +587,10 @@ def test_wire_bytes_plans_one_rank_not_every_rank(monkeypatch):
     sent = wire.wire_bytes("all_gather", "ring", "none", 3, 509, torch.float32, 4096)
     assert sent == 508 * 3 * 4
     assert planned == [0]
+
+
+@pytest.mark.parametrize("numel", [0, 1, 999, 1000, 1001, 5000])
+def test_piece_count_is_the_number_of_pieces_without_making_them(numel):
+    from commpress.schedules.payloads import piece_count, pieces
+
+    assert piece_count(numel, 1000) == len(pieces(numel, 1000))

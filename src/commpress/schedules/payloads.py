@@ -35,6 +35,11 @@ def pieces(numel: int, piece_numel: int) -> list[tuple[int, int]]:
     return [(start, min(piece_numel, numel - start)) for start in range(0, numel, piece_numel)]
 
 
+def piece_count(numel: int, piece_numel: int) -> int:
+    """``len(pieces(numel, piece_numel))``, without making them."""
+    return max(1, -(-numel // piece_numel))
+
+
 def piece_numel(chunk_bytes: int) -> int:
     """Elements per pipeline piece: ``chunk_bytes`` of fp32."""
     return max(1, chunk_bytes // 4)

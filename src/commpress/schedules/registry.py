@@ -78,8 +78,7 @@ def piece_transfers(
     if chunk_bytes is None:
         chunk_bytes = payloads.DEFAULT_CHUNK_BYTES
     chunk = chunk_numel(numel, world_size)
-    pieces = max(1, -(-chunk // payloads.piece_numel(chunk_bytes)))
-    return (world_size - 1) * pieces
+    return (world_size - 1) * payloads.piece_count(chunk, payloads.piece_numel(chunk_bytes))
 
 
 #: The algorithms that round every contribution on the rank that owns it: the only ones
