@@ -1,9 +1,12 @@
 """The projection table of README.md, from projection.json (ms per call).
 
-python benchmarks/sim_2026-11-25/projection_table.py
+python benchmarks/sim_2026-11-25/projection_table.py [PATH]
+
+PATH: another `commpress sim --json` file of the same rows (default: this folder's).
 """
 
 import json
+import sys
 from pathlib import Path
 
 COLUMNS = [
@@ -16,7 +19,8 @@ COLUMNS = [
     ("multicast", "int8"),
     ("multicast", "int4"),
 ]
-rows = json.loads((Path(__file__).parent / "projection.json").read_text())["rows"]
+path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "projection.json"
+rows = json.loads(path.read_text())["rows"]
 times = {(r["nodes"], r["link"], r["op"], r["algorithm"], r["codec"]): r["time_us"] for r in rows}
 print("| nodes | link | op | " + " | ".join(f"{a} {c}" for a, c in COLUMNS) + " |")
 print("|---:|---|---|" + "---:|" * len(COLUMNS))
