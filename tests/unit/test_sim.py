@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1056,3 +1057,30 @@ def test_piece_transfers_counts_the_sends_of_the_plan(op, algorithm, numel, chun
     sends = sum(len(send.dsts) for step in schedule.steps for send in step.sends)
     pipelined = op == "reduce_scatter" and algorithm in ("ring", "alltoall")
     assert piece_transfers(op, algorithm, 4, numel, chunk_bytes) == (sends if pipelined else 0)
+
+
+def test_the_committed_projection_is_the_models_own(tmp_path, capsys):
+    """benchmarks/projection_2026-12-07 is cited by docs/cost-model.md as what today's
+    model projects: its command, run again, gives its rows. A change to the model that
+    moves them must commit a projection of its own (a new dated folder) and point the docs
+    at it."""
+    record = Path(__file__).parents[2] / "benchmarks/projection_2026-12-07/projection.json"
+    rows = tmp_path / "projection.json"
+    main(["sim", "--topology", "fattree:radix=32", "--nodes", "188,1024",
+          "--op", "all_gather,reduce_scatter", "--algorithm", "native,ring,backend,multicast",
+          "--codec", "none,int8,int4", "--size", "64M", "--link", "100gbit,400gbit",
+          "--efficiency", "0.9", "--message-us", "10", "--latency-us", "1",
+          "--json", str(rows)])  # fmt: skip
+    capsys.readouterr()
+
+    def keyed(path):
+        return {
+            (r["nodes"], r["op"], r["algorithm"], r["codec"], r["link_bits"]): r
+            for r in json.loads(path.read_text())["rows"]
+        }
+
+    committed, now = keyed(record), keyed(rows)
+    assert committed.keys() == now.keys()
+    for key, row in committed.items():
+        for field in ("time_us", "tx_bytes_per_host", "fabric_bytes", "busiest_link_bytes"):
+            assert now[key][field] == pytest.approx(row[field], rel=1e-9), (key, field)
