@@ -23,12 +23,15 @@ pytestmark = [
 
 SHARD = 40_000
 OPS = {
-    "ring": ("all_gather", "reduce_scatter", "all_reduce"),
+    "ring": ("all_gather", "reduce_scatter", "all_reduce", "reduce_scatter_in_pieces"),
     "ring-hop": ("all_gather", "reduce_scatter", "all_reduce"),
-    "alltoall": ("reduce_scatter", "all_reduce"),
+    "alltoall": ("reduce_scatter", "all_reduce", "reduce_scatter_in_pieces"),
     "backend": ("all_gather", "reduce_scatter", "all_reduce"),
 }
 SPECS = ("none", "int8", "int4")
+#: A reduction cut into several pieces of this many fp32 bytes (two in flight for
+#: ``alltoall``), where the default pieces hold a shard of SHARD whole.
+SMALL_PIECES = 16 << 10
 
 
 def _inputs(op: str, world_size: int) -> list[torch.Tensor]:
@@ -38,8 +41,14 @@ def _inputs(op: str, world_size: int) -> list[torch.Tensor]:
 
 
 def _call(op: str, inp: torch.Tensor, world_size: int, spec: str, algorithm: str):
-    out = output_for(op, inp, world_size).fill_(float("nan"))  # every element must be written
-    run_collective(op, algorithm, spec, inp, out)
+    collective = "reduce_scatter" if op == "reduce_scatter_in_pieces" else op
+    out = output_for(collective, inp, world_size).fill_(float("nan"))  # every element written
+    if op == "reduce_scatter_in_pieces":
+        cp.reduce_scatter_tensor(
+            out, inp, codec=spec, algorithm=algorithm, chunk_bytes=SMALL_PIECES
+        )
+    else:
+        run_collective(op, algorithm, spec, inp, out)
     return out
 
 
