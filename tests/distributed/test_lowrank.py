@@ -1003,11 +1003,18 @@ def _other_shape_messages(saved: dict, rank: int) -> list[str]:
         control = Reducer(PowerSGD(rank=2, start_iter=0, error_feedback=error_feedback))
         control.load_state_dict(loaded.state_dict())
         fresh = gradients(rank, 1)
+        before = {key: dict(state) for key, state in loaded.states.items()}
         try:  # "b" comes first and fits; "a" does not
             loaded.reduce([("b", fresh["b"].clone()), ("a", fresh["a"].T.contiguous())])
             messages.append("no error")
         except ValueError as error:
             messages.append(str(error))
+        # the refused step left no state behind for "b", and the state of "a" as it was
+        after = {key: dict(state) for key, state in loaded.states.items()}
+        same_states = after.keys() == before.keys() and all(
+            after[key][name] is tensor for key in before for name, tensor in before[key].items()
+        )
+        messages.append("states unchanged" if same_states else f"states now of {sorted(after)}")
         # the refused step took no key and changed no state: the same step again gives
         # what a reducer that never saw the refused one gives
         retried = {k: fresh[k].clone() for k in "ab"}
@@ -1030,8 +1037,9 @@ def test_empty_parameters_float64_defaults_and_mismatched_checkpoints():
     for finite, mismatch, other_shape in run_distributed(_odd_settings, 2, timeout=120):
         assert finite
         assert "saved with error_feedback=True, this reducer runs error_feedback=False" in mismatch
-        for message, retried in zip(other_shape[::2], other_shape[1::2], strict=True):
+        for message, states, retried in zip(*(other_shape[i::3] for i in range(3)), strict=True):
             assert "gradient 'a' is a 30 x 40 matrix, but its low-rank state" in message
+            assert states == "states unchanged"
             assert retried == "retried"
 
 

@@ -351,11 +351,17 @@ class Reducer:
             self._buffers[key] = buffer = torch.empty(shape, device=device, dtype=FP32)
         return buffer[:count]
 
+    def _check_fits(self, key, n: int, m: int) -> None:
+        """Refuse a key whose state is of another shape; called for every key of a part
+        before :meth:`_state` makes any, so that a refused part leaves no state behind."""
+        state = self.states.get(key)
+        if state is not None:
+            _check_state_fits(key, state, n, m, self.algorithm.rank)
+
     def _state(self, key, n: int, m: int, device) -> dict[str, torch.Tensor]:
         if key not in self.states:
             self.states[key] = self._fresh_state(key, n, m, device)
         state = self.states[key]
-        _check_state_fits(key, state, n, m, self.algorithm.rank)
         if any(tensor.device != device for tensor in state.values()):
             state = self.states[key] = _moved(state, device)
         return state
@@ -735,7 +741,10 @@ class CompressedPart(Part):
         self.gradients = [g for _, g in compressed]
         self.batches = []
         groups = group_by_shape(matrices).items()
-        every_state = [  # all found (or refused) before any error buffer is added to
+        for shape, indices in groups:  # refused before any state is made
+            for i in indices:
+                reducer._check_fits(compressed[i][0], *shape)
+        every_state = [  # all found before any error buffer is added to
             [reducer._state(compressed[i][0], *shape, matrices[i].device) for i in indices]
             for shape, indices in groups
         ]
