@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -373,6 +374,54 @@ def test_sim_refuses_an_uplink_efficiency_where_there_is_no_uplink(capsys):
     assert "which --topology switch has none of" in capsys.readouterr().err
     argv = ["sim", "--nodes", "4", "--uplink-efficiency", "0.5", "--topology", "racks:count=2"]
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "reason"),
+    [
+        ("--efficiency", "1e-320", "at least 1e-06"),
+        ("--efficiency", "1e-300", "at least 1e-06"),
+        ("--uplink-efficiency", "1e-320", "at least 1e-06"),
+        ("--exchange-efficiency", "1e-320", "at least 1e-06"),
+        ("--latency-us", "1e308", "at most 1e+09"),
+        ("--message-us", "1e308", "at most 1e+09"),
+        ("--call-us", "1e308", "at most 1e+09"),
+    ],
+)
+def test_sim_refuses_times_out_of_the_float_range(option, value, reason, capsys):
+    """From a bug hunt: ``sim --efficiency 1e-320`` (a subnormal) made every time infinite,
+    shown as '-', exit 0; ``--latency-us 1e308`` and ``--message-us 1e308`` too, and 1e-300
+    or ``--call-us 1e308`` a time of 300 digits."""
+    extra = ["--topology", "racks:count=2"] if option == "--uplink-efficiency" else []
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim", "--nodes", "4", option, value, *extra])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: '{value}': must be" in (err := capsys.readouterr().err)
+    assert reason in err
+
+
+@pytest.mark.parametrize("value", ["1e-06", "1", "-0", "1e-320"])
+def test_sim_takes_the_ends_of_the_ranges(value, tmp_path):
+    option = "--efficiency" if value in ("1e-06", "1") else "--latency-us"
+    path = tmp_path / "rows.json"
+    assert main(["sim", "--nodes", "4", option, value, "--json", str(path)]) == 0
+    assert math.isfinite(json.loads(path.read_text())["rows"][0]["time_us"])
+    assert main(["sim", "--nodes", "4", "--call-us", "1e9", "--json", str(path)]) == 0
+
+
+def test_sim_refuses_a_fit_whose_times_are_not_finite(tmp_path, capsys):
+    """A fit file's efficiency has no floor of its own (a fit may reach 1e-6 and below)."""
+    fit = {
+        "format": "commpress-sim-fit",
+        "version": 3,
+        "message_s": {"ring": 0.0},
+        "efficiency": {"ring": 1e-320},
+        "codec_bytes_per_s": {},
+    }
+    (tmp_path / "fit.json").write_text(json.dumps(fit))
+    assert main(["sim", "--nodes", "4", "--fit", str(tmp_path / "fit.json")]) == 2
+    assert "time of all_gather ring none" in (err := capsys.readouterr().err)
+    assert "is not finite" in err
 
 
 def test_train_refuses_multicast_without_the_cluster(capsys):

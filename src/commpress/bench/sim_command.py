@@ -62,6 +62,11 @@ MAX_PIECE_TRANSFERS = 1 << 19
 #: The most nodes an all-to-all exchange is modelled on: 4096 x 4095 flows take seconds
 #: and about a gigabyte; the time and memory grow with the square of the nodes.
 MAX_ALL_TO_ALL_NODES = 4096
+#: The least efficiency and the longest time (in microseconds) an option may give: below
+#: and above them, the times modelled leave the float range (an efficiency of 1e-320, a
+#: subnormal, made every time infinite); a slower link is a slower --link.
+MIN_EFFICIENCY = 1e-6
+MAX_MICROSECONDS = 1e9
 COLUMNS = (
     ("nodes", "nodes", "d"),
     ("op", "op", "s"),
@@ -214,6 +219,12 @@ def main(args) -> int:
         _check_racks_hold_as_many(topology, args.topology)
         _check_pieces(op, algorithm, nodes, size)
         row = simulate(op, algorithm, codec, size, topology, params).as_dict()
+        if not math.isfinite(row["time_us"]):  # a fit's values have no floor of their own
+            raise ValueError(
+                f"the modelled time of {op} {algorithm} {codec} {size_label(size)} on {nodes} "
+                f"nodes at {link} is not finite: the efficiencies are too small or the times "
+                f"too long (--fit, --efficiency, --latency-us, --message-us, --call-us)"
+            )
         row.update(link=link, asked_bytes=size)  # size_bytes moved: it varies with nodes
         rows.append(row)
     if not rows:
@@ -343,18 +354,27 @@ def size_label(size: int) -> str:
 
 
 def _microseconds(text: str) -> float:
-    """A finite time of at least 0 (the model's range, named as the option gives it)."""
+    """A time of at least 0 and at most :data:`MAX_MICROSECONDS` (named as the option
+    gives it)."""
     value = _number(text)
-    if not 0 <= value < math.inf:  # NaN too
-        raise argparse.ArgumentTypeError(f"{text!r}: must be finite and at least 0")
+    if not 0 <= value <= MAX_MICROSECONDS:  # NaN too
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be finite and at least 0, and at most {MAX_MICROSECONDS:g} "
+            f"({MAX_MICROSECONDS * 1e-6:g} s)"
+        )
     return value
 
 
 def _fraction(text: str) -> float:
-    """An efficiency: above 0, at most 1."""
+    """An efficiency: at least :data:`MIN_EFFICIENCY`, at most 1."""
     value = _number(text)
     if not 0 < value <= 1:  # NaN too
         raise argparse.ArgumentTypeError(f"{text!r}: must be above 0 and at most 1")
+    if value < MIN_EFFICIENCY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be at least {MIN_EFFICIENCY:g} (a millionth of the link's rate; "
+            f"model a slower link with --link)"
+        )
     return value
 
 
