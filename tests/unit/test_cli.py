@@ -424,6 +424,20 @@ def test_sim_refuses_a_fit_whose_times_are_not_finite(tmp_path, capsys):
     assert "is not finite" in err
 
 
+@pytest.mark.parametrize("value", ["all_gather,reduce_scatter", "all_gather, all_reduce"])
+def test_bench_says_it_times_one_op_a_run(value, capsys):
+    """``sim --op`` takes a comma list; ``bench --op all_gather,reduce_scatter`` said only
+    'invalid choice', as if the ops were unknown."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--op", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --op: '{value}': one op a run" in err
+    with pytest.raises(SystemExit):
+        main(["bench", "--op", "all_scatter"])
+    assert "argument --op: invalid choice: 'all_scatter'" in capsys.readouterr().err
+
+
 def test_train_refuses_multicast_without_the_cluster(capsys):
     assert main(["train", "--steps", "1", "--compare", "int8@multicast/int8"]) == 2
     assert "multicast sends IP multicast between the hosts" in capsys.readouterr().err

@@ -38,6 +38,7 @@ plans for its links, every host sharing this machine's cores, with ``--tune-fit`
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 import sys
@@ -420,6 +421,17 @@ def check_algorithms(names: list[str], op: str, on_cluster: bool) -> None:
     check_multicast_on_cluster("multicast" in names, on_cluster, "--algorithm multicast")
 
 
+def _one_op(text: str) -> str:
+    """``--op``: one op (``commpress sim --op`` takes a comma list, which here would have
+    been called an invalid choice); argparse then checks it is one of :data:`OPS`."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: one op a run (a run's rows, heading and speedups are of one "
+            f"collective): run commpress bench once for each of them"
+        )
+    return text
+
+
 def _codec_meaning(spec: str) -> str:
     return spec if tuner.is_auto(spec) else str(cp.get_codec(spec))
 
@@ -535,7 +547,11 @@ def add_arguments(parser) -> None:
         "-f", "--stepfactor", type=size_factor, default=2, help="size multiplier (2)"
     )
     parser.add_argument(
-        "--op", choices=OPS, default="all_gather", help="the collective to time (all_gather)"
+        "--op",
+        type=_one_op,
+        choices=OPS,
+        default="all_gather",
+        help="the collective to time, one a run (all_gather)",
     )
     parser.add_argument(
         "--dtype",
