@@ -1644,3 +1644,26 @@ def test_version_says_which_commpress_torch_and_python_run(capsys):
     code += "except SystemExit:\n    print(*sys.modules)"
     modules = _run(code).splitlines()[-1].split()
     assert "commpress.cli" in modules and "torch" not in modules  # read, not imported
+
+
+def test_python_dash_m_commpress_runs_the_command_line():
+    """``python -m commpress`` is ``commpress``: a newcomer's first try said 'No module named
+    commpress.__main__; 'commpress' is a package and cannot be directly executed'."""
+    done = subprocess.run(
+        [sys.executable, "-m", "commpress", "shedule"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "invalid choice: 'shedule'" in done.stderr
+    assert done.stderr.startswith("usage: commpress ")
+    done = subprocess.run(
+        [sys.executable, "-m", "commpress", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.startswith("usage: commpress [-h] [--version] COMMAND")

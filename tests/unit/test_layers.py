@@ -1,7 +1,7 @@
 """The package's layers, read from the source with ``ast``: a module imports only from its
 own layer and those below it.
 
-    bench, cluster, train, cli, commpress/__init__     (top: anything)
+    bench, cluster, train, cli, __main__, commpress/__init__     (top: anything)
     integrations, lowrank
     collectives
     sim              (the cost model and the autotuner that the collectives consult)
@@ -31,7 +31,7 @@ LAYERS = (
     ("sim",),
     ("collectives",),
     ("integrations", "lowrank"),
-    ("bench", "cluster", "train", "cli", ROOT),
+    ("bench", "cluster", "train", "cli", "__main__", ROOT),
 )
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 TESTING = "testing"
