@@ -1667,3 +1667,17 @@ def test_python_dash_m_commpress_runs_the_command_line():
         timeout=60,
     )
     assert done.stdout.startswith("usage: commpress [-h] [--version] COMMAND")
+
+
+def test_codecs_numel_help_spells_its_default_as_the_option_takes_it():
+    """``--numel``'s help said 'default: 16M = 64 MiB', and ``--numel 16M`` was refused:
+    'not a whole number'."""
+    import re
+
+    from commpress.cli import build_parser
+
+    parser = build_parser(["codecs"])
+    codecs = next(a for a in parser._actions if a.dest == "command").choices["codecs"]
+    numel = next(a for a in codecs._actions if a.dest == "numel")
+    shown = re.search(r"default: ([^\s,;)=]+)", numel.help).group(1)
+    assert codecs.parse_args(["--numel", shown]).numel == numel.default

@@ -204,7 +204,7 @@ def add_arguments(parser) -> None:
         type=value_count,
         default=1 << 24,
         help=f"fp32 values per tensor; a run takes about {MEMORY_PER_INPUT} times their bytes "
-        "of memory (default: 16M = 64 MiB)",
+        "of memory (default: 16777216, 64 MiB)",
     )
     parser.add_argument(
         "--repeats",
