@@ -1613,7 +1613,7 @@ def test_a_codec_option_out_of_range_names_its_spec(argv, spec, capsys):
     """From a bug hunt: ``bench --codec int4,int8:block=0`` said only 'block must be a
     positive int of at most 16777216, got 0', not which of the specs had it."""
     assert main(argv) == 2
-    assert f"error: codec spec {spec!r}: " in capsys.readouterr().err
+    assert f"error: --codec: codec spec {spec!r}: " in capsys.readouterr().err
 
 
 def test_a_low_rank_option_out_of_range_names_its_spec(capsys):
@@ -1621,7 +1621,8 @@ def test_a_low_rank_option_out_of_range_names_its_spec(capsys):
     int of at least 1, got 0'."""
     argv = ["train", "--strategy", "ddp", "--compare", "plain", "powersgd:rank=0"]
     assert main(argv) == 2
-    assert "error: low-rank spec 'powersgd:rank=0': rank must be" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: --compare: low-rank spec 'powersgd:rank=0': rank must be" in err
 
 
 def test_version_says_which_commpress_torch_and_python_run(capsys):
@@ -1681,3 +1682,37 @@ def test_codecs_numel_help_spells_its_default_as_the_option_takes_it():
     numel = next(a for a in codecs._actions if a.dest == "numel")
     shown = re.search(r"default: ([^\s,;)=]+)", numel.help).group(1)
     assert codecs.parse_args(["--numel", shown]).numel == numel.default
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["codecs", "--codec", "none,int9"], "--codec"),
+        (["bench", "--nprocs", "2", "--codec", "int8:block=0"], "--codec"),
+        (
+            [
+                "schedule",
+                "--op",
+                "all_gather",
+                "--algorithm",
+                "ring",
+                "--world",
+                "2",
+                "--codec",
+                "INT8",
+            ],
+            "--codec",
+        ),  # fmt: skip
+        (["sim", "--codec", "int8,int9"], "--codec"),
+        (["sim", "--codec", "int8:blok=4"], "--codec"),
+        (["train", "--compare", "plain", "int9"], "--compare"),
+        (["train", "--strategy", "ddp", "--compare", "powersgd:rnk=4"], "--compare"),
+    ],
+)
+def test_a_bad_codec_spec_is_an_error_naming_its_option(argv, option, capsys):
+    """'unknown codec 'int9' in spec 'int9'' named no option: which of a command's values was
+    wrong was left to the reader."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"error: {option}" in err, err

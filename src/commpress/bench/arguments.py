@@ -128,6 +128,18 @@ def byte_size(text: str) -> int:
     return value
 
 
+def naming(option: str, check, value):
+    """``check(value)``, where a ValueError it raises names ``option`` (``--codec: unknown
+    codec 'int9' in spec 'int9'; ...``): a command's message then says which of its values
+    was wrong."""
+    try:
+        return check(value)
+    except ValueError as error:
+        if str(error).startswith(option):
+            raise
+        raise ValueError(f"{option}: {error}") from None
+
+
 def named_twice(items: list[str]) -> list[str]:
     """The items that ``items`` names more than once, sorted (a repeated one would only
     repeat a command's rows)."""

@@ -19,6 +19,7 @@ import torch
 from commpress.bench import report
 from commpress.bench.arguments import (
     named_twice,
+    naming,
     output_path,
     positive_int,
     same_twice,
@@ -170,7 +171,7 @@ def torch_seed(text: str) -> int:
 def main(args) -> int:
     specs = args.codec or available_default_codecs()
     for spec in specs:
-        get_codec(spec)  # fail on a bad spec before minutes of benchmarking
+        naming("--codec", get_codec, spec)  # fail on a bad spec before minutes of benchmarking
     repeated = named_twice(specs)
     if repeated:
         raise ValueError(f"--codec {', '.join(repeated)} given twice")

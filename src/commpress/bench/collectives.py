@@ -57,6 +57,7 @@ from commpress.bench.arguments import (
     dtype_list,
     input_path,
     local_processes,
+    naming,
     non_negative_int,
     output_path,
     plot_path,
@@ -472,8 +473,9 @@ def main(args) -> int:
         raise ValueError(f"--seed {args.seed}: the seed of --loss, which drops nothing (0)")
     for codec in args.codec:  # fail on a bad spec or dtype before spawning anything
         if tuner.is_auto(codec):
-            tuner.budget(codec)
+            naming("--codec", tuner.budget, codec)
             continue
+        naming("--codec", cp.get_codec, codec)
         for dtype in args.dtype:
             cp.get_codec(codec).check_dtype(torch_dtype(dtype), "--dtype")
     repeated = same_twice(args.codec, _codec_meaning)

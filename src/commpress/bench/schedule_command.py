@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from commpress.bench.arguments import InvalidValue, non_negative_int, positive_int, whole_number
+from commpress.bench.arguments import (
+    InvalidValue,
+    naming,
+    non_negative_int,
+    positive_int,
+    whole_number,
+)
 from commpress.codecs import get_codec
 from commpress.collectives.checks import check_same_result_on_every_rank
 from commpress.collectives.executor import POINT_TO_POINT_FROM_BYTES, point_to_point_on_gloo
@@ -90,6 +96,7 @@ def chunk_bytes(text: str) -> int:
 
 def run(args) -> int:
     """Bad values raise ValueError: the command line prints it as a one-line error (exit 2)."""
+    naming("--codec", get_codec, args.codec)
     known = tuple(name for name in algorithms(args.op) if name != NATIVE)
     if args.algorithm not in known:
         why = (

@@ -27,6 +27,7 @@ from commpress.bench.arguments import (
     byte_size,
     comma_list,
     input_path,
+    naming,
     output_path,
     plot_path,
     positive_int,
@@ -193,6 +194,8 @@ def main(args) -> int:
             "--uplink-efficiency: for the links above the hosts', which --topology switch "
             "has none of"
         )
+    for codec in args.codec:
+        naming("--codec", get_codec, codec)
     for option, meaning in (
         ("--link", lambda link: parse_rate_bits(link, "--link")),
         ("--codec", lambda codec: str(get_codec(codec))),

@@ -183,38 +183,50 @@ def _add_hidden_share(results: list[dict]) -> None:
 
 def _check_specs(config: TrainConfig, on_cluster: bool) -> None:
     """Bad specs fail here, before any process starts; multicast needs the cluster; two
-    runs that are one configuration written two ways are refused."""
+    runs that are one configuration written two ways are refused. Every message names the
+    ``--compare`` value it is about."""
+    label_of = {}
+    for run in config.runs:
+        try:
+            _check_run(run, config.strategy, on_cluster, label_of)
+        except ValueError as error:
+            if str(error).startswith("--compare"):
+                raise
+            named = repr(run.label) in str(error)  # 'powersgd:rank=0', not 'none/int9'
+            where = "--compare" if named else f"--compare {run.label!r}"
+            raise ValueError(f"{where}: {error}") from None
+
+
+def _check_run(run, strategy: str, on_cluster: bool, label_of: dict) -> None:
     from commpress.collectives import ALL_GATHER_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS
     from commpress.integrations.fsdp import check_all_gather_codec
     from commpress.integrations.spec import CollectiveSpec
     from commpress.lowrank import get_algorithm
 
-    label_of = {}
-    for run in config.runs:
-        if run.lowrank is not None:
-            algorithm = get_algorithm(run.lowrank.removeprefix("torch-"))  # same options
-            torch_hook = run.lowrank.startswith("torch-")
-            options = tuple(sorted(vars(algorithm).items()))
-            meaning = (torch_hook, algorithm.name, options, run.scheduler)
-            _refuse_twice(label_of, meaning, run.label)
-            continue
-        fsdp = config.strategy == "fsdp"  # cp.fsdp.compress takes auto specs
-        gather = None
-        if fsdp:
-            gather = CollectiveSpec.parse(
-                run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True, tunable=True
-            )
-            check_all_gather_codec(gather, "all-gather spec")
-            multicasts = gather.algorithm == "multicast"
-            check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
-        scatter = CollectiveSpec.parse(
-            run.reduce_scatter,
-            REDUCE_SCATTER_ALGORITHMS,
-            "reduce spec",
-            gathers=not fsdp,  # DDP all-reduces: its second half gathers
-            tunable=fsdp,
+    if run.lowrank is not None:
+        algorithm = get_algorithm(run.lowrank.removeprefix("torch-"))  # same options
+        torch_hook = run.lowrank.startswith("torch-")
+        options = tuple(sorted(vars(algorithm).items()))
+        meaning = (torch_hook, algorithm.name, options, run.scheduler)
+        _refuse_twice(label_of, meaning, run.label)
+        return
+    fsdp = strategy == "fsdp"  # cp.fsdp.compress takes auto specs
+    gather = None
+    if fsdp:
+        gather = CollectiveSpec.parse(
+            run.all_gather, ALL_GATHER_ALGORITHMS, "all-gather spec", gathers=True, tunable=True
         )
-        _refuse_twice(label_of, (_meaning(gather), _meaning(scatter)), run.label)
+        check_all_gather_codec(gather, "all-gather spec")
+        multicasts = gather.algorithm == "multicast"
+        check_multicast_on_cluster(multicasts, on_cluster, f"spec {run.all_gather!r}")
+    scatter = CollectiveSpec.parse(
+        run.reduce_scatter,
+        REDUCE_SCATTER_ALGORITHMS,
+        "reduce spec",
+        gathers=not fsdp,  # DDP all-reduces: its second half gathers
+        tunable=fsdp,
+    )
+    _refuse_twice(label_of, (_meaning(gather), _meaning(scatter)), run.label)
 
 
 def _refuse_twice(label_of: dict, meaning: tuple, label: str) -> None:
