@@ -709,3 +709,15 @@ def test_the_errors_of_one_element_and_one_byte_are_in_the_singular():
         codec.decode(payload, 1, torch.float32, out=torch.empty(2))
     with pytest.raises(ValueError, match="payload has 1 byte but"):
         codec.decode(payload[:1], 1, torch.float32)
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=4", "acpsgd", "powersgd:rank=4@ring"])
+def test_a_low_rank_spec_given_for_a_collective_points_to_the_low_rank_hook(spec):
+    """``cp.ddp.hook("powersgd:rank=4")`` (or ``cp.fsdp.compress(model,
+    reduce_scatter="powersgd:rank=4")``) said "unknown codec 'powersgd'; known: [...]",
+    nothing of ``cp.lowrank.ddp_hook``, which the README shows beside ``cp.ddp.hook``."""
+    from commpress.collectives import ALL_REDUCE_ALGORITHMS
+    from commpress.integrations.spec import CollectiveSpec
+
+    with pytest.raises(ValueError, match=r"codec=.*low-rank.*cp\.lowrank\.ddp_hook"):
+        CollectiveSpec.parse(spec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)

@@ -414,3 +414,12 @@ def test_an_algorithm_after_an_at_sign_is_refused_as_such(spec):
     int", "unknown low-rank algorithm 'powersgd@alltoall'", saying nothing of the '@'."""
     with pytest.raises(ValueError, match=f"low-rank spec '{spec}' takes no '@ALGORITHM'"):
         get_algorithm(spec)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4:block=128", "int8@alltoall", "none"])
+def test_a_codec_spec_is_refused_with_the_hook_that_takes_it(spec):
+    """``cp.lowrank.ddp_hook("int8")`` said "unknown low-rank algorithm 'int8'; known:
+    ['acpsgd', 'powersgd']" (or, with '@', that a low-rank spec takes none): the README
+    names the two DDP hooks side by side, and a newcomer mixes them up."""
+    with pytest.raises(ValueError, match=rf"'{spec}' is a codec spec.*cp\.ddp\.hook"):
+        get_algorithm(spec)

@@ -8,7 +8,7 @@ from commpress.codecs import Codec, get_codec
 from commpress.collectives import auto
 from commpress.collectives.checks import check_algorithm, check_same_result_on_every_rank
 from commpress.sim import tuner
-from commpress.spec_options import split_algorithm
+from commpress.spec_options import split_algorithm, split_spec
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class CollectiveSpec:
         if not isinstance(spec, str):
             raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
         codec_text, at, algorithm = split_algorithm(spec)
+        _refuse_low_rank(spec, codec_text, argument)
         if at and not algorithm:
             known = (*algorithms, auto.AUTO) if tunable else algorithms
             raise ValueError(f"{argument}={spec!r}: no algorithm after '@'; known: {known}")
@@ -79,3 +80,16 @@ class CollectiveSpec:
         except ValueError as error:
             raise ValueError(f"{argument}={spec!r}: {error}") from None
         return cls(codec, algorithm, spec)
+
+
+def _refuse_low_rank(spec: str, codec_text: str, argument: str) -> None:
+    """A low-rank spec where a codec's belongs (``cp.ddp.hook("powersgd:rank=4")``) is
+    refused with the hook that takes it: "unknown codec 'powersgd'" said nothing of it."""
+    from commpress.lowrank.registry import ALGORITHMS  # lowrank imports this layer's ddp
+
+    if split_spec(codec_text)[0] in ALGORITHMS:
+        raise ValueError(
+            f"{argument}={spec!r} is a low-rank spec, not a codec: DDP takes it as "
+            f"cp.lowrank.ddp_hook({codec_text!r}, model=model) (FSDP2 has no low-rank "
+            "compression)"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from commpress.codecs import list_codecs
 from commpress.lowrank.acpsgd import ACPSGD
 from commpress.lowrank.algorithm import LowRankAlgorithm
 from commpress.lowrank.powersgd import PowerSGD
@@ -15,6 +16,11 @@ _TYPES = {"rank": int, "start_iter": int, "min_compression_rate": float, "seed":
 def get_algorithm(spec: str) -> LowRankAlgorithm:
     if not isinstance(spec, str):
         raise TypeError(f"low-rank spec must be a string such as 'powersgd:rank=4', got {spec!r}")
+    if split_spec(spec.partition("@")[0])[0] in list_codecs():
+        raise ValueError(
+            f"{spec!r} is a codec spec, not a low-rank one ('powersgd:rank=4', "
+            f"'acpsgd:rank=4'): cp.ddp.hook({spec!r}) all-reduces DDP's buckets with it"
+        )
     if "@" in spec:
         raise ValueError(
             f"low-rank spec {spec!r} takes no '@ALGORITHM' (a codec spec's): write "
