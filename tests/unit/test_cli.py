@@ -1716,3 +1716,11 @@ def test_a_bad_codec_spec_is_an_error_naming_its_option(argv, option, capsys):
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"error: {option}" in err, err
+
+
+def test_train_dim_and_heads_that_do_not_divide_name_both_options(capsys):
+    """``train --heads 3`` said 'dim (128) must be a multiple of heads (3)', the model's
+    field names, not the options."""
+    assert main(["train", "--heads", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --dim 128 must be a multiple of --heads 3" in err, err

@@ -78,6 +78,8 @@ CURVES, SUMMARY, PLOT = "losses.csv", "summary.json", "loss.png"
 
 def config_from(args) -> TrainConfig:
     runs = tuple(Run.parse(text, args.strategy) for text in args.compare)
+    if args.dim % args.heads:  # the model's own error names its fields, not the options
+        raise ValueError(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
     model = GPTConfig(context=args.context, dim=args.dim, layers=args.layers, heads=args.heads)
     return TrainConfig(
         runs=runs,
