@@ -721,3 +721,15 @@ def test_a_low_rank_spec_given_for_a_collective_points_to_the_low_rank_hook(spec
 
     with pytest.raises(ValueError, match=r"codec=.*low-rank.*cp\.lowrank\.ddp_hook"):
         CollectiveSpec.parse(spec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
+
+
+def test_a_codec_spec_ending_in_an_at_sign_names_no_empty_algorithm():
+    """``get_codec("int8@")`` (``--codec int8@``) told the user to write "algorithm=''
+    (on the command line --codec int8 --algorithm )", an empty algorithm."""
+    from commpress.codecs import get_codec
+
+    with pytest.raises(ValueError) as raised:
+        get_codec("int8@")
+    message = str(raised.value)
+    assert "algorithm=''" not in message and "--algorithm )" not in message
+    assert "'int8@' ends in '@'" in message and "codec='int8'" in message

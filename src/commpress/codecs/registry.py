@@ -84,6 +84,11 @@ def get_codec(spec: str | Codec) -> Codec:
 def _build(spec: str) -> Codec:
     if "@" in spec:  # the whole CODEC[:options][@ALGORITHM] of an integration's spec
         codec, algorithm = (part.strip() for part in spec.split("@", 1))
+        if not algorithm:
+            raise ValueError(
+                f"codec spec {spec!r} ends in '@': a codec is NAME[:key=value,...]; write "
+                f"codec={codec!r} (on the command line --codec {codec})"
+            )
         raise ValueError(
             f"codec spec {spec!r} names an algorithm after '@': a codec is "
             f"NAME[:key=value,...]; give the algorithm on its own: codec={codec!r}, "
