@@ -89,7 +89,9 @@ def recorded_training(rank, spec, corruption=None) -> dict:
     return {"records": records, "stats": state.stats.snapshot()}
 
 
-PLAIN_SPECS = (None, "none", "none@native")
+#: a codec object, as the collectives take one, beside its spec string
+CODEC_OBJECT = cp.get_codec("int8:block=64")
+PLAIN_SPECS = (None, "none", "none@native", "int8:block=64", CODEC_OBJECT)
 RECORDED = {
     "none": ("none", None),
     "int8": ("int8", None),
@@ -118,8 +120,18 @@ def test_uncompressed_hook_matches_ddp_bit_for_bit(runs, spec):
         assert all(torch.equal(a, b) for a, b in zip(params, plain_params, strict=True))
 
 
+def test_a_codec_object_hooks_as_its_spec_string_does(runs):
+    """``cp.ddp.hook(cp.get_codec(...))`` was refused ("must be a spec string") where every
+    collective takes a codec object."""
+    for plain, _ in runs:
+        (losses, params), (text_losses, text_params) = plain[CODEC_OBJECT], plain["int8:block=64"]
+        assert losses == text_losses
+        assert all(torch.equal(a, b) for a, b in zip(params, text_params, strict=True))
+        assert losses != plain[None][0]  # compressed: not the uncompressed run
+
+
 def _plain_runs(rank, world_size):
-    return {spec: _train(rank, spec) for spec in PLAIN_SPECS}
+    return {spec: _train(rank, spec) for spec in (None, "none", "none@native")}
 
 
 def test_uncompressed_hook_matches_ddp_bit_for_bit_on_three_ranks():

@@ -733,3 +733,16 @@ def test_a_codec_spec_ending_in_an_at_sign_names_no_empty_algorithm():
     message = str(raised.value)
     assert "algorithm=''" not in message and "--algorithm )" not in message
     assert "'int8@' ends in '@'" in message and "codec='int8'" in message
+
+
+def test_an_integration_takes_a_codec_object_as_the_collectives_do():
+    """``cp.ddp.hook(codec)`` and ``cp.fsdp.compress(all_gather=codec)`` refused a codec
+    object ("must be a spec string") that every collective takes."""
+    from commpress.collectives import ALL_REDUCE_ALGORITHMS
+    from commpress.integrations.spec import CollectiveSpec
+
+    codec = cp.get_codec("int4:block=64")
+    spec = CollectiveSpec.parse(codec, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
+    assert spec.codec is codec and spec.algorithm == "ring" and spec.text == str(codec)
+    with pytest.raises(TypeError, match="codec must be a spec string such as 'int8' or a codec"):
+        CollectiveSpec.parse(4, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)

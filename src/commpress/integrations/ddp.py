@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commpress.codecs import Codec
 from commpress.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from commpress.collectives.checks import check_group, check_reduction_dtype, check_timeout
 from commpress.collectives.failures import named_failures
@@ -40,7 +41,7 @@ class HookState:
 
 
 def hook(
-    codec: str = "int8",
+    codec: str | Codec = "int8",
     *,
     group: dist.ProcessGroup | None = None,
     timeout: timedelta | None = None,
@@ -48,7 +49,8 @@ def hook(
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
     ``codec``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``, ``"int4@alltoall"``,
-    ``"none@native"`` for torch's own all-reduce). Gradients are averaged over the
+    ``"none@native"`` for torch's own all-reduce), or a codec object (over the ring).
+    Gradients are averaged over the
     group. Call it on every rank: without ``group`` it makes one of the whole world (a
     collective call), this hook's alone, so that commpress's traffic never interleaves
     with DDP's own nor with another hook's; once ``state`` is garbage-collected, a later

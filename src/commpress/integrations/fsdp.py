@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from commpress import _torch_private
-from commpress.codecs import get_codec
+from commpress.codecs import Codec, get_codec
 from commpress.collectives import (
     ALL_GATHER_ALGORITHMS,
     REDUCE_SCATTER_ALGORITHMS,
@@ -130,8 +130,8 @@ def cpu_mesh(group: dist.ProcessGroup | None = None) -> DeviceMesh:
 
 def compress(
     model: torch.nn.Module,
-    all_gather: str | None = "int8",
-    reduce_scatter: str | None = "int8",
+    all_gather: str | Codec | None = "int8",
+    reduce_scatter: str | Codec | None = "int8",
     *,
     error_feedback: bool = False,
     timeout: timedelta | None = None,
@@ -143,7 +143,8 @@ def compress(
     ``keep``).
 
     ``all_gather`` / ``reduce_scatter``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``,
-    ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), or None to keep FSDP's own;
+    ``"int4@ring-hop"``, ``"int8@alltoall"``, ``"none"``), a codec object (over the ring),
+    or None to keep FSDP's own;
     ``"auto"`` (or ``"auto:max_rel_err=1e-3"``, ``"int8@auto"``) lets the cost model choose
     per call (:mod:`commpress.sim.tuner`, where the network it assumes is set).
     ``error_feedback``: keep, per module, the reduce-scatter's rounding error of this

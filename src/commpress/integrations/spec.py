@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commpress.codecs import Codec, get_codec
+from commpress.codecs.base import CodecBase
 from commpress.collectives import auto
 from commpress.collectives.checks import check_algorithm, check_same_result_on_every_rank
 from commpress.sim import tuner
@@ -42,9 +43,20 @@ class CollectiveSpec:
         result must be the same bits on every rank. ``tunable``: ``"auto"`` (codec and
         algorithm chosen per call, error budget :data:`~commpress.sim.tuner.
         DEFAULT_MAX_REL_ERR`), ``"auto:max_rel_err=1e-3"``, ``"int8@auto"`` are accepted.
+        A codec object (``cp.get_codec("int8:block=128")``, or one of a program's own) is
+        taken as the collectives take one: itself, over the ring.
         """
+        if isinstance(spec, CodecBase):
+            try:
+                if gathers:
+                    check_same_result_on_every_rank(spec, "ring")
+            except ValueError as error:
+                raise ValueError(f"{argument}={spec}: {error}") from None
+            return cls(spec, "ring", str(spec))
         if not isinstance(spec, str):
-            raise TypeError(f"{argument} must be a spec string such as 'int8', got {spec!r}")
+            raise TypeError(
+                f"{argument} must be a spec string such as 'int8' or a codec, got {spec!r}"
+            )
         codec_text, at, algorithm = split_algorithm(spec)
         _refuse_low_rank(spec, codec_text, argument)
         if at and not algorithm:
