@@ -746,3 +746,13 @@ def test_an_integration_takes_a_codec_object_as_the_collectives_do():
     assert spec.codec is codec and spec.algorithm == "ring" and spec.text == str(codec)
     with pytest.raises(TypeError, match="codec must be a spec string such as 'int8' or a codec"):
         CollectiveSpec.parse(4, ALL_REDUCE_ALGORITHMS, "codec", gathers=True)
+
+
+@pytest.mark.parametrize("algorithm", [None, 3, b"ring"])
+def test_an_algorithm_not_a_str_is_a_type_error(algorithm):
+    """``algorithm=None`` was answered with ValueError "unknown algorithm None"."""
+    from commpress.collectives import ALL_GATHER_ALGORITHMS
+    from commpress.collectives.checks import check_algorithm
+
+    with pytest.raises(TypeError, match="algorithm must be a str such as 'ring', got"):
+        check_algorithm(algorithm, ALL_GATHER_ALGORITHMS, True, "all_gather_into_tensor")

@@ -104,6 +104,8 @@ def check_algorithm(
     """``algorithm`` must be one of ``known``, those of ``collective`` (named in the
     message); the message lists ``auto`` too where the call is ``tunable`` (the tuner
     chooses for it)."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a str such as 'ring', got {algorithm!r}")
     if algorithm not in known:
         if tunable:
             known = (*known, "auto")
@@ -112,7 +114,7 @@ def check_algorithm(
                 "algorithm 'auto' chooses for all_gather_into_tensor and reduce_scatter_tensor "
                 f"only; known here: {known}"
             )
-        if isinstance(algorithm, str) and algorithm in every_algorithm():  # another op's
+        if algorithm in every_algorithm():  # another op's
             raise ValueError(
                 f"algorithm {algorithm!r} does not run {collective or 'this collective'}; "
                 f"known: {known}"
