@@ -707,3 +707,77 @@ def test_alltoall_pieces_of_another_size_raise_naming_them():
     for rank, (error, untouched, recovered) in enumerate(results):
         assert error is not None and untouched and recovered, (rank, error)
     assert "chunk_bytes=1024; this rank: chunk_bytes=2048" in results[0][0]
+
+
+def _check_without_a_group(digest: int, split_last: bool = False):
+    """An :class:`~commpress.collectives.inband.Check`'s header state alone (no group): what
+    :meth:`stamp`, :meth:`accept_first` and :meth:`note` read and write."""
+    from commpress.collectives import inband
+
+    check = object.__new__(inband.Check)
+    check.digest, check.poisoned, check.split_last = digest, False, split_last
+    return check
+
+
+def test_a_header_is_laid_out_as_documented_and_reads_back():
+    """``<4s??2xQQQ``: magic, poisoned, split, two pad bytes, then digest, this message's
+    bytes and the sender's next message's bytes, little-endian. A swap of two of the sizes
+    on both sides reads back fine, so the bytes are checked against the layout too."""
+    from commpress.collectives import inband
+
+    check = _check_without_a_group(0x0102030405060708, split_last=True)
+    check.poisoned = True
+    message, following = torch.zeros(100, dtype=torch.uint8), torch.zeros(40, dtype=torch.uint8)
+    check.stamp(message, following)
+    raw = bytes(message[:32].tolist())
+    assert raw[:4] == b"cpi2" and raw[4:6] == b"\x01\x00"  # poisoned; not split: not the last
+    assert raw[8:16] == bytes([8, 7, 6, 5, 4, 3, 2, 1])
+    assert int.from_bytes(raw[16:24], "little") == 100
+    assert int.from_bytes(raw[24:32], "little") == 40
+    assert inband.read(message) == inband.Header(0x0102030405060708, True, 100, 40, False)
+    check.poisoned = False
+    check.stamp(message, None)  # the last message: it says it travels split, nothing follows
+    assert inband.read(message) == inband.Header(0x0102030405060708, False, 100, 0, True)
+    message[:4] = torch.tensor(list(b"cpi1"), dtype=torch.uint8)  # another layout's magic
+    assert inband.read(message) is None
+
+
+def test_a_first_header_that_agrees_in_its_digest_but_not_its_size_is_a_disagreement():
+    """The digest covers every message's size, so agreeing ranks expect the sizes sent; a
+    header whose size still differs (a digest sent in place of the call's, say) is a
+    disagreement, not a message to copy; a poisoned one that agrees poisons this rank."""
+    from commpress.collectives import inband
+
+    sender, receiver = _check_without_a_group(77), _check_without_a_group(77)
+    scratch = torch.zeros(64, dtype=torch.uint8)
+    sender.stamp(scratch[:48], None)
+    with pytest.raises(inband.LeftDisagrees):
+        receiver.accept_first(scratch, into=torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(inband.LeftDisagrees):
+        _check_without_a_group(78).accept_first(scratch, into=torch.empty(48, dtype=torch.uint8))
+    into = torch.empty(48, dtype=torch.uint8)
+    assert receiver.accept_first(scratch, into=into) is None and not receiver.poisoned
+    assert torch.equal(into, scratch[:48])
+    sender.poisoned = True
+    sender.stamp(scratch[:48], None)
+    assert receiver.accept_first(scratch, into=torch.empty(48, dtype=torch.uint8)) is None
+    assert receiver.poisoned
+
+
+def test_a_later_message_of_another_size_or_magic_poisons_the_receiver():
+    sender = _check_without_a_group(5)
+    message = torch.zeros(48, dtype=torch.uint8)
+    sender.stamp(message, None)
+    receiver = _check_without_a_group(5)
+    receiver.note(message)
+    assert not receiver.poisoned
+    receiver.note(torch.cat([message, torch.zeros(8, dtype=torch.uint8)]))  # says 48, is 56
+    assert receiver.poisoned
+    receiver = _check_without_a_group(5)
+    message[0] = ord("x")
+    receiver.note(message)
+    assert receiver.poisoned
+    sender.poisoned, receiver = True, _check_without_a_group(5)
+    sender.stamp(message, None)
+    receiver.note(message)
+    assert receiver.poisoned
