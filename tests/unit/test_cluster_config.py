@@ -199,6 +199,21 @@ def test_workspace_reuses_and_grows():
     assert workspace.held_bytes() == 0
 
 
+def test_workspace_grows_for_a_request_one_byte_past_what_it_holds():
+    """Buffers are rounded up to whole 64-byte lines: a request of one byte more than the
+    rounded buffer (not one more than asked before) gets a larger one, all of it usable."""
+    workspace = Workspace()
+    workspace.take("a", 100, torch.uint8, "cpu")
+    assert workspace.held_bytes() == 128
+    assert workspace.take("a", 128, torch.uint8, "cpu").numel() == 128
+    grown = workspace.take("a", 129, torch.uint8, "cpu")
+    assert grown.numel() == 129 and workspace.held_bytes() == 192
+    grown.fill_(1)  # every byte is the buffer's own
+    assert workspace.take("a", 65, torch.int16, "cpu").numel() == 65  # 130 bytes fit
+    assert workspace.take("a", 97, torch.int16, "cpu").numel() == 97  # 194 do not
+    assert workspace.held_bytes() == 256
+
+
 SNMP = """Ip: Forwarding DefaultTTL InReceives
 Ip: 1 64 120
 Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors
