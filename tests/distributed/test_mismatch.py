@@ -223,6 +223,20 @@ def test_the_fingerprint_fits_its_fixed_size_and_reads_back():
         Fingerprint("gather", "ring", 10, "float32", "int8")
 
 
+def test_codec_specs_that_differ_only_past_the_fingerprints_text_are_told_apart():
+    """The text holds the start of a long codec spec; the digest of the whole text in the
+    head is what tells two specs apart that differ only past its end."""
+    from commpress.collectives import fingerprint
+
+    long_codec = "zfp:rate=16," + "x" * 300
+    a = Fingerprint("all_gather", "ring", 10, "float32", long_codec + "a").to_bytes(0)
+    b = Fingerprint("all_gather", "ring", 10, "float32", long_codec + "b").to_bytes(0)
+    assert a[fingerprint._HEAD.size :] == b[fingerprint._HEAD.size :]  # the same cut text
+    assert a != b
+    assert fingerprint._digests(a).tolist() != fingerprint._digests(b).tolist()
+    assert "this rank: codec zfp:rate=16,xxx" in fingerprint.mismatch_message([a, b], 0, 2)
+
+
 def test_a_piece_size_is_named_only_where_it_is_the_difference():
     """An all-gather has no piece size (0): beside a reduce-scatter's, "chunk_bytes=0"
     would only confuse. Between two calls of one operation and algorithm it is a
