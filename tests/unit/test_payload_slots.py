@@ -7,10 +7,11 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
 from commpress.codecs import get_codec
-from commpress.collectives.payloads import slots
+from commpress.collectives.payloads import reduction, slots
 from commpress.collectives.work import release_workspace
 from commpress.collectives.workspace import workspace
 from commpress.schedules import plan
@@ -67,3 +68,31 @@ def test_slots_never_keep_memory_the_workspace_let_go():
     workspace.take(NAME, 1 << 24, torch.uint8, CPU)  # the buffer grows: a new allocation
     gc.collect()
     assert outgrown() is None
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ring-hop", "alltoall"])
+def test_a_reduction_in_a_world_of_one_is_its_own_contribution_bit_for_bit(algorithm):
+    """Nothing is sent nor encoded: the result is the rank's contribution as it is."""
+    contributions = torch.randn(1, 1000, generator=torch.Generator().manual_seed(3))
+    (schedule,) = plan("reduce_scatter", algorithm, 0, 1, 1000, torch.float32, get_codec("int4"))
+    reduced = reduction(contributions, get_codec("int4"), schedule)
+    for step in schedule.steps:
+        for send in step.sends:
+            reduced.encode_own(send)
+    reduced.begin()
+    for step in schedule.steps:
+        for receive in step.receives:
+            reduced.handle(receive)
+    assert torch.equal(reduced.result, contributions[0])
+
+
+def test_the_own_rows_of_the_alltoall_send_blocks_are_zero_whatever_the_workspace_held():
+    """The own row of each piece's send block is sent but never encoded: it must not carry
+    what the workspace held before (another call's payloads)."""
+    codec = get_codec("int8:block=64")
+    (schedule,) = plan("reduce_scatter", "alltoall", 1, 3, 3000, torch.float32, codec)
+    stale = workspace.take("alltoall.send", 1 << 16, torch.uint8, CPU)
+    stale.fill_(0xA5)
+    contributions = reduction(torch.randn(3, 1000), codec, schedule)
+    assert contributions.sent[0].data_ptr() == stale.data_ptr()  # the stale buffer
+    assert all(block[1].eq(0).all() for block in contributions.sent)
