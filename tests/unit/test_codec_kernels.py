@@ -183,6 +183,20 @@ def _in_blocks_led_by(values: torch.Tensor, lead: float, block: int) -> torch.Te
     return torch.cat([torch.full((rows, 1), lead), padded.view(rows, block - 1)], 1)
 
 
+def test_the_native_kernels_decline_an_odd_int4_block_and_fp8_noise_writing_nothing():
+    """The codecs never ask for these (int4 refuses an odd block, fp8 draws no noise), but
+    a kernel asked anyway must say no (-1) rather than write half a byte per row past its
+    codes, or round fp8 stochastically in a way no other path does."""
+    x, noise = torch.randn(2, 6), torch.rand(2, 6)
+    scales, codes = torch.full((2,), 9.0), torch.full((12,), 0x5A, dtype=torch.uint8)
+    out, odd_rows = torch.full((12,), 9.0), x.view(-1)[:10]
+    assert native.kernel("encode_int4").status(odd_rows, None, 2, 5, 7.0, scales, codes) == -1
+    assert native.kernel("decode_int4").status(scales, codes, 2, 5, 7.0, out, 0) == -1
+    assert native.kernel("encode_fp8").status(x, noise, 2, 6, 448.0, scales, codes) == -1
+    assert scales.eq(9.0).all() and codes.eq(0x5A).all() and out.eq(9.0).all()
+    assert native.kernel("encode_fp8").status(x, None, 2, 6, 448.0, scales, codes) == 0
+
+
 def test_a_native_pointer_argument_is_a_tensor_an_address_or_none():
     """An address passes as ``native.Address`` only: a plain int where the C side takes a
     pointer is refused, not dereferenced."""
