@@ -146,6 +146,22 @@ def test_bad_option_values(spec, message):
         cp.get_codec(spec)
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"seed": True}, TypeError, "seed must be an int"),
+        ({"seed": 1.0}, TypeError, "seed must be an int"),
+        ({"stochastic": 1}, TypeError, "stochastic must be a bool"),
+        ({"block": True}, ValueError, "block must be a positive int"),
+        ({"block": 0}, ValueError, "block must be a positive int"),
+    ],
+)
+def test_bad_option_values_given_to_a_codec_class_directly(options, error, message):
+    """What a spec's parser refuses by type, the class refuses too (a bool is an int)."""
+    with pytest.raises(error, match=message):
+        registry._REGISTRY["int8"](**options)
+
+
 def test_spec_must_be_a_string():
     with pytest.raises(TypeError, match="codec spec"):
         cp.get_codec(8)
