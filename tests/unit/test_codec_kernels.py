@@ -67,6 +67,21 @@ def test_fast_paths_equal_reference_bit_for_bit(impl, spec, dtype):
             )
 
 
+@pytest.mark.parametrize("spec", ["int4:block=3072", "int4:block=3072,stochastic=true,seed=4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_blocks_longer_than_the_kernels_chunk_equal_the_reference(spec, dtype):
+    """The C int4 encoder works through a block 1024 values at a time: each chunk must
+    read its own noise and write its own codes (the sizes above keep to the default block)."""
+    fused, reference = with_impl(spec, "fused"), with_impl(spec, "reference")
+    x = (torch.randn(2 * 3072 + 100, generator=torch.Generator().manual_seed(6)) * 3).to(dtype)
+    payload = fused.encode(x)
+    assert torch.equal(payload, reference.encode(x))
+    assert_same_bits(
+        fused.decode(payload, x.numel(), torch.float32),
+        reference.decode(payload, x.numel(), torch.float32),
+    )
+
+
 @pytest.mark.slow
 def test_new_sizes_do_not_recompile():
     codec = cp.get_codec("int8")
@@ -195,6 +210,14 @@ def test_the_native_kernels_decline_an_odd_int4_block_and_fp8_noise_writing_noth
     assert native.kernel("encode_fp8").status(x, noise, 2, 6, 448.0, scales, codes) == -1
     assert scales.eq(9.0).all() and codes.eq(0x5A).all() and out.eq(9.0).all()
     assert native.kernel("encode_fp8").status(x, None, 2, 6, 448.0, scales, codes) == 0
+
+
+def test_a_native_kernel_refuses_a_strided_tensor_rather_than_read_past_it():
+    payload = cp.get_codec("int8").encode(torch.randn(256))
+    decode = native.kernel("decode_int8")
+    every_other = torch.empty(512)[::2]
+    with pytest.raises(ValueError, match="contiguous CPU tensors only"):
+        decode(payload[:4].view(torch.float32), payload[4:], 1, 256, 127.0, every_other, 0)
 
 
 def test_a_native_pointer_argument_is_a_tensor_an_address_or_none():
@@ -601,3 +624,13 @@ def test_arm_processors_of_other_features_get_builds_of_their_own(monkeypatch):
     neoverse_n1 = identity(ARM_CPUINFO.format("atomics", "0xd0c"))
     assert neoverse_v2 != neoverse_n1
     assert identity("flags\t\t: fpu sse2 avx2\n") != identity("flags\t\t: fpu sse2 avx512f\n")
+
+
+def test_another_processor_gets_a_build_of_its_own(monkeypatch, tmp_path):
+    """The cache key holds the processor's identity (a -march=native build is never loaded
+    on a processor without its features), not only the source and the command."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    here = native.build()._name
+    monkeypatch.setattr(native, "_cpu_identity", lambda: "x86_64\nflags\t\t: fpu sse2")
+    assert native.build()._name != here
+    assert len(list((tmp_path / "commpress").glob("blockquant-*.so"))) == 2
