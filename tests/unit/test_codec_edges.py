@@ -69,6 +69,18 @@ def test_the_payload_sizes_a_codec_keeps_follow_numel_dtype_and_codec():
         int8.decode(torch.empty(14, dtype=torch.uint8), 10, torch.int32)
 
 
+def test_a_codec_keeps_at_most_its_limit_of_payload_sizes():
+    """A model's shapes, not every size ever asked: past the limit the kept sizes start
+    over, and the sizes stay right."""
+    from commpress.codecs.base import KEPT_WIRE_SIZES
+
+    codec = make("int8")
+    for numel in range(KEPT_WIRE_SIZES + 10):
+        codec.payload_buffer(None, torch.empty(numel))
+    assert 0 < len(codec._wire_sizes) <= KEPT_WIRE_SIZES
+    assert codec.payload_buffer(None, torch.empty(300)).numel() == 300 + 2 * 4
+
+
 @pytest.mark.parametrize("rate", [3.1249999, 7.1234567, 8.5, 16.0])
 def test_a_float_option_round_trips_through_the_canonical_spec(rate):
     # str(codec) is what the schedules, the wire-byte counts and the argument check carry;
@@ -136,6 +148,7 @@ def test_unknown_option_lists_known_options():
         ("int8:stochastic=maybe", "must be true or false"),
         ("int8:block", "key=value"),
         ("int4:block=7", "even block"),
+        ("int4:block=1", "even block"),
         ("int8:impl=fast", "impl must be one of"),
         ("zfp:rate=1", r"rate must be in \[3, 32\]"),
         ("zfp:rate=x", "must be a float"),
@@ -160,6 +173,52 @@ def test_bad_option_values_given_to_a_codec_class_directly(options, error, messa
     """What a spec's parser refuses by type, the class refuses too (a bool is an int)."""
     with pytest.raises(error, match=message):
         registry._REGISTRY["int8"](**options)
+
+
+def test_a_second_codec_of_a_registered_name_is_refused():
+    class Again(type(cp.get_codec("int8"))):
+        name = "int8"
+
+    with pytest.raises(ValueError, match="'int8' is already registered"):
+        registry.register(Again)
+    assert type(cp.get_codec("int8")).__name__ == "Int8Codec"
+
+
+@pytest.mark.parametrize(
+    "spec, largest_finite, first_infinite",
+    [
+        # bf16 rounds to Inf from halfway between its largest, (2 - 2**-7) * 2**127, and 2**128
+        ("bf16", (2.0 - 2.0**-7) * 2.0**127, (2.0 - 2.0**-8) * 2.0**127),
+        ("fp16", 65504.0, 65520.0),  # halfway between 65504 and 65536
+    ],
+)
+def test_the_error_bound_is_infinite_from_the_first_value_that_rounds_to_inf(
+    spec, largest_finite, first_infinite
+):
+    codec = cp.get_codec(spec)
+    below = torch.nextafter(torch.tensor(first_infinite), torch.tensor(0.0)).item()
+    x = torch.tensor([largest_finite, below, first_infinite, -first_infinite])
+    decoded = codec.decode(codec.encode(x), 4, torch.float32)
+    bound = codec.error_bound(x)
+    assert torch.isfinite(decoded[:2]).all() and torch.isinf(decoded[2:]).all()
+    assert torch.isfinite(bound[:2]).all() and torch.isinf(bound[2:]).all()
+    assert ((decoded[:2] - x[:2]).abs() <= bound[:2]).all()
+    assert decoded[0] == largest_finite and bound[0] == largest_finite * codec.relative_error + (
+        codec.absolute_error
+    )
+
+
+def test_a_payload_at_an_odd_address_is_not_aligned_whatever_its_offset():
+    """``is_aligned`` looks at the address too: a tensor made on a buffer at an odd
+    address has storage offset 0 (torch's view would accept it), a kernel would not."""
+    from commpress.codecs.base import is_aligned, view_as_dtype
+
+    buffer = torch.zeros(17, dtype=torch.uint8)
+    odd = torch.frombuffer(memoryview(buffer.numpy())[1:], dtype=torch.uint8)
+    assert odd.storage_offset() == 0 and odd.data_ptr() % 2 == 1
+    assert not is_aligned(odd, torch.float32) and not is_aligned(odd, torch.bfloat16)
+    assert is_aligned(odd, torch.uint8) and is_aligned(buffer[4:], torch.float32)
+    assert view_as_dtype(odd[:16], torch.float32).data_ptr() % 4 == 0
 
 
 def test_spec_must_be_a_string():
@@ -549,6 +608,15 @@ def test_encode_out_of_the_wrong_size_is_refused(spec):
     codec = make(spec)
     with pytest.raises(ValueError, match=r"out must be a 1-D torch.uint8 tensor of \d+ bytes"):
         codec.encode(torch.randn(100), out=torch.empty(7, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_encode_out_on_another_device_is_refused(spec):
+    codec = make(spec)
+    x = torch.randn(300)
+    elsewhere = torch.empty(codec.wire_bytes(300, x.dtype), dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="on cpu, like x"):
+        codec.encode(x, out=elsewhere)
 
 
 @pytest.mark.parametrize("spec", ["none", *LOSSY])
