@@ -234,6 +234,24 @@ def test_a_stream_that_had_not_drawn_when_saved_starts_over_from_its_seed():
     assert torch.equal(codec.encode(x), first)
 
 
+def test_a_rounding_state_holds_only_the_streams_of_the_rank_it_is_taken_on(monkeypatch):
+    """A process that drew as rank 1 and then as rank 0 (its process group gone) keeps a
+    stream for each: the state it saves as rank 1 holds rank 1's, not rank 0's under the
+    same device name."""
+    codec = dataclasses.replace(cp.get_codec("int8:stochastic=true,block=64"))
+    rank = [1]
+    monkeypatch.setattr(rounding_noise, "process_rank", lambda: rank[0])
+    for _ in range(3):
+        codec.encode(values())
+    rank[0] = 0
+    codec.encode(values())  # rank 0's stream, made after rank 1's
+    rank[0] = 1
+    ((entry,),) = [codec.rounding_state()["of_rank"]["1"]]
+    own = codec._generators[torch.device("cpu"), 1].get_state()
+    assert list(entry["streams"]) == ["cpu"] and torch.equal(entry["streams"]["cpu"], own)
+    assert not torch.equal(own, codec._generators[torch.device("cpu"), 0].get_state())
+
+
 def _entry(state: dict) -> dict:
     """This rank's entry of a rounding state (rank 0: no process group here)."""
     ((entry,),) = [state["of_rank"]["0"]]
