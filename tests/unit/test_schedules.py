@@ -594,3 +594,119 @@ def test_piece_count_is_the_number_of_pieces_without_making_them(numel):
     from commpress.schedules.payloads import piece_count, pieces
 
     assert piece_count(numel, 1000) == len(pieces(numel, 1000))
+
+
+# ---------------------------------------------------------------- mutation-testing gaps
+
+
+def test_ring_hop_all_gather_sends_whole_shards_whatever_chunk_bytes():
+    """``ring-hop`` decodes and re-encodes whole shards at every hop: ``chunk_bytes`` cuts
+    only the ``ring`` all-gather into pieces (a 300-element shard in pieces of 128 would be
+    3 steps a round)."""
+    from commpress.schedules import ring
+
+    codec = get_codec("int8")
+    schedule = ring.all_gather(0, 4, SHARD, torch.float32, codec, hop=True, chunk_bytes=512)
+    assert [(s.round, s.sends[0].offset, s.sends[0].numel) for s in schedule.steps] == [
+        (0, 0, 300),
+        (1, 0, 300),
+        (2, 0, 300),
+    ]
+
+
+def test_a_lossless_reduction_of_fp16_sends_fp16_partial_sums():
+    """``none`` on fp16 sends 2 bytes an element, as on bf16; a lossy codec encodes fp32
+    partial sums."""
+    from commpress.schedules.payloads import partial_sum_dtype
+
+    assert partial_sum_dtype(get_codec("none"), torch.float16) == torch.float16
+    assert partial_sum_dtype(get_codec("none"), torch.bfloat16) == torch.bfloat16
+    assert partial_sum_dtype(get_codec("int8"), torch.float16) == torch.float32
+    assert partial_sum_dtype(get_codec("none"), torch.float32) == torch.float32
+    # 4 ranks, chunks of 300 fp16 elements: 3 hops of 600 bytes
+    assert wire_bytes("reduce_scatter", "ring", "none", 1200, 4, torch.float16) == 3 * 600
+    (schedule,) = plan("reduce_scatter", "ring", 0, 4, 1200, torch.float16, "none")
+    assert schedule.payload_dtype == "float16"
+
+
+def test_received_bytes_count_every_payload_that_arrives():
+    """A multicast root injects its shard once and receives the n - 1 others; an all-to-all
+    receives a slice from each of the n - 1 peers."""
+    n = 4
+    (cast,) = plan("all_gather", "multicast", 0, n, 100, torch.float32, "none")
+    assert (cast.sent_bytes, cast.received_bytes) == (400, 3 * 400)
+    (scatter,) = plan("reduce_scatter", "alltoall", 2, n, 4 * 100, torch.float32, "none")
+    assert (scatter.sent_bytes, scatter.received_bytes) == (3 * 400, 3 * 400)
+
+
+def test_the_in_band_check_adds_a_header_per_message_of_a_chain_else_one():
+    """A chain run one step at a time carries a header in each of its n - 1 messages;
+    a wider window, or a schedule that is no chain, sends one header alone; a world of
+    one sends nothing."""
+    from commpress.collectives import inband
+    from commpress.schedules.wire import HEADER_BYTES, check_bytes
+
+    assert HEADER_BYTES == inband._HEADER.size == 4 + 1 + 1 + 2 + 3 * 8
+    n, shard = 4, 100
+    (chain,) = plan("all_gather", "ring", 0, n, shard, torch.float32, "none")
+    assert check_bytes(chain) == 3 * 32
+    assert check_bytes(chain, window=2) == 32
+    (backend,) = plan("all_gather", "backend", 0, n, shard, torch.float32, "none")
+    assert check_bytes(backend) == 32
+    count = functools.partial(wire_bytes, "all_gather", codec="none", dtype=torch.float32)
+    assert count("ring", numel=shard, world_size=n, in_band_check=True) == 3 * 400 + 3 * 32
+    assert count("ring", numel=shard, world_size=n, in_band_check=True, window=2) == 1200 + 32
+    assert count("backend", numel=shard, world_size=n, in_band_check=True) == 1200 + 32
+    assert count("backend", numel=shard, world_size=1, in_band_check=True) == 0
+    assert count(NATIVE, numel=shard, world_size=n, in_band_check=True) == 1200
+
+
+def test_the_busiest_link_carries_what_a_rank_sends_or_receives_whichever_is_more():
+    """A ring's host link carries (n - 1) shards each way; a multicast root's uplink one
+    shard, its downlink the n - 1 others."""
+    from commpress.schedules.wire import busiest_link_bytes
+
+    n, shard = 4, 100
+    for algorithm in ("ring", "multicast", NATIVE):
+        busiest = busiest_link_bytes("all_gather", algorithm, "none", shard, n, torch.float32)
+        assert busiest == 3 * 400, algorithm
+
+
+@pytest.mark.parametrize(
+    "op, n, factor",
+    [("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875), ("all_reduce", 4, 1.5)],
+)
+def test_busbw_factor_is_nccl_tests_one(op, n, factor):
+    from commpress.schedules.wire import busbw_factor
+
+    assert busbw_factor(op, n) == factor
+    with pytest.raises(ValueError, match="unknown op 'broadcast'"):
+        busbw_factor("broadcast", n)
+
+
+def test_input_numel_counts_elements_of_the_dtype():
+    """1000 bytes of bf16 are 500 elements: an all-gather's shard of 4 ranks is 125; a
+    reduce-scatter keeps the 500 (a multiple of 4), an all-reduce every one."""
+    from commpress.schedules.wire import input_numel, moved_bytes
+
+    assert input_numel("all_gather", 1000, 4, torch.bfloat16) == 125
+    assert input_numel("all_gather", 1000, 4, torch.float32) == 62
+    assert input_numel("reduce_scatter", 1002, 4, torch.bfloat16) == 500
+    assert input_numel("all_reduce", 1002, 4, torch.bfloat16) == 501
+    assert moved_bytes("all_gather", 125, 4, torch.bfloat16) == 1000
+
+
+def test_a_rank_outside_the_world_is_refused():
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 4\), got 4"):
+        plan("all_gather", "ring", 4, 4, 100, torch.float32, "none")
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 4\), got -1"):
+        plan("all_gather", "ring", -1, 4, 100, torch.float32, "none")
+
+
+def test_an_algorithm_without_an_all_gather_to_finish_it_does_not_all_reduce():
+    from commpress.schedules.registry import Algorithm
+
+    reduces_only = Algorithm("x", "", None, lambda *args: None, None)
+    assert reduces_only.supports("reduce_scatter")
+    assert not reduces_only.supports("all_reduce")
+    assert not reduces_only.supports("all_gather")
