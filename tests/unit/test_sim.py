@@ -692,7 +692,7 @@ def test_an_exchange_efficiency_slows_only_steps_with_a_single_peer_both_ways(tm
     ("offsets", "n", "expected"),
     [([1], 2, True), ([1, 1], 2, True), ([2], 4, True), ([4], 8, True), ([1], 3, False),
      ([2], 3, False), ([1], 4, False), ([1, 3], 4, False), ([1, 2, 3], 4, False),
-     ([3], 2, True), ([], 2, False)],
+     ([3], 2, True), ([], 2, False), ([2, 1], 4, False), ([2, 2], 4, True)],
 )  # fmt: skip
 def test_a_single_peer_exchange_is_a_step_to_and_from_one_peer(offsets, n, expected):
     """Rank r sends to r + d for each d: one peer both ways when every d is the same and
@@ -1084,3 +1084,178 @@ def test_the_committed_projection_is_the_models_own(tmp_path, capsys):
     for key, row in committed.items():
         for field in ("time_us", "tx_bytes_per_host", "fabric_bytes", "busiest_link_bytes"):
             assert now[key][field] == pytest.approx(row[field], rel=1e-9), (key, field)
+
+
+# ---------------------------------------------------------------- mutation-testing gaps
+
+
+def test_ring_hop_all_gather_re_encodes_before_it_forwards_by_hand():
+    """A ring-hop all-gather decodes and re-encodes each shard before forwarding it: the
+    n - 2 hops in between cost a decode, an encode and a transfer each, in series."""
+    n, size = 4, 16 << 20
+    slow = Params(latency_s=0.0, message_s=0.0, codec_bytes_per_s={"int8": (1e9, 1e9)})
+    topology = Switch(n, 10 * GBIT)
+    hop = simulate("all_gather", "ring-hop", "int8", size, topology, slow)
+    shard_s = size / n / 1e9
+    transfer = hop.tx_bytes_per_host / (n - 1) * 8 / (10 * GBIT)
+    assert transfer < shard_s  # a transfer would hide behind a decode, were it allowed to
+    # encode own; step 0; each later step after decode + re-encode; the last decode
+    expected = shard_s + transfer + (n - 2) * (2 * shard_s + transfer) + shard_s
+    assert hop.time_us == pytest.approx(expected * 1e6)
+
+
+def test_a_codec_bound_multicast_encodes_once_and_decodes_every_other_shard_by_hand():
+    """Links so fast that the codec binds: the own encode, the n - 1 decodes back to back,
+    and the last one after the last arrival (the model's bound: it counts one decode
+    more than the n - 1)."""
+    n, size = 4, 16 << 20
+    slow = Params(latency_s=0.0, message_s=0.0, codec_bytes_per_s={"int8": (1e9, 2e9)})
+    row = simulate("all_gather", "multicast", "int8", size, Switch(n, 1000 * GBIT), slow)
+    encode_s, decode_s = size / n / 1e9, size / n / 2e9
+    assert row.time_us == pytest.approx((encode_s + (n - 1) * decode_s + decode_s) * 1e6)
+
+
+def test_native_reduce_scatter_is_the_ring_in_whole_chunks_by_hand():
+    """torch's reduce-scatter is timed as the ring-hop one: n - 1 steps of a whole chunk,
+    not the ring's 2 MiB pieces (an 8 MiB chunk would be 4 steps a round)."""
+    n, size, rate = 4, 32 << 20, 10 * GBIT
+    params = Params(latency_s=1e-6, message_s=20e-6)
+    row = simulate("reduce_scatter", "native", "none", size, Switch(n, rate), params)
+    chunk = size // n
+    step = 20e-6 + 2 * 1e-6 + chunk * 8 / rate
+    assert row.time_us == pytest.approx((n - 1) * step * 1e6)
+
+
+def test_a_fit_for_the_op_and_algorithm_wins_over_one_for_the_algorithm():
+    params = Params(message_s={"all_gather/ring": 1e-6, "ring": 1e-3})
+    assert params.for_call("all_gather", "ring", 4).message_s == 1e-6
+    assert params.for_call("reduce_scatter", "ring", 4).message_s == 1e-3
+
+
+def test_fewer_hosts_than_shared_cores_run_no_faster_than_on_cores_of_their_own():
+    params = Params(message_s=1e-4, call_s=1e-3, codec_bytes_per_s={"int8": (1e9, 2e9)})
+    shared = dataclasses.replace(params, shared_cores=4).for_call("all_gather", "ring", 2)
+    assert (shared.message_s, shared.call_s) == (1e-4, 1e-3)
+    assert shared.codec_bytes_per_s == {str(cp_codec("int8")): (1e9, 2e9)}
+
+
+def cp_codec(spec):
+    from commpress.codecs import get_codec
+
+    return get_codec(spec)
+
+
+@pytest.mark.parametrize("field", ["efficiency", "uplink_efficiency", "exchange_efficiency"])
+def test_an_efficiency_of_zero_is_refused(field):
+    with pytest.raises(ValueError, match=f"{field} out of range: 0.0"):
+        Params(**{field: 0.0})
+
+
+def test_a_multicast_on_racks_is_paced_to_its_uplink():
+    """Two racks of two, K = 2, one root per rack a round: each root's pace is 95% of the
+    uplink's quarter gigabit (the host link's half would be twice as fast)."""
+    n, size = 4, 4 << 20
+    shard = size // n
+    topology = Racks(n, GBIT, 2, GBIT / 4)
+    row = simulate("all_gather", "multicast", "none", size, topology, NO_OVERHEAD)
+    paced = 2 * shard / (0.95 * GBIT / 4 / 8)  # two rounds of two roots
+    assert row.time_us == pytest.approx(paced * 1e6)
+
+
+def test_an_all_to_all_on_a_small_fat_tree_by_hand():
+    """fattree:radix=4, 16 hosts: edge switches of 2 hosts (2 uplinks each), pods of 4
+    (4 core links each). An all-to-all slice from every host to every other: a host link
+    carries 15 slices, an edge uplink (2 hosts x 14 slices leaving) / 2 = 14, a core link
+    (4 hosts x 12 leaving) / 4 = 12: the host links bind. At half the efficiency above
+    the hosts, the edge uplinks bind at 14 slices a link."""
+    n, rate = 16, GBIT
+    size = n * 4096 * 4  # a slice of 4096 fp32 to each of the 16 ranks
+    slice_bytes = 4096 * 4
+    topology = FatTree(n, rate, 4)
+    row = simulate("reduce_scatter", "backend", "none", size, topology, NO_OVERHEAD)
+    assert row.time_us == pytest.approx(15 * slice_bytes * 8 / rate * 1e6)
+    assert (row.bottleneck, row.busiest_link_bytes) == ("host up", 15 * slice_bytes)
+    slow = dataclasses.replace(NO_OVERHEAD, uplink_efficiency=0.5)
+    row = simulate("reduce_scatter", "backend", "none", size, topology, slow)
+    assert row.time_us == pytest.approx(14 * slice_bytes * 8 / (0.5 * rate) * 1e6)
+    assert (row.bottleneck, row.busiest_link_bytes) == ("edge up", 14 * slice_bytes)
+
+
+def test_a_small_fat_tree_counts_the_links_of_its_longest_path():
+    """radix 4: 2 hosts an edge switch, 4 a pod."""
+    assert FatTree(2, GBIT, 4).longest_path() == 2
+    assert FatTree(4, GBIT, 4).longest_path() == 4
+    assert FatTree(8, GBIT, 4).longest_path() == 6
+    assert FatTree(8, GBIT, 4).placed([0, 1]).longest_path() == 2
+    assert FatTree(8, GBIT, 4).placed([0, 2]).longest_path() == 4
+
+
+def test_a_placed_multicast_sends_nothing_into_groups_without_ranks_by_hand():
+    """fattree:radix=4 of 8 hosts, ranks on hosts 0, 1, 4, 5 (edges 0 and 2, one in each
+    pod): each of the 4 payloads goes up its host link once and down 3; it leaves its
+    edge and its pod once and enters the one other edge and pod that hold ranks once;
+    edges 1 and 3 get nothing: 4 + 12 + 4 + 4 + 4 + 4 = 32 payloads in all."""
+    topology = FatTree(8, GBIT, 4).placed([0, 1, 4, 5])
+    shard = 1000
+    row = simulate("all_gather", "multicast", "none", 4 * shard * 4, topology, NO_OVERHEAD)
+    assert row.fabric_bytes == 32 * shard * 4
+
+
+def test_flows_load_the_links_of_their_source_up_and_of_their_destination_down():
+    """racks:count=2 of 4 hosts (0, 1 | 2, 3): a flow 0 -> 3 leaves rack 0 and enters
+    rack 1; a flow 1 -> 0 stays in its rack."""
+    topology = Racks(4, GBIT, 2, GBIT)
+    loads = topology.flow_bytes(np.array([0, 1]), np.array([3, 0]), np.array([100.0, 7.0]))
+    assert loads["host up"].tolist() == [100, 7, 0, 0]
+    assert loads["host down"].tolist() == [7, 0, 0, 100]
+    assert loads["uplink up"].tolist() == [100, 0]
+    assert loads["uplink down"].tolist() == [0, 100]
+
+
+@pytest.mark.parametrize(
+    ("bits", "text"),
+    [(GBIT, "1gbit"), (1.5 * GBIT, "1500mbit"), (2.5e6, "2500kbit"), (1234.0, "1234bit")],
+)
+def test_a_racks_topology_names_its_uplink_rate_exactly(bits, text):
+    assert str(Racks(4, GBIT, 2, bits)) == f"racks:count=2,uplink={text}"
+
+
+def test_a_rows_terms_by_hand():
+    """A ring all-gather of 4 MiB on 4 hosts: 3 messages, 1 call, 3 MiB through a host link
+    at 1 Gbit/s, no uplink, no single-peer exchange, no codec work."""
+    row = calibrate.Measured("all_gather", "ring", "none", 4 << 20, 1.0, Switch(4, GBIT), "x")
+    messages, calls, level_s, codec_s = calibrate.terms(row, Params())
+    assert (messages, calls) == (pytest.approx(3), pytest.approx(1))
+    assert level_s["host"] == pytest.approx(3 * (1 << 20) * 8 / GBIT, rel=1e-6)
+    assert level_s["uplink"] == level_s["exchange"] == 0
+    assert codec_s == pytest.approx(0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "own"),
+    [(["uplink", "host", "host"], ()), (["uplink", "uplink", "host"], ()),
+     (["uplink", "uplink", "host", "host"], ("uplink",)),
+     (["uplink", "uplink", "exchange", "exchange"], ("uplink",)),  # the rest: host rows
+     (["uplink", "uplink", "exchange", "host"], ("uplink",))],
+)  # fmt: skip
+def test_a_level_gets_its_own_efficiency_from_two_rows_bound_by_it_and_two_not(bounds, own):
+    assert calibrate._own_levels(bounds) == own
+
+
+def test_rows_of_one_size_are_left_out_of_a_fit():
+    """Per-message time and efficiency cannot be told apart at one size."""
+    rows = [
+        calibrate.Measured("all_gather", "ring", "none", 1 << 20, t, Switch(n, GBIT), "x")
+        for n, t in ((2, 0.01), (4, 0.03), (8, 0.07))
+    ]
+    with pytest.warns(UserWarning, match="3 rows of 1 size; a fit needs 3 of two sizes"):
+        fit = calibrate.fit_rows(rows, {})
+    assert fit["message_s"] == {}
+
+
+def test_the_recorded_command_and_machine_give_roots_and_cores():
+    assert calibrate._roots("commpress bench --hosts 4", "f") == 2
+    assert calibrate._roots("commpress bench --roots=3 --hosts 4", "f") == 3
+    assert calibrate._cores("AMD EPYC, 2 cores, Linux") == 2
+    assert calibrate._cores("Xeon, 2 sockets, 8 cores, Linux") == 8
+    assert calibrate._cores("Xeon, 2 sockets") is None
