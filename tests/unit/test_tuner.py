@@ -574,3 +574,45 @@ def test_an_auto_codec_is_named_alike_however_it_is_spaced_or_written():
     assert len(same) == 1
     assert auto._spec("auto:max_rel_err=1e-3") not in same
     assert auto._spec("auto:max_rel_err=1e-2,codecs=int8") not in same
+
+
+# ---------------------------------------------------------------- mutation-testing gaps
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shared_cores", "expected_us"),
+    # 7 ring steps of (10 us a message + 2 links x 1 us + the shard at 1 Gbit/s): a 4000-byte
+    # fp32 shard takes 32 us, a 2000-byte bf16 one 16 us; 8 hosts on 2 cores: 40 us a message
+    [(torch.float32, None, 7 * 44), (torch.bfloat16, None, 7 * 28), (torch.float32, 2, 7 * 74)],
+)
+def test_the_predicted_time_by_hand(dtype, shared_cores, expected_us):
+    tuner.configure(link="1gbit", algorithms=["ring"], shared_cores=shared_cores)
+    choice = tuner.choose("all_gather", 1000, dtype, 8, "none", "ring")
+    assert choice.predicted_us == pytest.approx(expected_us)
+
+
+def test_the_least_recently_used_choice_is_the_one_dropped(monkeypatch):
+    monkeypatch.setattr(tuner, "KEPT_MODEL_CHOICES", 2)
+    for numel in (100, 200, 100, 300):  # 100 used again after 200: 200 goes
+        tuner.choose("all_gather", numel, torch.float32, 4, "int8")
+    assert sorted(key[1] for key in tuner._choices) == [100, 300]
+
+
+def test_a_world_of_one_with_error_feedback_takes_the_most_accurate_codec():
+    """Not the first listed: bf16 errs about 2e-3, int8 about 6e-3 (an all-gather alone
+    still encodes once; a reduce-scatter alone copies, exactly whatever the codec)."""
+    choice = tuner.choose(
+        "all_gather", 100, torch.float32, 1, "auto:max_rel_err=0.1,codecs=int8+bf16",
+        error_feedback=True,
+    )  # fmt: skip
+    assert choice.codec == "bf16" and choice.algorithm in ERROR_FEEDBACK_ALGORITHMS
+
+
+def test_ring_hop_does_not_all_gather_with_a_codec_that_is_not_idempotent():
+    """Each hop would re-encode the shard into other bits: ranks would differ."""
+    assert not get_codec("zfp").idempotent
+    tuner.configure(link="1gbit", algorithms=["ring-hop", "ring"])
+    choice = tuner.choose("all_gather", 1 << 16, torch.float32, 4, "auto:max_rel_err=1,codecs=zfp")
+    assert (choice.algorithm, choice.codec) == ("ring", str(get_codec("zfp")))
+    with pytest.raises(ValueError, match="no algorithm of \\['ring-hop'\\] runs all_gather"):
+        tuner.choose("all_gather", 1 << 16, torch.float32, 4, "zfp", "ring-hop")
