@@ -320,10 +320,8 @@ class _Timing:
         )
         bound = self._busiest_s(loads)
         decode = p.codec_s(self.codec, schedule.chunk_numel, 0, 1)
-        # each of the n - 1 shards decoded once arrived: the last after the last arrival,
-        # or, where decodes bind, back to back
-        receiving = max(max(paced, bound) + decode, (n - 1) * decode)
-        return p.codec_s(self.codec, schedule.chunk_numel, 1, 0) + receiving
+        receiving = max(paced, bound, (n - 1) * decode)
+        return p.codec_s(self.codec, schedule.chunk_numel, 1, 0) + receiving + decode
 
     def _multicast_options(self) -> Options:
         """The runtime's pacing options: as given, or those of a transport configured for
