@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import sys
 
@@ -226,41 +225,11 @@ def test_spec_must_be_a_string():
         cp.get_codec(8)
 
 
-def fresh_shared_codecs(monkeypatch, limit: int) -> None:
-    """No shared instance built by an earlier test, and room for only ``limit`` of them."""
-    monkeypatch.setattr(registry, "_SHARED", collections.OrderedDict())
-    monkeypatch.setattr(registry, "_SHARED_BY_TEXT", {})
-    monkeypatch.setattr(registry, "SHARED_CODECS", limit, raising=False)
-
-
-def test_the_shared_codecs_are_bounded(monkeypatch):
-    """A program that names many distinct specs (a seed each) keeps only the recent ones."""
-    fresh_shared_codecs(monkeypatch, 8)
-    hot = cp.get_codec("int8:stochastic=true,seed=-1")
-    for seed in range(200):
-        cp.get_codec(f"int8:stochastic=true,seed={seed}")
-        cp.get_codec(f"int8:stochastic=true,seed={seed},block=256")  # a second text of one
-        assert cp.get_codec("int8:seed=-1,stochastic=true") is hot  # used: kept
-    assert len(registry._SHARED) <= 8
-    assert len(registry._SHARED_BY_TEXT) <= 8 * registry.TEXTS_PER_CODEC
-    # An evicted codec is built anew, and every text of it then names the new instance.
-    first = cp.get_codec("int8:stochastic=true,seed=0")
-    assert first == dataclasses.replace(first)
-    assert cp.get_codec("int8:stochastic=true,seed=0,block=256") is first
-
-
-def test_the_texts_of_one_shared_codec_are_bounded(monkeypatch):
-    fresh_shared_codecs(monkeypatch, 8)
-    codec = cp.get_codec("int8")
-    for spaces in range(100):
-        assert cp.get_codec("int8:block=256" + " " * spaces) is codec
-    assert len(registry._SHARED_BY_TEXT) <= registry.TEXTS_PER_CODEC
-
-
 def test_zfp_without_zfpy_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "zfpy", None)
     # A fresh process: no shared instance built by an earlier test, when zfpy was there.
-    fresh_shared_codecs(monkeypatch, registry.SHARED_CODECS)
+    monkeypatch.setattr(registry, "_SHARED", {})
+    monkeypatch.setattr(registry, "_SHARED_BY_TEXT", {})
     with pytest.raises(ImportError, match=r"pip install 'commpress\[zfp\]'"):
         cp.get_codec("zfp")
 

@@ -8,16 +8,10 @@ spec by their annotated type. Validation of values lives in the codec's
 ``"int8:block=256"`` are one codec): state that a codec keeps on purpose, such as the
 stochastic-rounding generators of ``int8``/``int4``, then lives across every collective
 that names the spec, instead of restarting (and repeating its noise) on each call.
-
-The shared instances are bounded: the :data:`SHARED_CODECS` codecs used most recently, and
-at most :data:`TEXTS_PER_CODEC` spec texts remembered for each; a program that names many
-distinct specs (a seed each) does not keep every codec for ever. A codec dropped from them
-is built anew (its state restarting) when its spec is named again.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import threading
 import typing
@@ -26,14 +20,8 @@ from commpress.codecs.base import Codec, CodecBase
 from commpress.spec_options import parse_options, split_spec
 
 _REGISTRY: dict[str, type[CodecBase]] = {}
-#: How many codecs are shared at once (the least recently used is dropped first), and how
-#: many spec texts of one codec are remembered (a further text is parsed on each call).
-SHARED_CODECS = 1024
-TEXTS_PER_CODEC = 8
-
-#: The shared instance of each codec value, with the spec texts that name it, least
-#: recently used first; and the instance of each remembered text (of those codecs only).
-_SHARED: collections.OrderedDict[Codec, tuple[Codec, list[str]]] = collections.OrderedDict()
+#: The shared instance of each codec value, and of each spec text seen.
+_SHARED: dict[Codec, Codec] = {}
 _SHARED_BY_TEXT: dict[str, Codec] = {}
 _shared_lock = threading.Lock()
 
@@ -62,22 +50,12 @@ def get_codec(spec: str | Codec) -> Codec:
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"codec spec must be a str or a codec, got {type(spec).__name__}")
-    with _shared_lock:
-        shared = _SHARED_BY_TEXT.get(spec)
-        if shared is not None:
-            _SHARED.move_to_end(shared)
-            return shared
-    built = _build(spec)  # parsed outside the lock
-    with _shared_lock:
-        shared, texts = _SHARED.setdefault(built, (built, []))
-        _SHARED.move_to_end(shared)
-        if spec not in _SHARED_BY_TEXT and len(texts) < TEXTS_PER_CODEC:
-            texts.append(spec)
+    shared = _SHARED_BY_TEXT.get(spec)
+    if shared is None:
+        built = _build(spec)
+        with _shared_lock:
+            shared = _SHARED.setdefault(built, built)
             _SHARED_BY_TEXT[spec] = shared
-        while len(_SHARED) > SHARED_CODECS:
-            _, (_, dropped) = _SHARED.popitem(last=False)
-            for text in dropped:
-                del _SHARED_BY_TEXT[text]
     return shared
 
 
