@@ -50,8 +50,8 @@ def hook(
 
     ``codec``: ``"CODEC[:options][@ALGORITHM]"`` (``"int8"``, ``"int4@alltoall"``,
     ``"none@native"`` for torch's own all-reduce), or a codec object (over the ring).
-    Gradients are averaged over the
-    group. Call it on every rank: without ``group`` it makes one of the whole world (a
+    Gradients are averaged over the group. Call it on every rank: without ``group`` it
+    makes one of the whole world (a
     collective call), this hook's alone, so that commpress's traffic never interleaves
     with DDP's own nor with another hook's; once ``state`` is garbage-collected, a later
     hook takes it over (:mod:`commpress.transport.owned_groups`). For a
