@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -419,7 +420,9 @@ def test_sim_refuses_a_fit_whose_times_are_not_finite(tmp_path, capsys):
         "codec_bytes_per_s": {},
     }
     (tmp_path / "fit.json").write_text(json.dumps(fit))
-    assert main(["sim", "--nodes", "4", "--fit", str(tmp_path / "fit.json")]) == 2
+    with warnings.catch_warnings():  # numpy's "overflow encountered" printed before it
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(["sim", "--nodes", "4", "--fit", str(tmp_path / "fit.json")]) == 2
     assert "time of all_gather ring none" in (err := capsys.readouterr().err)
     assert "is not finite" in err
 
