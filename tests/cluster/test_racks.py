@@ -345,4 +345,4 @@ def test_launch_builds_racks_for_the_job_and_removes_them(prefix, capsys):
     assert present(Layout(prefix)) == []
     assert main(argv[:1] + ["--hosts", "3", "--link", RATE, "--racks", "2", "--prefix", prefix,
                             "--", "true"]) == 2  # fmt: skip
-    assert "racks must divide hosts" in capsys.readouterr().err
+    assert "--racks 2 must divide --hosts 3" in capsys.readouterr().err

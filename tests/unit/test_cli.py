@@ -285,7 +285,12 @@ def test_an_error_of_a_cluster_action_names_the_action_as_argparse_does(capsys):
     say 'commpress cluster up: error:'."""
     argv = ["cluster", "up", "--hosts", "4", "--racks", "3", "--link", "1gbit", "--prefix", "cptx"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("commpress cluster up: error: racks must divide")
+    assert capsys.readouterr().err.startswith(
+        "commpress cluster up: error: --racks 3 must divide --hosts 4"
+    )
+    bench = ["bench", "--hosts", "3", "--racks", "2", "--link", "1gbit", "--prefix", "cptx"]
+    assert main(bench) == 2  # before any cluster is built: the options named there too
+    assert "error: --racks 2 must divide --hosts 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def cluster_from(args) -> Iterator[Emulated]:
     with cluster_for(
         args.hosts,
         args.link,
-        racks=args.racks,
+        racks=None if args.racks is None else racks_option(args),
         uplink=args.uplink,
         delay=args.delay,
         mtu=args.mtu,
@@ -172,11 +172,22 @@ def add_cluster_arguments(parser) -> None:
     status.set_defaults(handler=cluster_status)
 
 
+def racks_option(args) -> int:
+    """``--racks`` (1 where not given), which must divide ``--hosts``: the message names
+    both options, where the cluster's own check names its arguments."""
+    racks = 1 if args.racks is None else args.racks
+    if args.hosts % racks:
+        raise ValueError(
+            f"--racks {racks} must divide --hosts {args.hosts} (every rack holds as many hosts)"
+        )
+    return racks
+
+
 def cluster_up(args) -> int:
     cluster = Emulated(
         args.hosts,
         args.link,
-        racks=1 if args.racks is None else args.racks,
+        racks=racks_option(args),
         uplink=args.uplink,
         delay=args.delay,
         mtu=DEFAULT_MTU if args.mtu is None else args.mtu,
