@@ -1658,24 +1658,18 @@ def test_version_says_which_commpress_torch_and_python_run(capsys):
 def test_python_dash_m_commpress_runs_the_command_line():
     """``python -m commpress`` is ``commpress``: a newcomer's first try said 'No module named
     commpress.__main__; 'commpress' is a package and cannot be directly executed'."""
-    done = subprocess.run(
-        [sys.executable, "-m", "commpress", "shedule"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "invalid choice: 'shedule'" in done.stderr
-    assert done.stderr.startswith("usage: commpress ")
-    done = subprocess.run(
-        [sys.executable, "-m", "commpress", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert done.stdout.startswith("usage: commpress [-h] [--version] COMMAND")
+
+    def python_m_commpress(*argv: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "commpress", *argv]
+        return subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+
+    typo = python_m_commpress("shedule")
+    assert typo.returncode == 2
+    assert "invalid choice: 'shedule'" in typo.stderr
+    assert typo.stderr.startswith("usage: commpress ")
+    helped = python_m_commpress("--help")
+    assert helped.returncode == 0
+    assert helped.stdout.startswith("usage: commpress [-h] [--version] COMMAND")
 
 
 def test_codecs_numel_help_spells_its_default_as_the_option_takes_it():
