@@ -29,7 +29,7 @@ from commpress.cluster.link import (
     parse_delay,
     parse_rate,
 )
-from commpress.units import RATE_UNITS
+from commpress.units import RATE_UNITS, check_racks
 
 
 def add_link_arguments(parser, *, required: bool) -> None:
@@ -173,14 +173,16 @@ def add_cluster_arguments(parser) -> None:
 
 
 def racks_option(args) -> int:
-    """``--racks`` (1 where not given), which must divide ``--hosts``: the message names
-    both options, where the cluster's own check names its arguments."""
+    """``--racks`` (1 where not given), which must divide ``--hosts``
+    (:func:`~commpress.units.check_racks`), its message naming both options where the
+    check's names its arguments."""
     racks = 1 if args.racks is None else args.racks
-    if args.hosts % racks:
+    try:
+        return check_racks(racks, args.hosts)
+    except ValueError:
         raise ValueError(
             f"--racks {racks} must divide --hosts {args.hosts} (every rack holds as many hosts)"
-        )
-    return racks
+        ) from None
 
 
 def cluster_up(args) -> int:
