@@ -475,9 +475,9 @@ def main(args) -> int:
         if tuner.is_auto(codec):
             naming("--codec", tuner.budget, codec)
             continue
-        naming("--codec", cp.get_codec, codec)
+        built = naming("--codec", cp.get_codec, codec)
         for dtype in args.dtype:
-            cp.get_codec(codec).check_dtype(torch_dtype(dtype), "--dtype")
+            built.check_dtype(torch_dtype(dtype), "--dtype")
     repeated = same_twice(args.codec, _codec_meaning)
     if repeated:
         raise ValueError(f"--codec: {repeated} are the same codec, which would repeat rows")
