@@ -631,6 +631,38 @@ def test_bytes_sent_per_rank_are_one_shard_and_headers():
         close_all(engines_)
 
 
+def test_a_root_slower_than_its_pace_reads_its_socket_between_buckets():
+    """A root whose sends take longer than its pace allows (a busy CPU) must not send its
+    whole payload before it reads again: meanwhile its peers' datagrams overflow its
+    socket's receive buffer (2 emulated hosts, 64 MiB: a fifth of the datagrams lost and
+    repaired). Between two reads it sends at most the bucket it had when it began."""
+    most_unread = [0, 0]
+    since_read = [0, 0]
+
+    class Slow(Endpoint):
+        def multicast_many(self, datagrams) -> None:
+            time.sleep(0.002)  # a batch of 4 in 2 ms: 3 MB/s, a quarter of the pace
+            super().multicast_many(datagrams)
+            since_read[self.rank] += len(datagrams)
+            most_unread[self.rank] = max(most_unread[self.rank], since_read[self.rank])
+
+        def receive(self, timeout, handle) -> None:
+            since_read[self.rank] = 0
+            super().receive(timeout, handle)
+
+    hub = Hub(2)
+    options = Options(**{**FAST, "rate_bits": 10**8})
+    engines_ = [Engine(Slow(hub, r), CHANNEL, options) for r in range(2)]
+    try:
+        shards = random_shards(2, 400_000)
+        check_exact(all_gather(engines_, shards), shards)
+        bucket = engines_[0]._burst // (engines_[0].chunk_bytes + datagrams.FRAME_OVERHEAD)
+        assert 0 < bucket < len(shards[0]) // 1446 // 2
+        assert 0 < max(most_unread) <= bucket, (most_unread, bucket)
+    finally:
+        close_all(engines_)
+
+
 def test_without_repairs_loss_is_caught():
     """The deliberately broken variant: an engine that ignores NACKs. The same checks as
     above must fail (here: the operation does not finish), or they prove nothing."""

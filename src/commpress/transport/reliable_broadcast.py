@@ -885,13 +885,19 @@ class Engine:
         return self._allowance
 
     def _send(self, now: float) -> None:
-        """Send what the pacing allows: repairs first, each alone to its receiver, then the
-        next chunks, multicast :attr:`_batch_limit` at a time."""
+        """Send what the pacing allows at ``now``: repairs first, each alone to its
+        receiver, then the next chunks, multicast :attr:`_batch_limit` at a time.
+
+        At most the bucket's allowance at ``now``, never refilled while sending: a thread
+        that sends slower than its pace (a busy CPU) would otherwise refill as fast as it
+        sends and not read its socket again until its whole payload had left, while the
+        other roots' datagrams overflow its receive buffer."""
         running = self._running
         self._speed_up(running)
         cost = self.chunk_bytes + FRAME_OVERHEAD
+        self._refill(now)
         batch = []
-        while self._has_data_to_send(running) and self._refill(now) >= cost:
+        while self._has_data_to_send(running) and self._allowance >= cost:
             if running.repairs:
                 (to, chunk), _ = running.repairs.popitem(last=False)
                 self.network.unicast(to, *self._data_datagram(running, chunk))
@@ -904,9 +910,9 @@ class Engine:
                     self.network.multicast_many(batch)
                     batch = []
             self._allowance -= cost
-            now = time.monotonic()
         if batch:
             self.network.multicast_many(batch)
+        now = time.monotonic()
         sent_all = running.started and running.next_chunk == running.own_count
         idle = not running.repairs and running.end_due == math.inf and not running.own_done
         if sent_all and idle:
