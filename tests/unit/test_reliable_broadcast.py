@@ -634,8 +634,9 @@ def test_bytes_sent_per_rank_are_one_shard_and_headers():
 def test_a_root_slower_than_its_pace_reads_its_socket_between_buckets():
     """A root whose sends take longer than its pace allows (a busy CPU) must not send its
     whole payload before it reads again: meanwhile its peers' datagrams overflow its
-    socket's receive buffer (2 emulated hosts, 64 MiB: a fifth of the datagrams lost and
-    repaired). Between two reads it sends at most the bucket it had when it began."""
+    socket's receive buffer (2 emulated hosts, 64 MiB: a quarter of each shard sent again
+    as repairs, benchmarks/multicast_send_2026-12-07). Between two reads it sends at most
+    the bucket it had when it began."""
     most_unread = [0, 0]
     since_read = [0, 0]
 
