@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import platform
@@ -74,10 +75,62 @@ exit status:
   launch: the job's worst exit status; 127 (126) for a command that cannot be found (run)"""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser that names a misspelt option, and names it first: ``--algoritm
+    ring`` is reported as unrecognized by the command's parser, with the option meant, not
+    as a missing ``--algorithm`` (or by the top-level parser, which knows no options)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._words: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        unknown = self._unknown_options()
+        if unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+        if message.startswith("unrecognized arguments"):
+            command = self._command()
+            if command is not None:  # the words were the command's: it says so
+                command.error(message)
+            message += "".join(self._meant(word) for word in unknown)
+        super().error(message)
+
+    def _command(self) -> _Parser | None:
+        """The parser of the (sub)command named in this parser's words, if it has any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return next((action.choices[w] for w in self._words if w in action.choices), None)
+        return None
+
+    def _long_options(self) -> list[str]:
+        return [name for name in self._option_string_actions if name.startswith("--")]
+
+    def _unknown_options(self) -> list[str]:
+        """The words before ``--`` that look like options this parser neither knows nor
+        abbreviates uniquely (as argparse allows)."""
+        words = self._words[: self._words.index("--")] if "--" in self._words else self._words
+        unknown = []
+        for word in words:
+            name = word.split("=", 1)[0]
+            if not name.startswith("--") or name in self._option_string_actions:
+                continue
+            if len([option for option in self._long_options() if option.startswith(name)]) != 1:
+                unknown.append(name)
+        return unknown
+
+    def _meant(self, word: str) -> str:
+        close = difflib.get_close_matches(word, self._long_options(), n=1, cutoff=0.75)
+        return f" (did you mean {close[0]}?)" if close else ""
+
+
 def build_parser(loaded: Iterable[str]) -> argparse.ArgumentParser:
     """The parser; only the commands named in ``loaded`` get their arguments (and handlers)."""
     loaded = set(loaded)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="commpress",
         description="Cheaper communication for distributed PyTorch training.",
         epilog=EXIT_STATUSES,

@@ -294,6 +294,35 @@ def test_an_error_of_a_cluster_action_names_the_action_as_argparse_does(capsys):
 
 
 @pytest.mark.parametrize(
+    ("argv", "said"),
+    [(["schedule", "--op", "all_gather", "--algoritm", "ring", "--world", "4"],
+      "commpress schedule: error: unrecognized arguments: --algoritm (did you mean "
+      "--algorithm?)"),
+     (["bench", "--algoritm", "ring"],
+      "commpress bench: error: unrecognized arguments: --algoritm ring (did you mean "
+      "--algorithm?)"),
+     (["cluster", "up", "--hosts", "2", "--lnk", "1gbit"],
+      "commpress cluster up: error: unrecognized arguments: --lnk (did you mean --link?)"),
+     (["cluster", "up", "--hosts", "2", "--link", "1gbit", "--prefx", "cp"],
+      "commpress cluster up: error: unrecognized arguments: --prefx cp (did you mean "
+      "--prefix?)"),
+     (["bench", "--bogus"], "commpress bench: error: unrecognized arguments: --bogus\n")],
+)  # fmt: skip
+def test_a_misspelt_option_is_named_with_the_one_meant(argv, said, capsys):
+    """From the new-user pass: ``schedule --algoritm ring`` said only that ``--algorithm``
+    is required, and ``bench --algoritm ring`` named neither the command nor the option."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_abbreviated_option_still_works(capsys):
+    assert main(["schedule", "--op", "all_gather", "--algo", "ring", "--world", "2"]) == 0
+    assert "all_gather ring" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
     ("option", "reason"),
     [(["--hosts", "255"], "--hosts: '255': must be in [1, 254]"),
      (["--mtu", "100"], "--mtu: '100': must be in [576, 65535]"),
