@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from commpress.codecs import get_codec
-from commpress.collectives import executor
+from commpress.collectives import executor, payloads
 from commpress.schedules import plan
 from commpress.transport import objects, p2p
 
@@ -103,3 +103,63 @@ def test_a_run_without_transfers_still_begins_its_payloads():
     (schedule,) = plan("all_gather", "backend", 0, 1, 4096, torch.float32, get_codec("int8"))
     executor.execute(schedule, _RecordingPayloads(events), None, None)
     assert events == ["begin"]
+
+
+class _PiecesPayloads(_RecordingPayloads):
+    def __init__(self, events, in_any_order: bool):
+        super().__init__(events)
+        self.encodes_in_any_order = in_any_order
+
+    def encode_own(self, send):
+        self.events.append(f"encode {send.piece}")
+
+
+def _alltoall_events(monkeypatch, in_any_order: bool) -> list[str]:
+    events = []
+    monkeypatch.setattr(executor, "_start", lambda *args: events.append("post") or _Done())
+    int8 = get_codec("int8")
+    (schedule,) = plan(
+        "reduce_scatter", "alltoall", 0, 3, 3 * 3072, torch.float32, int8, chunk_bytes=4096
+    )
+    assert len(schedule.steps) == 3  # three pieces of 1024 elements, each one step
+    executor.execute(schedule, _PiecesPayloads(events, in_any_order), None, None)
+    return events
+
+
+def test_an_all_to_alls_pieces_are_encoded_as_they_are_posted(monkeypatch):
+    """Each piece of an ``alltoall`` is encoded while the piece before it is on the wire,
+    where the order of the encodes cannot change the bits: encoding every piece before the
+    first transfer left the encode of a whole chunk unoverlapped (2 hosts, 64 MiB, int4:
+    the ring 43 ms, ``alltoall`` 56 ms for the same bytes)."""
+    events = _alltoall_events(monkeypatch, in_any_order=True)
+    handles = ["handle 1", "handle 2"] * 3
+    assert events == [
+        "encode 0", "encode 0", "post", "begin", "encode 1", "encode 1", "post",
+        "encode 2", "encode 2", "post", *handles,
+    ]  # fmt: skip
+
+
+def test_an_all_to_alls_encodes_all_come_first_where_their_order_matters(monkeypatch):
+    """Stochastic rounding draws its noise chunk by chunk (the bits do not depend on
+    ``chunk_bytes``), and error feedback must not be left half updated by a failed call."""
+    events = _alltoall_events(monkeypatch, in_any_order=False)
+    encodes = [f"encode {piece}" for piece in (0, 1, 2)] * 2
+    handles = ["handle 1", "handle 2"] * 3
+    assert events == [*encodes, "post", "begin", "post", "post", *handles]
+
+
+def test_only_encodes_that_draw_no_noise_nor_feed_errors_back_go_in_any_order():
+    (schedule,) = plan("reduce_scatter", "alltoall", 0, 2, 8192, torch.float32, get_codec("int8"))
+    contributions = torch.zeros(2, 4096)
+
+    def in_any_order(codec, residual=None) -> bool:
+        return payloads.Contributions(contributions, codec, schedule, residual).encodes_in_any_order
+
+    class Foreign:  # a codec object of the user's: it may draw noise without saying so
+        lossless = False
+
+    assert in_any_order(get_codec("int8"))
+    assert in_any_order(get_codec("none"))
+    assert not in_any_order(get_codec("int8:stochastic=true"))
+    assert not in_any_order(get_codec("int8"), residual=torch.zeros(2, 4096))
+    assert not in_any_order(Foreign())

@@ -67,6 +67,9 @@ class CodecBase:
     name: ClassVar[str] = ""
     lossless: ClassVar[bool] = False
     idempotent: ClassVar[bool] = True
+    #: Whether encodes draw noise (stochastic rounding): the order of a call's encodes then
+    #: decides its bits.
+    draws_noise: ClassVar[bool] = False
     #: Input dtypes this codec accepts; ``None`` means any dtype.
     input_dtypes: ClassVar[tuple[torch.dtype, ...] | None] = FLOAT_DTYPES
 

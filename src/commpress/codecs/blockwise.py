@@ -197,9 +197,6 @@ class BlockScaledCodec(CodecBase):
         self.check_dtype(dtype, "dtype")
         return 4 * num_blocks(numel, self.block) + self.code_bytes(numel)
 
-    #: Whether encodes draw noise (:meth:`noise`) for stochastic rounding.
-    draws_noise: ClassVar[bool] = False
-
     def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
         """Uniform noise for ``rows`` blocks of stochastic rounding; None for round-to-nearest."""
         return None

@@ -24,7 +24,7 @@ executor only orders them:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -96,6 +96,10 @@ class Payloads(Protocol):
 
     #: The encodes update caller-visible state (error feedback): check the arguments first.
     encodes_change_state: bool
+    #: Each encode gives the same bits whatever the order of the call's encodes, and changes
+    #: nothing else (no noise drawn, no error fed back): an all-to-all's pieces may then be
+    #: encoded as they are posted (read for all-to-all schedules only).
+    encodes_in_any_order: bool
     #: Where the collective's tensors live (the argument check runs there on NCCL).
     device: torch.device
 
@@ -193,7 +197,8 @@ def execute(
         return
     if settle is not None and payloads.encodes_change_state:
         settle()
-    _encode_own(schedule, payloads)
+    as_posted = _pieces_alone(schedule) and payloads.encodes_in_any_order
+    _encode_own(payloads, schedule.steps[:1] if as_posted else schedule.steps)
     if settle is not None:
         settle()
     if schedule.steps and window == 1 and _may_receive_ahead(schedule, payloads, group):
@@ -202,6 +207,8 @@ def execute(
         return
 
     def start(k: int, step: Step) -> _Transfer:
+        if as_posted and k > 0:  # while the pieces before it are on the wire
+            _encode_own(payloads, (step,))
         transfer = _start(transport, step, payloads, group)
         if k == 0:
             payloads.begin()  # the own shard's decode, while the first transfer is on the wire
@@ -254,7 +261,7 @@ def _execute_multicast(
     beside = CHECK_BESIDE_BROADCASTS and multicast.is_set_up(group)
     if settle is not None and payloads.encodes_change_state:
         settle()
-    _encode_own(schedule, payloads)  # while the check is in flight
+    _encode_own(payloads, schedule.steps)  # while the check is in flight
     if settle is not None and not beside:
         settle()
     buffers = _broadcasts(schedule, payloads)
@@ -303,12 +310,12 @@ class _CopiedIn:
         self._device.copy_(self._host)
 
 
-def _encode_own(schedule: Schedule, payloads: Payloads) -> None:
-    """Every payload of the own data, by chunk, then piece: the pieces of a chunk draw
-    stochastic rounding's noise in the order its whole would (an all-to-all's pieces are
-    steps of their own), so a call's bits do not depend on ``chunk_bytes`` where its
-    pieces fall on the codec's blocks."""
-    sends = [send for step in schedule.steps for send in step.sends]
+def _encode_own(payloads: Payloads, steps: Sequence[Step]) -> None:
+    """Every payload of the own data in ``steps``, by chunk, then piece: the pieces of a
+    chunk draw stochastic rounding's noise in the order its whole would (an all-to-all's
+    pieces are steps of their own), so a call's bits do not depend on ``chunk_bytes`` where
+    its pieces fall on the codec's blocks."""
+    sends = [send for step in steps for send in step.sends]
     for send in sorted(sends, key=_key):
         if send.prepare is Prepare.ENCODE:
             payloads.encode_own(send)
@@ -321,7 +328,7 @@ def _execute_in_band(schedule: Schedule, payloads, group, timeout, check: inband
     that every rank agrees."""
     if check.early:
         check.post_early_verdict()
-    _encode_own(schedule, payloads)
+    _encode_own(payloads, schedule.steps)
     payloads.hold()
     payloads.begin()
     steps = schedule.steps
