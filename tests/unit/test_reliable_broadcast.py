@@ -279,6 +279,23 @@ def test_a_late_rank_gets_what_was_sent_before_it_posted(receive_path):
         close_all(engines_)
 
 
+def test_a_late_rank_keeps_one_end_per_root_and_answers_it_once(receive_path):
+    """A root repeats its END every retry until every receiver has ACKed; a rank that posts
+    late kept every repetition (60 each in 0.3 s at 5 ms) and, replaying them, ACKed each:
+    a burst of ACKs to every root, and stash bytes spent on copies of one datagram."""
+    hub = Hub(3)
+    engines_ = engines(hub, retry_s=0.005)
+    try:
+        shards = random_shards(3, 20_000, seed=1)
+        check_exact(late_rank_gather(engines_, shards, 0), shards)
+        late = engines_[2].stats
+        data = 2 * -(-20_000 // engines_[2].chunk_bytes)
+        assert late.stashed <= data + 2, late
+        assert late.acks_sent <= 3 * 2, late
+    finally:
+        close_all(engines_)
+
+
 def late_rank_gather(engines_, shards, operation_id):
     results = {}
     done = threading.Event()

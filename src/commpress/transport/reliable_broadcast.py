@@ -34,7 +34,8 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   excess).
 
 Datagrams of an operation this rank has not posted yet (a faster peer's next all-gather)
-are kept, up to a bound, and replayed when it starts (then those of the next
+are kept, up to a bound (a root's END once, not each repetition), and replayed when it
+starts (then those of the next
 :data:`STASH_AHEAD` operations are kept, the rest dropped as stale); datagrams of another
 channel, stale, truncated or corrupted ones are counted in :class:`Stats` and dropped,
 which the protocol sees as loss. ``loss`` drops received datagrams at random (seeded) to
@@ -413,6 +414,7 @@ class Engine:
         self._latest: int | None = None  # the id of the operation started last
         self._stash: list[tuple[int, bytearray]] = []  # (operation, datagram) of later operations
         self._stash_bytes = 0
+        self._stashed_ends: set[tuple[int, int]] = set()  # (operation, root) of those ENDs
         self._closing = False
         self._linger_until = math.inf
         self._acked_at = -math.inf  # when this rank last sent an ACK
@@ -520,7 +522,7 @@ class Engine:
                 self._ended = True
             self._drop_requests()
             self._fail_all(self._failure or self._stopped())
-            self._stash, self._stash_bytes = [], 0
+            self._stash, self._stash_bytes, self._stashed_ends = [], 0, set()
 
     def _drop_requests(self) -> None:
         """The requests queued before the thread stopped taking them: posts fail with the
@@ -591,6 +593,8 @@ class Engine:
                 self._stash_bytes += len(datagram)
             else:
                 self.stats.stale += 1
+        kept_ends = {end for end in self._stashed_ends if _shortly_after(end[0], operation.id)}
+        self._stashed_ends = kept_ends
         self._finish_if_done()
 
     def _pace_rounds(self, running: _Running) -> None:
@@ -755,11 +759,17 @@ class Engine:
             return
         later = self._latest is None or newer(header.operation, self._latest)
         if later and header.kind in (Kind.DATA, Kind.END):  # a faster peer's next operation
+            end = (header.operation, header.root)
+            if header.kind is Kind.END and end in self._stashed_ends:
+                self.stats.duplicates += 1  # a repetition: replayed, each would be ACKed
+                return
             if self._stash_bytes + len(view) > STASH_BYTES:
                 self.stats.stash_dropped += 1
                 return
             self._stash.append((header.operation, bytearray(view)))  # writable: C takes it
             self._stash_bytes += len(view)
+            if header.kind is Kind.END:
+                self._stashed_ends.add(end)
             self.stats.stashed += 1
             return
         self.stats.stale += 1  # an abandoned operation's too: no ACK for what is not here
