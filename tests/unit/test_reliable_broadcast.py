@@ -1530,6 +1530,35 @@ def test_a_nack_before_the_root_has_sent_every_chunk_is_refused(receive_path):
         assert engine.stats.refused == collections.Counter(early=1)
 
 
+def test_gaps_beyond_what_one_nack_holds_are_reported_once_the_first_are_repaired(
+    receive_path, monkeypatch
+):
+    """A NACK holds 180 ranges: a receiver with more gaps reported the first 180, and the
+    rest only once ``retry_s`` had passed without a new chunk, though none of them was
+    queued or in flight (one retry per 180 gaps: here 30 s). The END that follows the
+    repairs now brings the report of the gaps past the last one's ranges."""
+    seen = set()
+
+    def lose_every_other_chunk_once(src, dst, datagram):
+        header, _ = datagrams.parse(memoryview(datagram))
+        first = header.chunk not in seen
+        if (src, dst, header.kind) == (0, 1, Kind.DATA) and header.chunk % 2 == 0 and first:
+            seen.add(header.chunk)
+            return None
+        return datagram
+
+    monkeypatch.setattr(reliable_broadcast, "MAX_LINGER_S", 0.5)  # the close's, at 30 s
+    hub = Hub(2, mangle=lose_every_other_chunk_once)
+    engines_ = engines(hub, retry_s=30.0)
+    try:
+        shards = random_shards(2, 500 * 1446)  # 250 gaps at rank 1
+        check_exact(all_gather(engines_, shards, timeout=10), shards)
+        assert engines_[1].stats.nacks_sent == 2
+        assert engines_[0].stats.repairs_sent == 250
+    finally:
+        close_all(engines_)
+
+
 def test_a_nack_of_overlapping_ranges_queues_each_chunk_once_in_one_pass(receive_path):
     """A receiver's NACK lists its gaps, disjoint; one that lists the whole payload over
     and over (180 ranges fit a datagram) made the root's thread walk every chunk of every

@@ -33,6 +33,7 @@ FRAME_OVERHEAD = 20 + 8 + 14
 _IP_UDP = 28
 MAX_UDP_PAYLOAD = 65507
 _RANGE = struct.Struct("<II")
+RANGE_BYTES = _RANGE.size  # one range of a NACK's payload
 
 
 class Kind(enum.IntEnum):

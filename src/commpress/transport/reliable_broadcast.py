@@ -7,7 +7,8 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
 * each receiver keeps a bitmap of the chunks of each root; every DATA datagram carries the
   chunk count, so the bitmap's size is checked, and the root's END (the chunk count again,
   multicast after its last chunk) says that any chunk still missing is a gap;
-* a receiver with gaps sends the root a NACK listing them (ranges); the root sends those
+* a receiver with gaps sends the root a NACK listing them (ranges: as many as a datagram
+  holds; those it had no room for at the next END); the root sends those
   chunks again to that receiver alone (each (receiver, chunk) queued once), and the
   receiver asks again once ``retry_s`` has passed without a new chunk since its last
   report (a repeated END does not make it ask sooner: that only duplicated repairs still
@@ -66,6 +67,7 @@ from commpress.transport import native_receive
 from commpress.transport.datagrams import (
     FRAME_OVERHEAD,
     HEADER_BYTES,
+    RANGE_BYTES,
     Header,
     Kind,
     Refused,
@@ -312,6 +314,7 @@ class _Incoming:
         self.missing = self.count
         self.end_seen = False
         self.nacked_at = -math.inf
+        self.reported_to = 0  # the chunks below this are those the last NACK's ranges cover
         self.progress_at = -math.inf  # when the last new chunk arrived
 
     @property
@@ -325,9 +328,9 @@ class _Incoming:
     def length_of(self, chunk: int) -> int:
         return min(self.chunk_bytes, len(self.buffer) - chunk * self.chunk_bytes)
 
-    def gaps(self) -> list[tuple[int, int]]:
-        """The missing chunks as half-open ranges."""
-        ranges, start = [], self.bitmap.find(0)
+    def gaps(self, after: int = 0) -> list[tuple[int, int]]:
+        """The missing chunks from chunk ``after`` on, as half-open ranges."""
+        ranges, start = [], self.bitmap.find(0, after)
         while start >= 0:
             stop = self.bitmap.find(1, start)
             stop = self.count if stop < 0 else stop
@@ -812,6 +815,9 @@ class Engine:
             self._send_control(Kind.ACK, header.root, running.operation.id, to=header.root)
         elif time.monotonic() >= self._renack_due(incoming):
             self._nack(running, header.root, incoming)  # the first gap report, or a retry
+        elif incoming.bitmap.find(0, incoming.reported_to) >= 0:
+            # gaps the last report had no room for: neither queued at the root nor in flight
+            self._nack(running, header.root, incoming, after=incoming.reported_to)
 
     def _on_nack(self, running: _Running, header: Header, payload: memoryview) -> None:
         if header.root != self.rank:
@@ -866,17 +872,17 @@ class Engine:
             return -math.inf  # never reported: at once
         return max(incoming.nacked_at, incoming.progress_at) + self.options.retry_s
 
-    def _nack(self, running: _Running, root: int, incoming: _Incoming) -> None:
-        limit = self.chunk_bytes
-        self._send_control(
-            Kind.NACK,
-            root,
-            running.operation.id,
-            to=root,
-            payload=pack_ranges(incoming.gaps(), limit),
-        )
+    def _nack(self, running: _Running, root: int, incoming: _Incoming, after: int = 0) -> None:
+        """Report ``root``'s gaps from chunk ``after`` on: as many ranges as one datagram
+        holds; an END that comes once they are repaired brings the report of the rest
+        (:meth:`_on_end`)."""
+        gaps = incoming.gaps(after)
+        payload = pack_ranges(gaps, self.chunk_bytes)
+        reported = len(payload) // RANGE_BYTES
+        self._send_control(Kind.NACK, root, running.operation.id, to=root, payload=payload)
         self.stats.nacks_sent += 1
         incoming.nacked_at = time.monotonic()
+        incoming.reported_to = gaps[reported - 1][1] if reported < len(gaps) else incoming.count
 
     def _may_start(self, running: _Running) -> bool:
         position = running.position - self.options.concurrent_roots
