@@ -1559,6 +1559,48 @@ def test_gaps_beyond_what_one_nack_holds_are_reported_once_the_first_are_repaire
         close_all(engines_)
 
 
+def test_a_receiver_that_lost_the_end_does_not_wait_for_another_receivers_repairs(
+    receive_path,
+):
+    """The root held its END back while it sent repairs: a receiver that had lost the END
+    and a chunk learnt of its gap only once another receiver's repairs had all left, and
+    where it was the next root (K = 1, order 0, 2, 1) the token waited with it. Here rank 1
+    lost 190 chunks of root 0; rank 2 lost one and the END, and started only after the
+    last of rank 1's repairs. The END is repeated during repairs now."""
+    events, seen, lock = [], set(), threading.Lock()
+    ends_to_2 = []
+
+    def mangle(src, dst, datagram):
+        header, _ = datagrams.parse(memoryview(datagram))
+        with lock:
+            if src == 0 and header.kind is Kind.DATA:
+                first = (dst, header.chunk) not in seen
+                seen.add((dst, header.chunk))
+                if first and (dst, header.chunk >= 10) == (1, True):
+                    return None
+                if first and (dst, header.chunk) == (2, 5):
+                    return None
+                if not first and dst == 1:
+                    events.append("repair to 1")
+            if (src, dst, header.kind) == (0, 2, Kind.END):
+                ends_to_2.append(header)
+                if len(ends_to_2) == 1:
+                    return None
+            if (src, dst, header.kind, header.chunk) == (2, 0, Kind.DATA, 0):
+                events.append("rank 2 starts")
+        return datagram
+
+    hub = Hub(3, mangle=mangle)
+    engines_ = engines(hub, rate_bits=10**7, retry_s=0.05, concurrent_roots=1)
+    try:
+        shards = random_shards(3, 200 * 1446)
+        check_exact(all_gather(engines_, shards, order=[0, 2, 1]), shards)
+        assert events.count("repair to 1") == 190
+        assert events.index("rank 2 starts") < 190, "rank 2 waited for rank 1's repairs"
+    finally:
+        close_all(engines_)
+
+
 def test_a_nack_of_overlapping_ranges_queues_each_chunk_once_in_one_pass(receive_path):
     """A receiver's NACK lists its gaps, disjoint; one that lists the whole payload over
     and over (180 ranges fit a datagram) made the root's thread walk every chunk of every

@@ -8,17 +8,17 @@ receives it into a buffer of the size the schedule says. How loss is repaired:
   chunk count, so the bitmap's size is checked, and the root's END (the chunk count again,
   multicast after its last chunk) says that any chunk still missing is a gap;
 * a receiver with gaps sends the root a NACK listing them (ranges: as many as a datagram
-  holds; those it had no room for at the next END); the root sends those
-  chunks again to that receiver alone (each (receiver, chunk) queued once), and the
-  receiver asks again once ``retry_s`` has passed without a new chunk since its last
-  report (a repeated END does not make it ask sooner: that only duplicated repairs still
-  queued or in flight);
+  holds; those it had no room for at the next END); the root sends those chunks again to
+  that receiver alone (each (receiver, chunk) queued once), and the receiver asks again
+  once ``retry_s`` has passed without a new chunk since its last report (a repeated END
+  does not make it ask sooner: that only duplicated repairs still queued or in flight);
 * a receiver with every chunk sends the root an ACK; the root repeats its END every
-  ``retry_s`` until every receiver has ACKed, so a lost END, NACK, ACK or repair costs a
-  timeout, never a hang; an END of an operation this rank has finished is ACKed again,
-  also after the engine is closed, until :func:`linger_retries` retries have passed since
-  its last ACK (:meth:`Engine.close`), and never one of an operation the caller gave up on
-  (this rank lacks its data);
+  ``retry_s`` until every receiver has ACKed (while it sends repairs too: a receiver that
+  lost the END does not wait for another's repairs to report its gaps), so a lost END,
+  NACK, ACK or repair costs a timeout, never a hang; an END of an operation this rank has
+  finished is ACKed again, also after the engine is closed, until :func:`linger_retries`
+  retries have passed since its last ACK (:meth:`Engine.close`), and never one of an
+  operation the caller gave up on (this rank lacks its data);
 * at most ``concurrent_roots`` roots send at once, in rounds of K (:meth:`Options.rounds`):
   the root in position ``p`` of the operation's order starts once the root in position
   ``p - K`` is done (its END seen, or all its chunks here), a token passed by the
@@ -837,7 +837,6 @@ class Engine:
             for chunk in range(max(start, covered), stop):
                 running.repairs[(header.sender, chunk)] = None
             covered = max(covered, stop)
-        running.end_due = math.inf  # the END follows the repairs
 
     def _on_ack(self, running: _Running, header: Header) -> None:
         if header.root != self.rank:
@@ -912,6 +911,7 @@ class Engine:
         self._speed_up(running)
         cost = self.chunk_bytes + FRAME_OVERHEAD
         self._refill(now)
+        repairing = bool(running.repairs)
         batch = []
         while self._has_data_to_send(running) and self._allowance >= cost:
             if running.repairs:
@@ -930,8 +930,8 @@ class Engine:
             self.network.multicast_many(batch)
         now = time.monotonic()
         sent_all = running.started and running.next_chunk == running.own_count
-        idle = not running.repairs and running.end_due == math.inf and not running.own_done
-        if sent_all and idle:
+        first_or_repaired = running.end_due == math.inf or repairing
+        if sent_all and not running.repairs and not running.own_done and first_or_repaired:
             running.end_due = now  # the END right after the last chunk or repair
 
     def _data_datagram(self, running: _Running, chunk: int) -> tuple[bytes, memoryview]:
