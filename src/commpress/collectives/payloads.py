@@ -302,7 +302,8 @@ class Contributions:
         residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def begin(self) -> None:
-        self.result = self.contributions[self.rank].to(torch.float32, copy=True)
+        self.result = _fp32("reduce_scatter.result", self.numel, self.device)
+        self.result.copy_(self.contributions[self.rank])
 
     def send_buffer(self, send: Send) -> torch.Tensor:
         return self.sent[send.piece][send.chunk]
@@ -313,7 +314,8 @@ class Contributions:
     def handle(self, receive: Receive) -> None:
         payload = self.receive_buffer(receive)
         summed = _piece(self.result, receive.offset, receive.numel)
-        summed += decode_fp32(self.codec, payload, receive.numel, self.dtype)
+        scratch = _fp32("reduce_scatter.scratch", receive.numel, self.device)
+        summed += decode_fp32(self.codec, payload, receive.numel, self.dtype, out=scratch)
 
     def exchanged(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         piece = step.sends[0].piece
@@ -327,6 +329,10 @@ def _blocks(buffer: torch.Tensor, n: int, wires: list[int]) -> list[torch.Tensor
         blocks.append(buffer[start : start + n * wire].view(n, wire))
         start += n * wire
     return blocks
+
+
+def _fp32(name: str, numel: int, device: torch.device) -> torch.Tensor:
+    return workspace.take(name, numel, torch.float32, device)
 
 
 def _piece(row: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
@@ -347,9 +353,14 @@ def reduction(
     return PartialSums(contributions, codec, schedule)
 
 
-def decode_fp32(codec: Codec, payload, numel: int, encoded_dtype: torch.dtype) -> torch.Tensor:
-    """Lossy payloads decode straight to fp32 (no detour through a 16-bit dtype); a
-    lossless payload holds ``encoded_dtype`` bytes, which widen to fp32 exactly."""
+def decode_fp32(
+    codec: Codec, payload, numel: int, encoded_dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Lossy payloads decode straight to fp32 (no detour through a 16-bit dtype), into
+    ``out`` where given (memory kept from call to call: fresh memory faults a page at a
+    time); a lossless payload holds ``encoded_dtype`` bytes, which widen to fp32 exactly
+    (into ``out`` too where they are fp32 already)."""
     if codec.lossless:
-        return codec.decode(payload, numel, encoded_dtype).float()
-    return codec.decode(payload, numel, torch.float32)
+        into = out if encoded_dtype == torch.float32 else None  # else widened below
+        return codec.decode(payload, numel, encoded_dtype, out=into).float()
+    return codec.decode(payload, numel, torch.float32, out=out)
