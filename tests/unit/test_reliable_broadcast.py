@@ -681,6 +681,29 @@ def test_a_root_slower_than_its_pace_reads_its_socket_between_buckets():
         close_all(engines_)
 
 
+def test_a_paced_root_sends_whole_batches_once_its_first_bucket_is_spent():
+    """A root woke as soon as its bucket held one datagram and sent it alone, so past its
+    first bucket the segmentation's batches (one system call for up to 39 datagrams at
+    MTU 1500) went out one datagram at a time; it now waits for a batch's worth."""
+    sizes = []
+
+    class Counting(Endpoint):
+        def multicast_many(self, datagrams) -> None:
+            sizes.append(len(datagrams))
+            super().multicast_many(datagrams)
+
+    hub = Hub(2)
+    options = Options(**{**FAST, "rate_bits": 10**8, "burst_s": 0.002})
+    engines_ = [Engine(Counting(hub, r), CHANNEL, options) for r in range(2)]
+    try:
+        shards = random_shards(2, 300_000)
+        check_exact(all_gather(engines_, shards), shards)
+    finally:
+        close_all(engines_)
+    assert sum(sizes) == 2 * -(-300_000 // 1446)
+    assert len(sizes) <= sum(sizes) / 3, sizes  # batches of 4, but for a late few
+
+
 def test_without_repairs_loss_is_caught():
     """The deliberately broken variant: an engine that ignores NACKs. The same checks as
     above must fail (here: the operation does not finish), or they prove nothing."""

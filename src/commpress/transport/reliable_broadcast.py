@@ -665,7 +665,7 @@ class Engine:
         )
         wakeup = due - now
         if self._has_data_to_send(running):
-            need = self.chunk_bytes + FRAME_OVERHEAD - self._refill(now)
+            need = self._next_send_bytes(running) - self._refill(now)
             wakeup = min(wakeup, need / self._pace)
         return min(IDLE_S, max(0.0, wakeup))
 
@@ -894,6 +894,16 @@ class Engine:
             running.started = self._may_start(running)
         return running.started and running.next_chunk < running.own_count
 
+    def _next_send_bytes(self, running: _Running) -> float:
+        """The allowance worth waking up for: a repair (each goes alone), else a whole batch
+        of the chunks left (one system call), within one bucket. Woken for one datagram, a
+        root sent most chunks one system call each once its first bucket was spent."""
+        cost = self.chunk_bytes + FRAME_OVERHEAD
+        if running.repairs:
+            return cost
+        batch = min(self._batch_limit, running.own_count - running.next_chunk)
+        return min(batch * cost, max(cost, self._burst))
+
     def _refill(self, now: float) -> float:
         self._allowance = min(self._burst, self._allowance + (now - self._refilled) * self._pace)
         self._refilled = now
@@ -906,14 +916,17 @@ class Engine:
         At most the bucket's allowance at ``now``, never refilled while sending: a thread
         that sends slower than its pace (a busy CPU) would otherwise refill as fast as it
         sends and not read its socket again until its whole payload had left, while the
-        other roots' datagrams overflow its receive buffer."""
+        other roots' datagrams overflow its receive buffer. Nothing until the allowance
+        holds what :meth:`_next_send_bytes` waits for (the thread runs this after each
+        read too)."""
         running = self._running
         self._speed_up(running)
         cost = self.chunk_bytes + FRAME_OVERHEAD
         self._refill(now)
         repairing = bool(running.repairs)
         batch = []
-        while self._has_data_to_send(running) and self._allowance >= cost:
+        due = self._has_data_to_send(running) and self._allowance >= self._next_send_bytes(running)
+        while due and self._has_data_to_send(running) and self._allowance >= cost:
             if running.repairs:
                 (to, chunk), _ = running.repairs.popitem(last=False)
                 self.network.unicast(to, *self._data_datagram(running, chunk))
