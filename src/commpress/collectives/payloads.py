@@ -270,7 +270,7 @@ class Contributions:
         self.codec, self.rank = codec, schedule.rank
         self.contributions, self.residual = contributions, residual
         self.encodes_change_state = residual is not None
-        # a codec given as an object, not ours, may draw noise without saying so
+        # a codec object that does not say whether it draws noise (no CodecBase) may
         self.encodes_in_any_order = residual is None and not getattr(codec, "draws_noise", True)
         self.held_bytes = 0
         self.numel, self.dtype = contributions.shape[1], contributions.dtype
