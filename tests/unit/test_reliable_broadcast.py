@@ -704,6 +704,26 @@ def test_a_paced_root_sends_whole_batches_once_its_first_bucket_is_spent():
     assert len(sizes) <= sum(sizes) / 3, sizes  # batches of 4, but for a late few
 
 
+def test_a_broadcast_starts_with_what_its_bucket_holds():
+    """A root waits for a batch's worth of allowance between sends, but not before its first
+    chunk: a broadcast that waited for a batch started up to a millisecond late (the
+    selector's timeout granularity), 1.24x the time of 4 MiB of int8 on 2 emulated hosts."""
+    (engine, _) = engines(Hub(2))
+    try:
+        engine._burst = 1 << 20
+        cost = engine.chunk_bytes + datagrams.FRAME_OVERHEAD
+        running = types.SimpleNamespace(repairs={}, next_chunk=0, own_count=100)
+        assert engine._next_send_bytes(running) == cost
+        running.next_chunk = 1
+        assert engine._next_send_bytes(running) == 4 * cost  # the Hub's batches of 4
+        running.next_chunk = 98
+        assert engine._next_send_bytes(running) == 2 * cost  # the two chunks left
+        running.repairs = {(1, 0): None}
+        assert engine._next_send_bytes(running) == cost
+    finally:
+        close_all([engine, _])
+
+
 def test_a_batch_larger_than_the_bucket_is_not_waited_for():
     """A root waits for a batch's worth of allowance, but never more than its bucket holds:
     with 39 datagrams a batch (MTU 1500) and a bucket of 4 at a slow pace, waiting for a
