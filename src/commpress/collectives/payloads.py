@@ -23,6 +23,10 @@ from commpress.collectives.workspace import workspace
 from commpress.schedules import Receive, Schedule, Send, Step, Then, Transport
 from commpress.schedules.wire import HEADER_BYTES
 
+#: A reduce-scatter's fp32 sums and decode scratch, in the communication thread's workspace
+#: (whatever the schedule: one collective at a time).
+RESULT, SCRATCH = "reduce_scatter.result", "reduce_scatter.scratch"
+
 
 def slots(name: str, schedule: Schedule, device: torch.device) -> Slots:
     """The :class:`Slots` of a run of ``schedule``: those of its last run, where the
@@ -209,8 +213,8 @@ class PartialSums(_InSlots):
         self.device = device
         self.slots = slots("reduce_scatter.payloads", schedule, device)
         largest = max((size for _, size in self.slots.pieces), default=0)
-        self.result = workspace.take("reduce_scatter.result", numel, torch.float32, device)
-        self.scratch = workspace.take("reduce_scatter.scratch", largest, torch.float32, device)
+        self.result = _fp32(RESULT, numel, device)
+        self.scratch = _fp32(SCRATCH, largest, device)
         self.narrow = None
         if self.sent_dtype != torch.float32:
             self.narrow = workspace.take("reduce_scatter.narrow", largest, self.sent_dtype, device)
@@ -270,7 +274,7 @@ class Contributions:
         self.codec, self.rank = codec, schedule.rank
         self.contributions, self.residual = contributions, residual
         self.encodes_change_state = residual is not None
-        # a codec object that does not say whether it draws noise (no CodecBase) may
+        # a codec object without ``draws_noise`` (not a CodecBase) is taken to draw noise
         self.encodes_in_any_order = residual is None and not getattr(codec, "draws_noise", True)
         self.held_bytes = 0
         self.numel, self.dtype = contributions.shape[1], contributions.dtype
@@ -302,7 +306,7 @@ class Contributions:
         residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def begin(self) -> None:
-        self.result = _fp32("reduce_scatter.result", self.numel, self.device)
+        self.result = _fp32(RESULT, self.numel, self.device)
         self.result.copy_(self.contributions[self.rank])
 
     def send_buffer(self, send: Send) -> torch.Tensor:
@@ -314,7 +318,7 @@ class Contributions:
     def handle(self, receive: Receive) -> None:
         payload = self.receive_buffer(receive)
         summed = _piece(self.result, receive.offset, receive.numel)
-        scratch = _fp32("reduce_scatter.scratch", receive.numel, self.device)
+        scratch = _fp32(SCRATCH, receive.numel, self.device)
         summed += decode_fp32(self.codec, payload, receive.numel, self.dtype, out=scratch)
 
     def exchanged(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:

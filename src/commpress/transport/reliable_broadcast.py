@@ -401,6 +401,7 @@ class Engine:
         self.rank, self.world_size = network.rank, network.world_size
         self._this_rank = this_rank(self.rank, global_ranks)
         self.chunk_bytes = chunk_bytes_for(network.mtu)
+        self._datagram_cost = self.chunk_bytes + FRAME_OVERHEAD  # what pacing charges for one
         self.stats = Stats()
         self._pace = self._burst = 0.0  # the running operation's round's (_start sets them)
         self._allowance, self._refilled = math.inf, time.monotonic()  # full: refills cap it
@@ -629,7 +630,7 @@ class Engine:
     def _set_pace(self, pace: float) -> None:
         self._pace = pace
         self._burst = max(
-            4 * (self.chunk_bytes + FRAME_OVERHEAD),
+            4 * self._datagram_cost,
             min(pace * self.options.burst_s, MAX_BURST_BYTES),
         )
 
@@ -900,7 +901,7 @@ class Engine:
         of int8 on 2 hosts took 1.24x as long), else a whole batch of the chunks left (one
         system call), within one bucket. Woken for one datagram, a root sent most chunks
         one system call each once its first bucket was spent."""
-        cost = self.chunk_bytes + FRAME_OVERHEAD
+        cost = self._datagram_cost
         if running.repairs or running.next_chunk == 0:  # a broadcast starts at once
             return cost
         batch = min(self._batch_limit, running.own_count - running.next_chunk)
@@ -923,11 +924,11 @@ class Engine:
         read too)."""
         running = self._running
         self._speed_up(running)
-        cost = self.chunk_bytes + FRAME_OVERHEAD
+        cost = self._datagram_cost
         self._refill(now)
         repairing = bool(running.repairs)
         batch = []
-        due = self._has_data_to_send(running) and self._allowance >= self._next_send_bytes(running)
+        due = self._allowance >= self._next_send_bytes(running)
         while due and self._has_data_to_send(running) and self._allowance >= cost:
             if running.repairs:
                 (to, chunk), _ = running.repairs.popitem(last=False)
